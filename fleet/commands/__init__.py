@@ -1,0 +1,1 @@
+"""One module per `fleet` sub-command; see `fleet/cli.py`."""

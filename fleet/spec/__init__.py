@@ -1,0 +1,51 @@
+"""The ensemble spec: YAML -> frozen, validated objects (`load_spec`, `Spec`).
+
+Only pydantic and yaml are imported here; `fleet/models` and `preprocess` build from it.
+"""
+
+from fleet.spec.families import FAMILIES, is_user_family
+from fleet.spec.load import Spec, SpecError, load_spec, parse_spec, read_yaml
+from fleet.spec.search import ModelSpec
+from fleet.spec.sections import (
+    OPS,
+    POLICIES,
+    ClusterSpec,
+    DataSpec,
+    Device,
+    LRSchedule,
+    OpName,
+    Optimizer,
+    RuntimeSpec,
+    ScheduleKind,
+    SchedulerSpec,
+    Source,
+    StopMetric,
+    StopRule,
+    TrainSpec,
+)
+
+__all__ = [
+    "FAMILIES",
+    "OPS",
+    "POLICIES",
+    "ClusterSpec",
+    "DataSpec",
+    "Device",
+    "LRSchedule",
+    "ModelSpec",
+    "OpName",
+    "Optimizer",
+    "RuntimeSpec",
+    "ScheduleKind",
+    "SchedulerSpec",
+    "Source",
+    "Spec",
+    "SpecError",
+    "StopMetric",
+    "StopRule",
+    "TrainSpec",
+    "is_user_family",
+    "load_spec",
+    "parse_spec",
+    "read_yaml",
+]

@@ -1,0 +1,282 @@
+"""YAML -> frozen, validated `Spec`. Every problem becomes one `SpecError` line naming its field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from fleet.errors import UserError
+from fleet.spec._base import Section, valid_keys
+from fleet.spec.families import FAMILIES, family_error, is_user_family
+from fleet.spec.search import MAX_MODELS, ID_PATTERN, ModelEntry, ModelSpec, model_ids, model_seed, split_train_keys
+from fleet.spec.sections import (
+    OPS,
+    ClusterSpec,
+    DataSpec,
+    NormalizeOp,
+    Op,
+    RuntimeSpec,
+    SchedulerSpec,
+    Source,
+    TrainSpec,
+)
+
+
+class SpecError(UserError):
+    """A spec problem, as ``<yaml path>: <problem>``."""
+
+
+def yaml_path(loc: tuple[Any, ...]) -> str:
+    """('models', 3, 'params', 'blocks') -> 'models[3].params.blocks'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
+    """The first error of `exc` as one line; the count of the others at the end."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = prefix + tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
+    kind, ctx = first["type"], first.get("ctx") or {}
+    if kind == "unknown_key":
+        loc += (ctx["key"],)
+        message = f"unknown key (valid keys: {ctx['valid']})"
+    elif kind == "missing":
+        message = "required field is missing"
+    else:
+        message = first["msg"].removeprefix("Value error, ")
+        if kind not in ("value_error", "assertion_error") and "input" in first:
+            message += f", got {_shown(first['input'])}"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{yaml_path(loc) or 'spec'}: {message}{more}"
+
+
+def validate(model: type[Section], data: Any, loc: tuple[Any, ...]) -> Any:
+    """`model.model_validate(data)`, with errors as one `SpecError` line under `loc`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, loc)) from None
+
+
+class RawSpec(Section):
+    """The document as written: `models` and `preprocess` still unexpanded."""
+
+    name: str
+    seed: int = 0
+    run_dir: str | None = None
+    data: dict[str, Any]
+    preprocess: list[Any] = []
+    models: list[Any]
+    train: dict[str, Any] = {}
+    scheduler: dict[str, Any] = {}
+    cluster: dict[str, Any] = {}
+    runtime: dict[str, Any] = {}
+
+
+class Spec(Section):
+    """A whole ensemble, validated and expanded. Build it with `load_spec` or `parse_spec`."""
+
+    name: str
+    seed: int
+    run_dir: str
+    data: DataSpec
+    preprocess: tuple[Op, ...]
+    models: tuple[ModelSpec, ...]
+    train: TrainSpec
+    scheduler: SchedulerSpec
+    cluster: ClusterSpec
+    runtime: RuntimeSpec
+
+    def model(self, model_id: str) -> ModelSpec:
+        for m in self.models:
+            if m.id == model_id:
+                return m
+        raise KeyError(model_id)
+
+    def resolved(self) -> dict[str, Any]:
+        """A plain document that `parse_spec` turns back into this very spec."""
+        doc = self.model_dump(mode="json", by_alias=True, exclude={"models"})
+        doc["models"] = [
+            {"name": m.id, "family": m.family, "params": m.params, "train": m.train.model_dump(mode="json")}
+            for m in self.models
+        ]
+        return doc
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.resolved(), sort_keys=False)
+
+
+def parse_op(item: Any, index: int) -> Op:
+    """`decode`, `{resize: {size: 32}}` or `{op: resize, size: 32}` -> an Op."""
+    loc = ("preprocess", index)
+    if isinstance(item, str):
+        name, params = item, {}
+    elif isinstance(item, dict) and "op" in item:
+        name, params = item["op"], {k: v for k, v in item.items() if k != "op"}
+    elif isinstance(item, dict) and len(item) == 1:
+        name, params = next(iter(item.items()))
+        params = {} if params is None else params
+        loc += (name,)
+    else:
+        raise SpecError(f"{yaml_path(loc)}: expected an op name or {{op_name: {{params}}}}, got {_shown(item)}")
+    if name not in OPS:
+        raise SpecError(f"{yaml_path(loc)}: unknown op {name!r} (valid: {', '.join(OPS)})")
+    if not isinstance(params, dict):
+        raise SpecError(f"{yaml_path(loc)}: expected a mapping of parameters, got {_shown(params)}")
+    return validate(OPS[name], params, loc)
+
+
+def _check_family(entry: ModelEntry, index: int) -> None:
+    if entry.family not in FAMILIES and not is_user_family(entry.family):
+        raise SpecError(f"models[{index}].family: {family_error(entry.family)}")
+
+
+def _concrete_params(entry: ModelEntry, index: int, drawn: dict[str, Any]) -> dict[str, Any]:
+    params = {**entry.params, **drawn}
+    if is_user_family(entry.family):
+        return params
+    schema = FAMILIES[entry.family]
+    try:
+        return schema.model_validate(params).model_dump(mode="json")
+    except ValidationError as exc:
+        key = exc.errors()[0]["loc"][:1]
+        where = "search" if key and key[0] in drawn else "params"
+        message = format_validation_error(exc, ("models", index, where))
+        raise SpecError(message + (" (drawn from the search space)" if where == "search" else "")) from None
+
+
+def _model_train(entry: ModelEntry, index: int, base: TrainSpec, drawn: dict[str, Any]) -> TrainSpec:
+    overrides = {**entry.train, **drawn}
+    if not overrides:
+        return base
+    merged = {**base.model_dump(mode="json"), **overrides}
+    where = "search" if drawn else "train"
+    return validate(TrainSpec, merged, ("models", index, where))
+
+
+def expand_models(raw_models: list[Any], train: TrainSpec, seed: int) -> tuple[ModelSpec, ...]:
+    """Expand every entry's search space into concrete, validated models with unique ids."""
+    if not raw_models:
+        raise SpecError("models: the ensemble is empty; list at least one model")
+    entries = [validate(ModelEntry, item, ("models", i)) for i, item in enumerate(raw_models)]
+    for i, entry in enumerate(entries):
+        _check_family(entry, i)
+    sizes = [entry.size() for entry in entries]
+    if sum(sizes) > MAX_MODELS:
+        raise SpecError(f"models: the search spaces expand to {sum(sizes)} models (at most {MAX_MODELS})")
+    seen: dict[str, int] = {}
+    out = []
+    for i, (entry, ids) in enumerate(zip(entries, model_ids(entries, sizes))):
+        for model_id, drawn in zip(ids, entry.draws(seed, i)):
+            if model_id in seen:
+                raise SpecError(f"models[{i}].name: id {model_id!r} is already used by models[{seen[model_id]}]")
+            seen[model_id] = i
+            params_drawn, train_drawn = split_train_keys(drawn)
+            out.append(
+                ModelSpec(
+                    id=model_id,
+                    family=entry.family,
+                    params=_concrete_params(entry, i, params_drawn),
+                    train=_model_train(entry, i, train, train_drawn),
+                    seed=model_seed(seed, model_id),
+                )
+            )
+    return tuple(out)
+
+
+def _last_resize(ops: tuple[Op, ...]) -> tuple[int, tuple[int, int]] | None:
+    """(index, size) of the last op that sets the image size; None keeps the source's size."""
+    sized = [(i, op.size) for i, op in enumerate(ops) if getattr(op, "size", None) is not None]
+    return sized[-1] if sized else None
+
+
+def check_pipeline(data: DataSpec, ops: tuple[Op, ...]) -> None:
+    """Cross-checks between `data` and `preprocess`."""
+    if data.source is Source.IMAGEFOLDER and (not ops or ops[0].op.value != "decode"):
+        raise SpecError("preprocess: source 'imagefolder' holds encoded images; the first op must be decode")
+    last = _last_resize(ops)
+    if last is not None and last[1] != data.image_size:
+        (i, (h, w)), (dh, dw) = last, data.image_size
+        raise SpecError(f"preprocess[{i}].size: the pipeline ends at {h}x{w} but data.image_size is {dh}x{dw}")
+    for i, op in enumerate(ops):
+        if not isinstance(op, NormalizeOp):
+            continue
+        for field in ("mean", "std"):
+            count = len(getattr(op, field))
+            if count not in (1, data.channels):
+                raise SpecError(
+                    f"preprocess[{i}].{field}: expected 1 or {data.channels} values (data.channels), got {count}"
+                )
+
+
+def check_data_path(data: DataSpec) -> DataSpec:
+    """The path must exist; store it absolute so a run directory's spec is position-free."""
+    if data.path is None:
+        return data
+    path = Path(os.path.expanduser(data.path))
+    if not path.exists():
+        raise SpecError(f"data.path: no such file or directory: {data.path}")
+    if data.source is Source.IMAGEFOLDER and not path.is_dir():
+        raise SpecError(f"data.path: source 'imagefolder' needs a directory of class folders, got a file: {data.path}")
+    return data.model_copy(update={"path": str(path.resolve())})
+
+
+def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:
+    """Validate a parsed YAML document into a `Spec` (raises `SpecError`)."""
+    if not isinstance(doc, dict):
+        raise SpecError(f"spec: expected a mapping with keys {', '.join(valid_keys(RawSpec))}, got {_shown(doc)}")
+    raw = validate(RawSpec, doc, ())
+    if not ID_PATTERN.match(raw.name):
+        raise SpecError(f"name: {raw.name!r}: use letters, digits, '_', '.', '-' (it names files)")
+    data = validate(DataSpec, raw.data, ("data",)).defaults_filled()
+    if check_paths:
+        data = check_data_path(data)
+    ops = tuple(parse_op(item, i) for i, item in enumerate(raw.preprocess))
+    check_pipeline(data, ops)
+    train = validate(TrainSpec, raw.train, ("train",))
+    return Spec(
+        name=raw.name,
+        seed=raw.seed,
+        run_dir=run_dir or raw.run_dir or os.path.join("runs", raw.name),
+        data=data,
+        preprocess=ops,
+        models=expand_models(raw.models, train, raw.seed),
+        train=train,
+        scheduler=validate(SchedulerSpec, raw.scheduler, ("scheduler",)),
+        cluster=validate(ClusterSpec, raw.cluster, ("cluster",)),
+        runtime=validate(RuntimeSpec, raw.runtime, ("runtime",)),
+    )
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """Parse a YAML file; a missing file or a syntax error is a one-line `SpecError`."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read: {exc.__class__.__name__}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{path}{where}: invalid YAML: {problem}") from None
+
+
+def load_spec(path: str | os.PathLike, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:
+    """Read and validate a spec file; `run_dir` overrides the spec's own."""
+    return parse_spec(read_yaml(path), run_dir=run_dir, check_paths=check_paths)

@@ -1,0 +1,247 @@
+"""The ensemble spec's sections, except `models` (see `search.py`)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from fleet.spec._base import Section
+
+POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous", "fleet-adaptive")
+
+
+class Source(str, Enum):
+    SYNTHETIC = "synthetic"
+    IMAGEFOLDER = "imagefolder"
+    HDF5 = "hdf5"
+    DIGITS = "digits"
+
+
+class Device(str, Enum):
+    CUDA = "cuda"
+    CPU = "cpu"
+    EMULATED = "emulated"
+
+
+def _size_pair(value: Any) -> tuple[int, int]:
+    """An image size: one positive integer (square) or [height, width]."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return (value, value)
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        return (value[0], value[1])
+    raise ValueError(f"expected a positive integer or [height, width], got {value!r}")
+
+
+class DataSpec(Section):
+    """Where the samples come from and what the models see (`image_size` x `channels`)."""
+
+    source: Source
+    path: str | None = None
+    image_size: tuple[int, int] | None = None
+    channels: Literal[1, 3] | None = None
+    classes: int | None = Field(None, ge=2)
+    samples: PositiveInt | None = None
+    val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    partitioned: bool = False
+
+    @field_validator("image_size", mode="before")
+    @classmethod
+    def _image_size(cls, value: Any) -> tuple[int, int] | None:
+        return None if value is None else _size_pair(value)
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "DataSpec":
+        needs_path = self.source in (Source.IMAGEFOLDER, Source.HDF5)
+        if needs_path and not self.path:
+            raise ValueError(f"source {self.source.value!r} needs data.path")
+        if not needs_path and self.path:
+            raise ValueError(f"source {self.source.value!r} takes no path (got {self.path!r})")
+        if self.samples is not None and self.source is not Source.SYNTHETIC:
+            raise ValueError("data.samples applies to source 'synthetic' only")
+        return self
+
+    def defaults_filled(self) -> "DataSpec":
+        """Fill the per-source defaults (digits: 8x8 grey, 10 classes; others 32x32 RGB)."""
+        digits = self.source is Source.DIGITS
+        fill = {
+            "image_size": self.image_size or ((8, 8) if digits else (32, 32)),
+            "channels": self.channels or (1 if digits else 3),
+        }
+        if self.classes is None and self.source in (Source.DIGITS, Source.SYNTHETIC):
+            fill["classes"] = 10
+        if self.source is Source.SYNTHETIC and self.samples is None:
+            fill["samples"] = 2000
+        return self.model_copy(update=fill)
+
+
+class OpName(str, Enum):
+    DECODE = "decode"
+    RESIZE = "resize"
+    CENTER_CROP = "center_crop"
+    RANDOM_CROP = "random_crop"
+    FLIP = "flip"
+    NORMALIZE = "normalize"
+
+
+class DecodeOp(Section):
+    op: Literal[OpName.DECODE] = OpName.DECODE
+
+
+class ResizeOp(Section):
+    op: Literal[OpName.RESIZE] = OpName.RESIZE
+    size: tuple[int, int] | None = None
+
+    _size = field_validator("size", mode="before")(lambda cls, v: None if v is None else _size_pair(v))
+
+
+class CenterCropOp(Section):
+    op: Literal[OpName.CENTER_CROP] = OpName.CENTER_CROP
+    size: tuple[int, int] | None = None
+
+    _size = field_validator("size", mode="before")(lambda cls, v: None if v is None else _size_pair(v))
+
+
+class RandomCropOp(Section):
+    """Pad by `padding` pixels, then crop `size` at a random place (training only)."""
+
+    op: Literal[OpName.RANDOM_CROP] = OpName.RANDOM_CROP
+    size: tuple[int, int] | None = None
+    padding: NonNegativeInt = 0
+
+    _size = field_validator("size", mode="before")(lambda cls, v: None if v is None else _size_pair(v))
+
+
+class FlipOp(Section):
+    """Horizontal flip with probability `p` (training only)."""
+
+    op: Literal[OpName.FLIP] = OpName.FLIP
+    p: float = Field(0.5, ge=0.0, le=1.0)
+
+
+class NormalizeOp(Section):
+    """Scale to [0, 1], then (x - mean) / std per channel."""
+
+    op: Literal[OpName.NORMALIZE] = OpName.NORMALIZE
+    mean: tuple[float, ...] = (0.5,)
+    std: tuple[PositiveFloat, ...] = (0.25,)
+
+
+OPS: dict[str, type[Section]] = {
+    OpName.DECODE.value: DecodeOp,
+    OpName.RESIZE.value: ResizeOp,
+    OpName.CENTER_CROP.value: CenterCropOp,
+    OpName.RANDOM_CROP.value: RandomCropOp,
+    OpName.FLIP.value: FlipOp,
+    OpName.NORMALIZE.value: NormalizeOp,
+}
+
+Op = DecodeOp | ResizeOp | CenterCropOp | RandomCropOp | FlipOp | NormalizeOp
+
+
+class Optimizer(str, Enum):
+    SGD = "sgd"
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+
+class ScheduleKind(str, Enum):
+    CONSTANT = "constant"
+    COSINE = "cosine"
+    STEP = "step"
+
+
+class LRSchedule(Section):
+    """Learning-rate schedule over epochs; `step` multiplies by `gamma` every `step_epochs`."""
+
+    kind: ScheduleKind = ScheduleKind.CONSTANT
+    warmup_epochs: NonNegativeInt = 0
+    step_epochs: PositiveInt = 10
+    gamma: float = Field(0.1, gt=0.0, le=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"kind": data} if isinstance(data, str) else data
+
+
+class StopMetric(str, Enum):
+    VAL_ACCURACY = "val_accuracy"
+    VAL_LOSS = "val_loss"
+
+
+class StopRule(Section):
+    """A model converges when `metric` has not improved by `min_delta` for `patience` epochs,
+    or reaches `target`, or has trained `max_epochs`."""
+
+    patience: PositiveInt = 3
+    min_delta: float = Field(0.0, ge=0.0)
+    metric: StopMetric = StopMetric.VAL_ACCURACY
+    target: float | None = None
+
+
+class TrainSpec(Section):
+    optimizer: Optimizer = Optimizer.SGD
+    lr: PositiveFloat = 0.05
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(5e-4, ge=0.0)
+    schedule: LRSchedule = LRSchedule()
+    batch_size: PositiveInt = 32
+    max_epochs: PositiveInt = 10
+    stop: StopRule = StopRule()
+
+
+class SchedulerSpec(Section):
+    """How models share GPUs and data: the policy and FLEET's knobs."""
+
+    policy: Literal[POLICIES] = "fleet-g"  # type: ignore[valid-type]
+    alpha: float = Field(0.8, gt=0.0, le=1.0)
+    delta: PositiveFloat = 20.0
+    profile_batches: PositiveInt = 48
+    profile_timed: PositiveInt = 20
+
+    @model_validator(mode="after")
+    def _timed_within_batches(self) -> "SchedulerSpec":
+        if self.profile_timed >= self.profile_batches:
+            raise ValueError(
+                f"profile_timed ({self.profile_timed}) must be below profile_batches "
+                f"({self.profile_batches}): the first batches warm up"
+            )
+        return self
+
+
+class ClusterSpec(Section):
+    """The allocation: nodes x GPUs (trainer slots) plus CPU preprocessor ranks per node."""
+
+    nodes: PositiveInt = 1
+    gpus_per_node: int = Field(1, ge=1, le=64)
+    preprocessors_per_node: int | str = 1
+    device: Device = Device.CPU
+    virtual_nodes: bool = False
+    threads_per_trainer: PositiveInt = 1
+
+    @field_validator("preprocessors_per_node", mode="before")
+    @classmethod
+    def _count_or_auto(cls, value: Any) -> int | str:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"expected a positive integer or 'auto', got {value!r}")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class RuntimeSpec(Section):
+    """Queue sizes and timeouts of the MPI runtime."""
+
+    chunk_samples: PositiveInt = 64
+    qp_samples: PositiveInt = 2048
+    qt_samples: PositiveInt = 2048
+    qd_batches: PositiveInt = 10
+    timeout_s: PositiveFloat = 600.0
