@@ -1,0 +1,315 @@
+"""`TorchEngine`: the engine interface (see `_base.py`) for PyTorch models on a CPU or a CUDA GPU."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fleet.engines._base import Engine, EnginePhase
+from fleet.engines._tensors import (
+    bind_flat_gradients,
+    check_flat,
+    copy_flat_into,
+    flatten_to_host,
+    host_tensor,
+    is_same_memory,
+    to_device,
+    to_host,
+    total_numel,
+)
+from fleet.engines.schedule import learning_rate
+from fleet.errors import UserError
+from fleet.models import InputShape, build_model, set_dropout_generator
+from fleet.spec.families import is_user_family
+from fleet.spec.search import ModelSpec
+from fleet.spec.sections import Optimizer, TrainSpec
+
+STATE_FORMAT = "fleet.torch_engine/1"
+STATE_KEYS = frozenset({"model_id", "num_parameters", "model", "optimizer", "epoch", "steps", "rng"})
+
+
+def resolve_device(device: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:<i>`` as a concrete torch device (raises `UserError`)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UserError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:<index>'") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise UserError(f"device {device!r}: the torch engine runs on 'cpu' or 'cuda[:<index>]'")
+    if not torch.cuda.is_available():
+        raise UserError(f"device {device!r}: CUDA is not available on this node")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise UserError(f"device {device!r}: this node has {torch.cuda.device_count()} GPU(s)")
+    return torch.device("cuda", index)
+
+
+def configure_torch(device: torch.device, threads: int | None, deterministic: bool) -> None:
+    """Process-wide torch settings for a trainer: CPU threads, current GPU, cuDNN/cuBLAS modes."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = not deterministic
+
+
+def make_optimizer(params: list[torch.nn.Parameter], train: TrainSpec) -> torch.optim.Optimizer:
+    """SGD (momentum, weight decay, no Nesterov), Adam (L2 weight decay) or AdamW."""
+    if train.optimizer is Optimizer.SGD:
+        return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    if train.optimizer is Optimizer.ADAM:
+        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
+    return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+
+
+def derived_seed(seed: int, purpose: str) -> int:
+    """A seed for one purpose (``dropout``, ...) derived from the model's seed."""
+    return zlib.crc32(f"{seed}:{purpose}".encode()) & 0x7FFFFFFF
+
+
+class TorchEngine(Engine):
+    """One replica of a `ModelSpec`'s network, its optimizer and LR schedule, on one device.
+
+    Args:
+        model: the concrete model; `model.seed` seeds the initial weights (built on the CPU,
+            so every process and device type starts from the same weights) and the dropout RNG.
+        input_shape: ``(channels, height, width)`` of one sample.
+        num_classes: number of classes.
+        device: ``cpu``, ``cuda`` or ``cuda:<index>``.
+        threads: `torch.set_num_threads` for this trainer slot (process-wide); None leaves it.
+        deterministic: on CUDA, deterministic cuDNN/cuBLAS algorithms (slower); off by default,
+            which turns on cuDNN autotuning. On the CPU, runs are bit-reproducible for a fixed
+            seed, data order and thread count either way.
+
+    Raises:
+        UserError: bad device, unknown family, bad params, or an unbuildable user model.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        input_shape: InputShape,
+        num_classes: int,
+        device: str = "cpu",
+        threads: int | None = None,
+        deterministic: bool = False,
+    ):
+        self.spec = model
+        self.model_id = model.id
+        self.input_shape = tuple(int(d) for d in input_shape)
+        self.device = resolve_device(device)
+        configure_torch(self.device, threads, deterministic)
+        self.net = build_model(model.family, model.params, self.input_shape, num_classes, seed=model.seed)
+        self.net.to(device=self.device, dtype=torch.float32)
+        self._params = [p for p in self.net.parameters() if p.requires_grad]
+        if not self._params:
+            raise UserError(f"family {model.family!r}: the model has no trainable parameters")
+        self.num_parameters = total_numel(self._params)
+        self._buffers = [b for b in self.net.buffers() if b.is_floating_point()]
+        self._grads = bind_flat_gradients(self._params, self.device)
+        self._host_grads = self._pinned_like(self._grads)
+        self._optimizer = make_optimizer(self._params, model.train)
+        self._generator = torch.Generator(device=self.device)
+        self._generator.manual_seed(derived_seed(model.seed, "dropout"))
+        set_dropout_generator(self.net, self._generator)
+        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
+        self._set_lr()
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> EnginePhase:
+        return self._phase
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken (restored by `load_state`)."""
+        return self._steps
+
+    @property
+    def lr(self) -> float:
+        return float(self._optimizer.param_groups[0]["lr"])
+
+    # -- training ---------------------------------------------------------------------------
+
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        loss = self.compute_gradients(x, y)
+        self.apply_gradients()
+        return loss
+
+    def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> float:
+        inputs, targets = self._batch(x, y)
+        self.net.train()
+        self._grads.zero_()
+        loss = F.cross_entropy(self.net(inputs), targets)
+        loss.backward()
+        self._phase = EnginePhase.TRAINING
+        return float(loss.detach())
+
+    def flat_gradients(self) -> np.ndarray:
+        if self._host_grads is None:
+            return self._grads.numpy()
+        self._host_grads.copy_(self._grads)
+        return self._host_grads.numpy()
+
+    def flat_gradients_tensor(self) -> torch.Tensor:
+        """The gradient buffer itself, on the engine's device (for torch.distributed / NCCL)."""
+        return self._grads
+
+    def load_flat_gradients(self, flat: np.ndarray | torch.Tensor) -> None:
+        check_flat(flat, self.num_parameters, "load_flat_gradients")
+        if isinstance(flat, torch.Tensor):
+            if flat.device == self.device and flat.data_ptr() == self._grads.data_ptr():
+                return
+            self._grads.copy_(flat.detach())
+            return
+        if is_same_memory(flat, self._grads):
+            return
+        self._grads.copy_(host_tensor(flat, np.float32))
+
+    def apply_gradients(self) -> None:
+        self._optimizer.step()
+        self._grads.zero_()
+        self._steps += 1
+
+    # -- replica synchronisation ------------------------------------------------------------
+
+    def flat_parameters(self) -> np.ndarray:
+        return flatten_to_host(self._params)
+
+    def load_flat_parameters(self, flat: np.ndarray) -> None:
+        copy_flat_into(self._params, flat, "load_flat_parameters")
+
+    def flat_buffers(self) -> np.ndarray:
+        return flatten_to_host(self._buffers)
+
+    def load_flat_buffers(self, flat: np.ndarray) -> None:
+        copy_flat_into(self._buffers, flat, "load_flat_buffers")
+
+    # -- evaluation and epochs --------------------------------------------------------------
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
+        count = len(x)
+        if count == 0 or len(y) != count or batch_size < 1:
+            raise ValueError(
+                f"evaluate: expected N > 0 samples, N labels and batch_size >= 1, got {count}, {len(y)}, {batch_size}"
+            )
+        self.net.eval()
+        with torch.inference_mode():
+            sums = [self._eval_sums(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, count, batch_size)]
+            loss, correct = torch.stack([torch.stack(s) for s in sums]).sum(dim=0).tolist()
+        return {"loss": loss / count, "accuracy": correct / count}
+
+    def end_epoch(self) -> None:
+        self._epoch += 1
+        self._set_lr()
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "model_id": self.model_id,
+            "family": self.spec.family,
+            "num_parameters": self.num_parameters,
+            "model": to_host(self.net.state_dict()),
+            "optimizer": to_host(self._optimizer.state_dict()),
+            "epoch": self._epoch,
+            "steps": self._steps,
+            "rng": self._rng_state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self._check_state(state)
+        try:
+            self.net.load_state_dict(state["model"])
+            self._optimizer.load_state_dict(to_host(state["optimizer"]))
+        except (RuntimeError, ValueError, KeyError) as exc:
+            problem = " ".join(str(exc).split())[:300]
+            raise UserError(f"checkpoint of model {self.model_id!r}: does not fit its network: {problem}") from None
+        self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
+        self._load_rng_state(state["rng"])
+        self._phase = EnginePhase.BUILT
+        self._set_lr()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _pinned_like(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """A pinned host twin of a device tensor (None on the CPU, where none is needed)."""
+        if self.device.type == "cpu":
+            return None
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+
+    def _set_lr(self) -> None:
+        train = self.spec.train
+        lr = learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+
+    def _batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Check a batch's shapes and move it to the device."""
+        if tuple(x.shape[1:]) != self.input_shape or x.ndim != 4 or len(y) != len(x):
+            raise ValueError(
+                f"model {self.model_id!r}: expected x of shape (N, {', '.join(map(str, self.input_shape))}) "
+                f"and N labels, got x {tuple(x.shape)} and y {tuple(np.shape(y))}"
+            )
+        inputs = to_device(host_tensor(x, np.float32), self.device)
+        targets = to_device(host_tensor(y, np.int64), self.device)
+        return inputs, targets
+
+    def _eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed loss and number of correct predictions of one batch (device tensors, no sync)."""
+        inputs, targets = self._batch(x, y)
+        logits = self.net(inputs)
+        loss = F.cross_entropy(logits, targets, reduction="sum")
+        correct = (logits.argmax(dim=1) == targets).sum().to(loss.dtype)
+        return loss, correct
+
+    def _uses_global_rng(self) -> bool:
+        """User models may draw from torch's global RNG (e.g. `nn.Dropout`); zoo models do not."""
+        return is_user_family(self.spec.family)
+
+    def _rng_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"device_type": self.device.type, "generator": self._generator.get_state()}
+        if self._uses_global_rng():
+            state["torch_cpu"] = torch.get_rng_state()
+            if self.device.type == "cuda":
+                state["torch_cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def _load_rng_state(self, rng: Mapping[str, Any]) -> None:
+        """Restore the RNGs; across device types, reseed deterministically from the step count."""
+        if rng["device_type"] == self.device.type:
+            self._generator.set_state(rng["generator"])
+        else:
+            self._generator.manual_seed(derived_seed(self.spec.seed, f"dropout:{self._steps}"))
+        if self._uses_global_rng() and "torch_cpu" in rng:
+            torch.set_rng_state(rng["torch_cpu"])
+            if self.device.type == "cuda" and "torch_cuda" in rng:
+                torch.cuda.set_rng_state(rng["torch_cuda"], self.device)
+
+    def _check_state(self, state: Any) -> None:
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or not STATE_KEYS <= set(state):
+            raise UserError(f"checkpoint of model {self.model_id!r}: not a torch engine state ({STATE_FORMAT})")
+        if state["model_id"] != self.model_id:
+            raise UserError(f"checkpoint of model {state['model_id']!r} cannot be loaded into model {self.model_id!r}")
+        if state["num_parameters"] != self.num_parameters:
+            raise UserError(
+                f"checkpoint of model {self.model_id!r}: {state['num_parameters']} parameters, "
+                f"the network has {self.num_parameters}"
+            )

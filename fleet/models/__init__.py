@@ -1,0 +1,113 @@
+"""The model zoo: torch networks for small (and not so small) images, one module per family.
+
+`build_model` turns a family name and its validated parameters (see `fleet.spec.families`)
+into a `torch.nn.Module` taking ``(N, C, H, W)`` float images and returning ``(N, K)`` logits;
+`describe` gives its size and approximate cost. A family written ``package.module:function``
+is a user model (see `fleet.models.user`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Mapping
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from fleet.errors import UserError
+from fleet.models import cnn, densenet, lstm, mlp, resnet, user
+from fleet.models._layers import InputShape, SeededDropout, set_dropout_generator
+from fleet.models.stats import ModelStats, model_stats
+from fleet.spec.families import FAMILIES, family_error, is_user_family
+from fleet.spec.load import format_validation_error
+
+BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "resnet": resnet.build,
+    "densenet": densenet.build,
+    "cnn": cnn.build,
+    "mlp": mlp.build,
+    "lstm": lstm.build,
+}
+
+_SEEDED_BUILD = threading.Lock()
+"""Serialises seeded builds: they borrow torch's global CPU RNG under `fork_rng`."""
+
+
+def family_params(family: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a zoo family's params and fill its defaults (raises `UserError`)."""
+    if family not in FAMILIES:
+        raise UserError(family_error(family))
+    try:
+        return FAMILIES[family].model_validate(dict(params)).model_dump()
+    except ValidationError as exc:
+        raise UserError(f"family {family!r}: " + format_validation_error(exc, ("params",))) from None
+
+
+def _check_shape(input_shape: InputShape, num_classes: int) -> None:
+    if len(input_shape) != 3 or any(int(d) < 1 for d in input_shape):
+        raise UserError(f"input shape: expected (channels, height, width) of positive sizes, got {input_shape}")
+    if num_classes < 1:
+        raise UserError(f"num_classes: expected a positive integer, got {num_classes}")
+
+
+def _build(family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int) -> nn.Module:
+    shape = tuple(int(d) for d in input_shape)
+    _check_shape(shape, num_classes)  # type: ignore[arg-type]
+    if is_user_family(family):
+        return user.build(family, params, shape, num_classes)  # type: ignore[arg-type]
+    params = family_params(family, params)
+    return BUILDERS[family](shape, num_classes, **params)
+
+
+def build_model(
+    family: str,
+    params: Mapping[str, Any],
+    input_shape: InputShape,
+    num_classes: int,
+    *,
+    seed: int | None = None,
+) -> nn.Module:
+    """Build a family's network on the CPU, in training mode.
+
+    Args:
+        family: a zoo family (``resnet``, ``densenet``, ``cnn``, ``mlp``, ``lstm``) or
+            ``package.module:function``.
+        params: the family's parameters; missing ones take the schema's defaults.
+        input_shape: ``(channels, height, width)`` of one sample.
+        num_classes: number of output logits.
+        seed: when given, the weights are drawn from torch's CPU RNG seeded with it, so the
+            same seed gives the same weights in any process; the global RNG state is restored
+            afterwards.
+
+    Raises:
+        UserError: unknown family, invalid params, or a user model that cannot be built.
+    """
+    if seed is None:
+        return _build(family, params, input_shape, num_classes)
+    with _SEEDED_BUILD, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _build(family, params, input_shape, num_classes)
+
+
+def describe(family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int) -> ModelStats:
+    """Parameters, parameter bytes and approximate forward FLOPs per sample of a model.
+
+    FLOPs are 2 x multiply-adds of Conv2d, Linear and LSTM layers (four gates per step),
+    counted with forward hooks on one dummy sample; batch norm, activations and pooling are
+    neglected, so the figure is approximate. Leaves torch's global RNG untouched.
+    """
+    model = build_model(family, params, input_shape, num_classes, seed=0)
+    return model_stats(model, tuple(int(d) for d in input_shape))  # type: ignore[arg-type]
+
+
+__all__ = [
+    "BUILDERS",
+    "InputShape",
+    "ModelStats",
+    "SeededDropout",
+    "build_model",
+    "describe",
+    "family_params",
+    "set_dropout_generator",
+]
