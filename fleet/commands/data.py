@@ -1,0 +1,139 @@
+"""`fleet data`: make, convert, partition and describe data sets.
+
+    fleet data make synthetic --format jpeg|hdf5 --out DIR [--classes 10] [--samples 2000]
+                              [--image-size 32] [--channels 3] [--seed 0] [--shards 1]
+    fleet data convert --in DIR --out PATH --image-size S [--shards N] [--channels 3]
+    fleet data partition --in PATH --parts N --out DIR [--seed 0]
+    fleet data info PATH_OR_SPEC
+
+Every writing command builds its output beside the destination and moves it into place;
+an existing, non-empty destination needs ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from fleet.errors import UserError
+
+SUB_COMMANDS = ("make", "convert", "partition", "info")
+
+
+def image_size(text: str) -> int | tuple[int, int]:
+    """``32`` or ``32x24`` (height x width) -> 32 or (32, 24)."""
+    parts = text.lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 32 or 32x24, got {text!r}") from None
+    if len(values) not in (1, 2) or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected a size such as 32 or 32x24, got {text!r}")
+    return values[0] if len(values) == 1 else (values[0], values[1])
+
+
+def _writer_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true", help="replace an existing, non-empty --out")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_make(sub: Any) -> None:
+    p = sub.add_parser("make", help="write a synthetic data set (JPEG folder or HDF5 shards)")
+    p.add_argument("kind", choices=["synthetic"], help="what to make")
+    p.add_argument("--format", required=True, choices=["jpeg", "hdf5"], dest="fmt")
+    p.add_argument("--out", required=True, help="directory to write (hdf5: or a single .h5 file)")
+    p.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
+    p.add_argument("--samples", type=int, default=2000, help="number of images (default 2000)")
+    p.add_argument("--image-size", type=image_size, default=32, help="side, or HxW (default 32)")
+    p.add_argument("--channels", type=int, choices=[1, 3], default=3, help="3 RGB or 1 grey (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    p.add_argument("--shards", type=int, default=1, help="HDF5 shards, hdf5 only (default 1)")
+    _writer_flags(p)
+    p.set_defaults(data_func=_make)
+
+
+def _add_convert(sub: Any) -> None:
+    p = sub.add_parser("convert", help="image folder -> HDF5 shards of fixed-size images")
+    p.add_argument("--in", required=True, dest="src", help="image folder: one folder per class")
+    p.add_argument("--out", required=True, help="a .h5 file, or a directory for shard-XXX.h5 files")
+    p.add_argument("--image-size", required=True, type=image_size, help="side, or HxW")
+    p.add_argument("--shards", type=int, default=1, help="number of shards (default 1)")
+    p.add_argument("--channels", type=int, choices=[1, 3], default=3, help="3 RGB or 1 grey (default 3)")
+    _writer_flags(p)
+    p.set_defaults(data_func=_convert)
+
+
+def _add_partition(sub: Any) -> None:
+    p = sub.add_parser("partition", help="split an HDF5 data set into per-node partitions")
+    p.add_argument("--in", required=True, dest="src", help="an HDF5 file or a directory of shards")
+    p.add_argument("--parts", required=True, type=int, help="number of partitions")
+    p.add_argument("--out", required=True, help="directory for part-XXX.h5 and partitions.json")
+    p.add_argument("--seed", type=int, default=0, help="seed of the stratified assignment (default 0)")
+    _writer_flags(p)
+    p.set_defaults(data_func=_partition)
+
+
+def _add_info(sub: Any) -> None:
+    p = sub.add_parser("info", help="samples per class, image shape and source type of a data set")
+    p.add_argument("path_or_spec", metavar="PATH_OR_SPEC", help="a data set path, or a spec .yaml")
+    p.set_defaults(data_func=_info)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``fleet data`` and its sub-commands."""
+    parser = subparsers.add_parser("data", help="make, convert, partition and describe data sets")
+    sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    for add in (_add_make, _add_convert, _add_partition, _add_info):
+        add(sub)
+    parser.set_defaults(func=run, data_func=None)
+    return parser
+
+
+def _make(args: argparse.Namespace) -> int:
+    from preprocess.make import make_synthetic
+
+    out = make_synthetic(
+        args.out, args.fmt, classes=args.classes, samples=args.samples, image_size=args.image_size,
+        channels=args.channels, seed=args.seed, shards=args.shards, progress=not args.quiet, force=args.force,
+    )
+    print(f"wrote {args.samples} synthetic images ({args.classes} classes, {args.fmt}) to {out}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from preprocess.convert import convert_folder
+
+    out = convert_folder(
+        args.src, args.out, args.image_size, shards=args.shards, channels=args.channels,
+        progress=not args.quiet, force=args.force,
+    )
+    print(f"converted {args.src} to {out}")
+    return 0
+
+
+def _partition(args: argparse.Namespace) -> int:
+    from preprocess.partition import partition_dataset
+
+    manifest = partition_dataset(
+        args.src, args.parts, args.out, seed=args.seed, progress=not args.quiet, force=args.force
+    )
+    sizes = ", ".join(str(s) for s in manifest.sizes)
+    print(f"wrote {manifest.count} partitions to {args.out} (samples per part: {sizes})")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from preprocess.info import describe, open_any
+
+    reader, manifest = open_any(args.path_or_spec)
+    with reader:
+        print(describe(reader, args.path_or_spec, manifest))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen ``fleet data`` sub-command."""
+    handler: Callable[[argparse.Namespace], int] | None = args.data_func
+    if handler is None:
+        raise UserError(f"choose a sub-command: {', '.join(SUB_COMMANDS)} (see fleet data --help)")
+    return handler(args)

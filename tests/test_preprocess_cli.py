@@ -1,0 +1,99 @@
+"""`fleet data ...` as a user runs it: exit code 0 on success, 2 with one stderr line on bad input."""
+
+import pytest
+
+
+def assert_user_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fleet data"), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    from conftest import run_fleet
+
+    root = tmp_path_factory.mktemp("cli")
+    jpeg = run_fleet(
+        "data", "make", "synthetic", "--format", "jpeg", "--out", str(root / "jpeg"),
+        "--classes", "3", "--samples", "30", "--image-size", "12",
+    )
+    assert jpeg.returncode == 0, jpeg.stderr
+    assert "wrote 30 synthetic images" in jpeg.stdout
+    return root
+
+
+def test_make_convert_partition_info(made, fleet_cli):
+    root = made
+    converted = fleet_cli("data", "convert", "--in", str(root / "jpeg"), "--out", str(root / "h5"),
+                          "--image-size", "8", "--shards", "2")
+    assert converted.returncode == 0, converted.stderr
+    parts = fleet_cli("data", "partition", "--in", str(root / "h5"), "--parts", "3", "--out", str(root / "parts"),
+                      "--seed", "1")
+    assert parts.returncode == 0, parts.stderr
+    assert "samples per part: 10, 10, 10" in parts.stdout
+    info = fleet_cli("data", "info", str(root / "parts"))
+    assert info.returncode == 0, info.stderr
+    assert "source:       hdf5 (partitioned)" in info.stdout and "8x8x3" in info.stdout
+    info = fleet_cli("data", "info", str(root / "jpeg"))
+    assert info.returncode == 0 and "    2  002.class2  10" in info.stdout
+
+
+def test_make_hdf5_grey_non_square(tmp_path, fleet_cli):
+    result = fleet_cli("data", "make", "synthetic", "--format", "hdf5", "--out", str(tmp_path / "g.h5"),
+                       "--samples", "20", "--image-size", "6x10", "--channels", "1", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    info = fleet_cli("data", "info", str(tmp_path / "g.h5"))
+    assert "6x10x1" in info.stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["make", "synthetic", "--format", "jpeg", "--out", "{root}/x", "--classes", "ten"],
+         ["invalid int value: 'ten'"]),
+        (["make", "synthetic", "--format", "gif", "--out", "{root}/x"], ["--format", "invalid choice"]),
+        (["make", "synthetic", "--out", "{root}/x"], ["required", "--format"]),
+        (["make", "synthetic", "--format", "jpeg", "--out", "{root}/jpeg"], ["already exists and is not empty"]),
+        (["make", "synthetic", "--format", "hdf5", "--out", "{root}/x", "--samples", "4", "--classes", "2",
+          "--shards", "5"], ["--shards: 5 shards for 4 samples"]),
+        (["convert", "--in", "{root}/missing", "--out", "{root}/x", "--image-size", "8"],
+         ["missing: no such directory"]),
+        (["convert", "--in", "{root}/jpeg", "--out", "{root}/x", "--image-size", "big"], ["--image-size"]),
+        (["partition", "--in", "{root}/jpeg", "--parts", "2", "--out", "{root}/x"], ["no HDF5 shards"]),
+        (["partition", "--in", "{root}/jpeg", "--parts", "x", "--out", "{root}/x"], ["--parts", "invalid int"]),
+        (["info", "{root}/missing"], ["no such file or directory"]),
+        (["info", "{root}/bad.yaml"], ["bad.yaml"]),
+        (["nonsense"], ["invalid choice"]),
+        ([], ["choose a sub-command"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(made, fleet_cli, args, fragments):
+    (made / "bad.yaml").write_text("name: [unclosed\n")
+    result = fleet_cli("data", *[a.format(root=made) for a in args])
+    assert_user_error(result, *fragments)
+
+
+def test_corrupt_file_and_parts(made, fleet_cli, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / "in" / name).mkdir(parents=True)
+        (tmp_path / "in" / name / "x.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    result = fleet_cli(
+        "data", "convert", "--in", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--image-size", "8"
+    )
+    assert_user_error(result, "a/x.jpg: cannot decode image")
+    h5 = made / "small.h5"
+    fleet_cli("data", "make", "synthetic", "--format", "hdf5", "--out", str(h5), "--samples", "4", "--classes", "2")
+    for parts in ("0", "5"):
+        result = fleet_cli("data", "partition", "--in", str(h5), "--parts", parts, "--out", str(tmp_path / "p"))
+        assert_user_error(result, f"--parts: {parts} parts for 4 samples")
+
+
+def test_force_replaces(made, fleet_cli):
+    result = fleet_cli("data", "make", "synthetic", "--format", "jpeg", "--out", str(made / "jpeg"), "--force",
+                       "--classes", "3", "--samples", "30", "--image-size", "12")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
