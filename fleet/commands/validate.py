@@ -1,0 +1,44 @@
+"""`fleet validate SPEC`: check a spec and print its expanded ensemble."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "validate",
+        help="check a spec and list its models",
+        description="Validate an ensemble spec and print the expanded ensemble: id, family, "
+        "key parameters, parameter count and approximate FLOPs per sample.",
+    )
+    parser.add_argument("spec", help="ensemble YAML file")
+    parser.add_argument("--json", action="store_true", help="print the ensemble as JSON")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleet.inspect import describe_ensemble
+    from fleet.report.table import format_table, human
+    from fleet.spec import load_spec
+
+    spec = load_spec(args.spec)
+    summary = describe_ensemble(spec)
+    if args.json:
+        print(json.dumps(summary.as_dict(), indent=2))
+        return 0
+    data = spec.data
+    print(
+        f"{spec.name}: {len(spec.models)} models · data {data.source.value} "
+        f"{summary.num_classes} classes, input {data.channels}x{data.image_size[0]}x{data.image_size[1]} · "
+        f"cluster {spec.cluster.nodes}x{spec.cluster.gpus_per_node} {spec.cluster.device.value} · "
+        f"policy {spec.scheduler.policy}"
+    )
+    rows = [
+        (r.id, r.family, r.key_params, human(r.stats.parameters), human(r.stats.flops_per_sample))
+        for r in summary.rows
+    ]
+    print(format_table(("id", "family", "key params", "params", "FLOPs/sample"), rows))
+    return 0

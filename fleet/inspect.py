@@ -1,0 +1,84 @@
+"""What an ensemble holds: per-model size and cost, for `fleet validate` and the planner."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fleet.spec import ModelSpec, Spec, TrainSpec
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    id: str
+    family: str
+    key_params: str
+    stats: Any  # fleet.models.ModelStats
+
+
+@dataclass(frozen=True)
+class EnsembleSummary:
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    rows: list[ModelRow]
+
+    def as_dict(self) -> dict:
+        return {
+            "num_classes": self.num_classes,
+            "input_shape": list(self.input_shape),
+            "models": [
+                {"id": r.id, "family": r.family, "key_params": r.key_params, **asdict(r.stats)} for r in self.rows
+            ],
+        }
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, list):
+        return ".".join(str(v) for v in value)
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def family_defaults(family: str) -> dict[str, Any]:
+    from fleet.spec import FAMILIES
+
+    schema = FAMILIES.get(family)
+    return schema().model_dump(mode="json") if schema else {}
+
+
+def key_params(model: ModelSpec, base_train: TrainSpec) -> str:
+    """The parameters and training settings that set this model apart, compactly."""
+    defaults = family_defaults(model.family)
+    parts = [f"{k}={_fmt(v)}" for k, v in model.params.items() if defaults.get(k, object()) != v]
+    base = base_train.model_dump(mode="json")
+    train = model.train.model_dump(mode="json")
+    parts += [f"{k}={_fmt(v)}" for k, v in train.items() if base.get(k) != v]
+    return " ".join(parts) or "(defaults)"
+
+
+def input_shape(spec: Spec) -> tuple[int, int, int]:
+    h, w = spec.data.image_size
+    return (spec.data.channels, h, w)
+
+
+def num_classes(spec: Spec) -> int:
+    """Declared in the spec, else read from the data set's labels."""
+    if spec.data.classes is not None:
+        return spec.data.classes
+    from preprocess.readers import open_reader
+
+    reader = open_reader(spec.data, seed=spec.seed)
+    try:
+        return reader.num_classes
+    finally:
+        reader.close()
+
+
+def describe_ensemble(spec: Spec) -> EnsembleSummary:
+    from fleet.models import describe
+
+    classes, shape = num_classes(spec), input_shape(spec)
+    rows = [
+        ModelRow(m.id, m.family, key_params(m, spec.train), describe(m.family, m.params, shape, classes))
+        for m in spec.models
+    ]
+    return EnsembleSummary(classes, shape, rows)

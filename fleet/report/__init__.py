@@ -1,0 +1,1 @@
+"""Run outputs: results, leaderboard, tables and charts."""
