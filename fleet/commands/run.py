@@ -1,0 +1,64 @@
+"""`fleet run SPEC`: train a whole ensemble from one command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "run",
+        help="train an ensemble (start here)",
+        description="Train every model of an ensemble spec and write results into the run directory.",
+    )
+    parser.add_argument("spec", help="ensemble YAML file")
+    parser.add_argument("--run-dir", help="run directory (default: the spec's run_dir, else runs/NAME)")
+    parser.add_argument("--local", action="store_true", help="train the models one after another in this process")
+    parser.add_argument("--device", help="override cluster.device (cpu, cuda)")
+    parser.add_argument("--quiet", action="store_true", help="no per-epoch lines (batch logs)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleet.spec import load_spec
+
+    spec = load_spec(args.spec, run_dir=args.run_dir)
+    return run_local(spec, args)
+
+
+def run_local(spec, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fleet.atomic import atomic_write_text
+    from fleet.report.results import leaderboard_rows, write_results
+    from fleet.runtime.events import EventLog
+    from fleet.runtime.local import train_local
+
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "spec.yaml", spec.to_yaml())
+    device = args.device or ("cpu" if spec.cluster.device.value == "emulated" else spec.cluster.device.value)
+    log = EventLog(run_dir / "events.jsonl")
+    print(f"fleet: {spec.name}: {len(spec.models)} models, one after another on {device}; run dir {run_dir}")
+
+    def on_epoch(record) -> None:
+        log.write("epoch", **record.__dict__)
+        if not args.quiet:
+            print(
+                f"  {record.model:<16} epoch {record.epoch:>3}  loss {record.train_loss:.4f}  "
+                f"val acc {record.val_accuracy:.3f}  {record.samples_per_s:,.0f} samples/s",
+                flush=True,
+            )
+
+    result = train_local(spec, device, on_epoch)
+    write_results(run_dir, result)
+    log.close()
+    best = leaderboard_rows(result.models)[0]
+    print(
+        f"fleet: done in {result.makespan_s:.1f} s; best {best.id} val acc {best.best_val_accuracy:.3f}; "
+        f"results in {run_dir / 'results.json'}",
+        file=sys.stdout,
+    )
+    return 0

@@ -1,0 +1,46 @@
+"""`events.jsonl`: the run's append-only log (round start/end, epochs, convergence, checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fleet.atomic import json_safe
+
+
+class EventLog:
+    """Appends one JSON object per line; each line is flushed at once, `sync` makes it durable."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> dict:
+        event = {"time": round(time.time(), 3), "event": kind, **json_safe(fields)}
+        self._file.write(json.dumps(event, allow_nan=False) + "\n")
+        self._file.flush()
+        return event
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """All events of a log; a torn last line (a crash mid-write) is ignored."""
+    events = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return events

@@ -1,0 +1,46 @@
+"""The README's demo: the quickstart ensemble trains for real and beats chance."""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import REPO, run_fleet
+
+CLASSES = 10
+
+
+@pytest.fixture(scope="module")
+def small_quickstart(tmp_path_factory):
+    """examples/quickstart.yaml on a smaller copy of its data set, for two epochs."""
+    root = tmp_path_factory.mktemp("demo")
+    made = run_fleet(
+        "data", "make", "synthetic", "--format", "jpeg", "--out", str(root / "data"), "--classes", str(CLASSES),
+        "--samples", "1000", "--image-size", "20", "--seed", "0", "--quiet",
+    )
+    assert made.returncode == 0, made.stderr
+    spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    spec["data"]["path"] = str(root / "data")
+    spec["train"]["max_epochs"] = 2
+    path = root / "quickstart.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path, root / "run"
+
+
+@pytest.mark.slow
+def test_quickstart_ensemble_beats_chance(small_quickstart):
+    spec_path, run_dir = small_quickstart
+    result = run_fleet("run", str(spec_path), "--local", "--run-dir", str(run_dir), "--quiet", timeout=900)
+    assert result.returncode == 0, result.stderr
+    results = json.loads((run_dir / "results.json").read_text())
+    models = results["models"]
+    families = {m["family"] for m in models}
+    assert len(models) >= 6 and len(families) >= 5
+    chance = 1 / CLASSES
+    for model in models:
+        assert model["epochs"] == 2
+        assert model["best_val_accuracy"] > 1.5 * chance, model
+    assert sum(m["best_val_accuracy"] for m in models) / len(models) > 3 * chance
+    board = (run_dir / "leaderboard.csv").read_text().splitlines()
+    assert board[0].startswith("rank,id,family") and len(board) == len(models) + 1
+    assert (run_dir / "spec.yaml").exists() and (run_dir / "events.jsonl").exists()
