@@ -201,7 +201,7 @@ class SchedulerSpec(Section):
 
     policy: Literal[POLICIES] = "fleet-g"  # type: ignore[valid-type]
     alpha: float = Field(0.8, gt=0.0, le=1.0)
-    delta: PositiveFloat = 20.0
+    delta: PositiveFloat | None = None  # samples/s; None: 10% of the fastest model's rate
     profile_batches: PositiveInt = 48
     profile_timed: PositiveInt = 20
 

@@ -1,0 +1,82 @@
+"""``fleet plan``: simulate a policy on a profile and write the plan (``plan.json``).
+
+The plan is the simulated run of the policy on the profile's rates, with each model's
+``epochs`` from ``profile.json`` (or ``--max-epochs`` where missing) standing in for the
+epochs it will really need; the output says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
+from fleet.spec import POLICIES
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan rounds and GPU placements for a profiled ensemble",
+        description="Simulate a scheduling policy on profile.json and write plan.json.",
+    )
+    parser.add_argument("profile", help="profile.json written by `fleet profile`")
+    parser.add_argument("--gpus", required=True, type=positive_int, help="number of GPUs (trainer slots) M")
+    parser.add_argument("--policy", default="fleet-g", type=one_of(POLICIES), help="planner (default: fleet-g)")
+    parser.add_argument(
+        "--max-epochs", type=positive_float, help="epochs assumed for models whose profile has no 'epochs'"
+    )
+    parser.add_argument("--seed", default=0, type=non_negative_int, help="seed for randomised policies (default: 0)")
+    parser.add_argument("--out", help="where to write plan.json (default: beside the profile)")
+    parser.add_argument("--json", action="store_true", help="print plan.json instead of the table")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleet.schedule import Cluster, Overheads, Scenario, create_policy, lower_bounds, simulate
+    from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, write_json
+
+    gpus, seed = args.gpus, args.seed
+    rates = load_profile(args.profile)
+    estimates, source = epochs_from_profile(rates, args.max_epochs, args.profile)
+    truth = tuple(max(1, math.ceil(e - 1e-9)) for e in estimates)
+    scenario = Scenario(rates, truth, estimates, Cluster(gpus, rates.gpus_per_node))
+    result = simulate(create_policy(args.policy, seed=seed), scenario, Overheads())
+    lb2 = lower_bounds(rates, truth, gpus).lb2
+    document = plan_document(result, rates.gpus_per_node, source, lb2)
+    out = Path(args.out) if args.out else Path(args.profile).resolve().parent / "plan.json"
+    write_json(out, document)
+    if args.json:
+        print(json.dumps(document, indent=1))
+    else:
+        print(_render(document, rates, source, out))
+    return 0
+
+
+def _render(document: dict, rates, source: str, out: Path) -> str:
+    from fleet.report.table import format_duration, format_gpus, format_table
+
+    gpn, total = document["gpus_per_node"], document["total_gpus"]
+    said = {"profile": "the profile's 'epochs'", "max-epochs": "--max-epochs for every model",
+            "profile + max-epochs": "the profile's 'epochs', --max-epochs where missing"}[source]
+    lines = [
+        f"policy {document['policy']} on {total} GPUs ({math.ceil(total / gpn)} nodes x {gpn}); "
+        f"epochs from {said}",
+        f"predicted makespan {format_duration(document['makespan_s'])} ({document['makespan_s']:,.0f} s), "
+        f"{len(document['rounds'])} round(s), lower bound LB2 {document['lower_bound_s']:,.0f} s "
+        f"(makespan/LB2 {document['makespan_s'] / document['lower_bound_s']:.2f})",
+    ]
+    for rnd in document["rounds"]:
+        lines += ["", f"round {rnd['index']}: {format_duration(rnd['start'])} -> {format_duration(rnd['end'])}"]
+        rows = [
+            [m["model"], m["stream"], format_gpus(m["gpus"]), format_gpus(m["nodes"]),
+             f"{rates.rate(m['model'], len(m['gpus'])):.1f}", format_duration(m["start"]),
+             format_duration(m["end"]), m["outcome"]]
+            for m in rnd["members"]
+        ]
+        lines.append(format_table(["model", "stream", "gpus", "nodes", "samples/s", "start", "end", "outcome"], rows))
+    lines += ["", f"wrote {out}"]
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""``fleet simulate``: compare scheduling policies in the discrete-event simulator.
+
+Input is a profile (``profile.json``) or a built-in workload (``--workload paper100``). For
+each GPU count and policy it prints the makespan, the speedups over Baseline and over
+Homogeneous, the makespan relative to the two lower bounds, rounds, mean GPU wait and the
+samples decoded relative to Baseline (averaged over ``--seeds`` seeds), and can draw the
+paper-style charts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from fleet.commands._args import fraction, names_of, positive_float, positive_int, positive_int_list
+from fleet.errors import UserError
+from fleet.spec import POLICIES
+
+DEFAULT_POLICIES = "baseline,homogeneous,fleet-l,fleet-g"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="compare scheduling policies in the simulator",
+        description="Simulate policies on a profile or a built-in workload and compare them.",
+    )
+    parser.add_argument("profile", nargs="?", help="profile.json (or use --workload)")
+    parser.add_argument("--workload", help="built-in workload instead of a profile (paper100)")
+    parser.add_argument("--gpus", required=True, type=positive_int_list, help="GPU counts, e.g. 20,40,80")
+    parser.add_argument(
+        "--policies", default=DEFAULT_POLICIES.split(","), type=names_of(POLICIES),
+        help=f"comma-separated (default: {DEFAULT_POLICIES})",
+    )
+    parser.add_argument("--seeds", default=1, type=positive_int, help="number of seeds to average over (default: 1)")
+    parser.add_argument(
+        "--max-epochs", type=positive_float, help="epochs assumed for models whose profile has no 'epochs'"
+    )
+    parser.add_argument(
+        "--estimate-noise", default=0.0, type=fraction, help="multiply each epoch estimate by U(1-x, 1+x)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--chart", help="write a PNG with speedup and GPU-time charts")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleet.schedule.compare import compare, summarize
+
+    gpu_counts, policies, seeds, noise = args.gpus, args.policies, args.seeds, args.estimate_noise
+    scenarios, label = _scenarios(args, noise)
+    summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds)))
+    if args.chart:
+        _chart(summary, args.chart, label)
+    if args.json:
+        print(json.dumps({"input": label, "seeds": seeds, "estimate_noise": noise, "rows": summary}, indent=1))
+    else:
+        print(_render(summary, label, seeds, noise, args.chart))
+    return 0
+
+
+def _scenarios(args: argparse.Namespace, noise: float):
+    """``(gpus, seed) -> Scenario`` for the chosen input, and a label for it."""
+    from fleet.schedule import WORKLOADS, Cluster, Scenario, noisy_estimates
+    from fleet.schedule_io import epochs_from_profile, load_profile
+
+    if (args.profile is None) == (args.workload is None):
+        raise UserError("simulate: give either a profile.json or --workload NAME (not both)")
+    if args.workload is not None:
+        if args.workload not in WORKLOADS:
+            raise UserError(f"--workload: unknown {args.workload!r}; valid: {', '.join(WORKLOADS)}")
+        make = WORKLOADS[args.workload]
+
+        def from_workload(gpus: int, seed: int) -> Scenario:
+            workload = make(seed)
+            estimates = noisy_estimates(workload.true_epochs, seed, noise) if noise else None
+            return workload.scenario(gpus, estimates)
+
+        return from_workload, f"workload {args.workload}"
+    rates = load_profile(args.profile)
+    epochs, source = epochs_from_profile(rates, args.max_epochs, args.profile)
+    truth = tuple(max(1, math.ceil(e - 1e-9)) for e in epochs)
+
+    def from_profile(gpus: int, seed: int) -> Scenario:
+        estimates = noisy_estimates(epochs, seed, noise) if noise else epochs
+        return Scenario(rates, truth, tuple(estimates), Cluster(gpus, rates.gpus_per_node))
+
+    return from_profile, f"{args.profile} (epochs from {source})"
+
+
+def _render(summary: list[dict], label: str, seeds: int, noise: float, chart: str | None) -> str:
+    from fleet.report.table import format_duration, format_table
+
+    rows = [
+        [s["gpus"], s["policy"], format_duration(s["makespan_s"]), f"{s['speedup_baseline']:.2f}x",
+         f"{s['speedup_homogeneous']:.2f}x", f"{s['makespan_lb2']:.2f}", f"{s['makespan_lb1']:.2f}",
+         f"{s['rounds']:.1f}", format_duration(s["mean_gpu_wait_s"]), f"{s['decoded_vs_baseline']:.2f}"]
+        for s in summary
+    ]
+    headers = ["gpus", "policy", "makespan", "vs base", "vs homog", "/LB2", "/LB1", "rounds", "gpu wait", "decoded"]
+    noise_note = f", epoch estimates x U({1 - noise:g},{1 + noise:g})" if noise else ""
+    lines = [f"{label}; mean of {seeds} seed(s){noise_note}", format_table(headers, rows)]
+    if chart:
+        lines.append(f"wrote {chart}")
+    return "\n".join(lines)
+
+
+def _chart(summary: list[dict], path: str, label: str) -> None:
+    from fleet.report.schedule_charts import write_schedule_charts
+
+    write_schedule_charts(summary, path, title=label)

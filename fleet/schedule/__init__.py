@@ -1,0 +1,49 @@
+"""Pure scheduling core of fleet: rates, flotillas, placement, planners, simulator, bounds.
+
+Nothing in this package imports MPI, torch or does file I/O (a test enforces it): the
+runtime's coordinator and the simulator both drive the planners through the protocol in
+:mod:`fleet.schedule._base`. Reading and writing ``profile.json`` lives in
+:mod:`fleet.schedule_io`.
+"""
+
+from fleet.schedule._base import (
+    END_ROUND,
+    NO_DECISION,
+    CheckpointCompleted,
+    ClusterView,
+    Decision,
+    EpochCompleted,
+    Event,
+    Member,
+    ModelConverged,
+    ModelState,
+    ModelView,
+    Policy,
+    PolicyError,
+    StreamPlan,
+    StreamView,
+)
+from fleet.schedule.bounds import Bounds, lower_bounds, malleable_bound, simple_bound, training_times
+from fleet.schedule.costs import Overheads
+from fleet.schedule.flotilla import Flotilla, FlotillaMember, create_flotilla
+from fleet.schedule.placement import node_count, place
+from fleet.schedule.planners import PAPER_POLICIES, POLICIES, create_policy
+from fleet.schedule.rates import (
+    ModelProfile,
+    ProfileFormatError,
+    RateTable,
+    extrapolate_rate,
+    threshold_gpus,
+)
+from fleet.schedule.simulator import Cluster, Scenario, SimResult, Timeline, simulate
+from fleet.schedule.workloads import WORKLOADS, Workload, noisy_estimates, paper100
+
+__all__ = [
+    "END_ROUND", "NO_DECISION", "CheckpointCompleted", "ClusterView", "Decision", "EpochCompleted",
+    "Event", "Member", "ModelConverged", "ModelState", "ModelView", "Policy", "PolicyError",
+    "StreamPlan", "StreamView", "Bounds", "lower_bounds", "malleable_bound", "simple_bound",
+    "training_times", "Overheads", "Flotilla", "FlotillaMember", "create_flotilla", "node_count",
+    "place", "PAPER_POLICIES", "POLICIES", "create_policy", "ModelProfile", "ProfileFormatError",
+    "RateTable", "extrapolate_rate", "threshold_gpus", "Cluster", "Scenario", "SimResult",
+    "Timeline", "simulate", "WORKLOADS", "Workload", "noisy_estimates", "paper100",
+]

@@ -1,0 +1,142 @@
+"""Side-by-side comparison of policies on one ensemble: the numbers behind ``fleet simulate``.
+
+For each GPU count and seed, every policy is simulated on the same scenario; Baseline and
+Homogeneous are always run as references. Rows carry the raw numbers; :func:`summarize`
+averages them over seeds (speedups are averaged per seed, as ratios of the same scenario).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleet.schedule.bounds import lower_bounds
+from fleet.schedule.costs import Overheads
+from fleet.schedule.planners import create_policy
+from fleet.schedule.simulator import GpuTime, Scenario, SimResult, simulate
+
+REFERENCES = ("baseline", "homogeneous")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One simulated run of one policy.
+
+    Attributes:
+        gpus: ``M``.
+        policy: policy name.
+        seed: seed of the scenario and of the policy.
+        makespan: seconds.
+        lb1, lb2: the lower bounds of the scenario, seconds.
+        rounds: rounds of the run.
+        mean_gpu_wait: mean idle seconds per GPU.
+        decoded_ratio: samples decoded relative to Baseline (``sum_i E_i n``).
+        plan_ms: mean planning time per planning call, milliseconds.
+        plan_ms_max: longest planning call, milliseconds.
+        checkpoints: model checkpoints taken.
+        gpu_time: GPU-seconds by activity.
+        speedup_baseline, speedup_homogeneous: reference makespan / this makespan.
+    """
+
+    gpus: int
+    policy: str
+    seed: int
+    makespan: float
+    lb1: float
+    lb2: float
+    rounds: int
+    mean_gpu_wait: float
+    decoded_ratio: float
+    plan_ms: float
+    plan_ms_max: float
+    checkpoints: int
+    gpu_time: GpuTime
+    speedup_baseline: float = float("nan")
+    speedup_homogeneous: float = float("nan")
+
+
+ScenarioFactory = Callable[[int, int], Scenario]
+"""``(total_gpus, seed) -> Scenario``."""
+
+
+def compare(
+    scenarios: ScenarioFactory,
+    gpu_counts: Sequence[int],
+    policies: Sequence[str],
+    seeds: Iterable[int],
+    overheads: Overheads = Overheads(),
+) -> list[Row]:
+    """Simulate every policy (and the references) for every GPU count and seed."""
+    rows: list[Row] = []
+    runs = list(dict.fromkeys([*policies, *REFERENCES]))
+    for gpus in gpu_counts:
+        for seed in seeds:
+            scenario = scenarios(gpus, seed)
+            bounds = lower_bounds(scenario.rates, scenario.true_epochs, gpus)
+            results = {name: simulate(create_policy(name, seed=seed), scenario, overheads) for name in runs}
+            refs = {name: results[name].makespan for name in REFERENCES}
+            for name in policies:
+                rows.append(_row(results[name], scenario, seed, bounds.lb1, bounds.lb2, refs))
+    return rows
+
+
+def summarize(rows: Sequence[Row]) -> list[dict]:
+    """Mean over seeds per (GPU count, policy), in the order rows first appear."""
+    groups: dict[tuple[int, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.gpus, row.policy), []).append(row)
+    out = []
+    for (gpus, policy), group in groups.items():
+
+        def mean(metric, group=group) -> float:
+            return float(np.mean([metric(r) for r in group]))
+
+        out.append(
+            {
+                "gpus": gpus,
+                "policy": policy,
+                "seeds": len(group),
+                "makespan_s": mean(lambda r: r.makespan),
+                "speedup_baseline": mean(lambda r: r.speedup_baseline),
+                "speedup_homogeneous": mean(lambda r: r.speedup_homogeneous),
+                "makespan_lb2": mean(lambda r: r.makespan / r.lb2),
+                "makespan_lb2_max": max(r.makespan / r.lb2 for r in group),
+                "makespan_lb1": mean(lambda r: r.makespan / r.lb1),
+                "rounds": mean(lambda r: r.rounds),
+                "mean_gpu_wait_s": mean(lambda r: r.mean_gpu_wait),
+                "decoded_vs_baseline": mean(lambda r: r.decoded_ratio),
+                "decoded_vs_baseline_max": max(r.decoded_ratio for r in group),
+                "plan_ms": mean(lambda r: r.plan_ms),
+                "plan_ms_max": max(r.plan_ms_max for r in group),
+                "checkpoints": mean(lambda r: r.checkpoints),
+                "gpu_time": {
+                    k: mean(lambda r, k=k: getattr(r.gpu_time, k))
+                    for k in ("training", "pacing", "overhead", "idle")
+                },
+            }
+        )
+    return out
+
+
+def _row(result: SimResult, scenario: Scenario, seed: int, lb1: float, lb2: float, refs: dict) -> Row:
+    trained = sum(scenario.true_epochs) * scenario.rates.samples_per_epoch
+    planning = result.planning_s or (0.0,)
+    return Row(
+        gpus=result.total_gpus,
+        policy=result.policy,
+        seed=seed,
+        makespan=result.makespan,
+        lb1=lb1,
+        lb2=lb2,
+        rounds=result.rounds,
+        mean_gpu_wait=result.mean_gpu_wait,
+        decoded_ratio=result.samples_decoded / trained,
+        plan_ms=1000 * float(np.mean(planning)),
+        plan_ms_max=1000 * max(planning),
+        checkpoints=result.checkpoints,
+        gpu_time=result.gpu_time,
+        speedup_baseline=refs["baseline"] / result.makespan,
+        speedup_homogeneous=refs["homogeneous"] / result.makespan,
+    )

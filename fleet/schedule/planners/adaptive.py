@@ -1,0 +1,344 @@
+"""fleet-adaptive: list scheduling against the malleable bound, on rate-matched streams.
+
+Where FLEET-G trains one flotilla per round and waits for the round to drain, this policy
+never stops the cluster. It plans against the malleable lower bound and keeps every GPU
+busy:
+
+1. **Target.** ``T`` = the malleable bound (LB2) computed from the *estimated* epochs and
+   the profiled rates. Each model gets the fewest GPUs ``m_i`` (among counts that are
+   faster than every smaller one) with which its estimated time fits in ``T``: short
+   models train on one GPU, where they are most efficient; long ones get more GPUs.
+2. **Order (LPT).** Pending models wait in order of estimated duration, longest first,
+   so the models that set the makespan start first.
+3. **Streams.** Whenever GPUs are free, the policy looks at the first ``window`` models in
+   that order (or all that fit now) and puts the best-matching one -- possibly on up to
+   ``extra_gpus`` more GPUs, if that matches better -- into a stream whose members' rates
+   stay within ``match_tolerance`` (``ln(max/min)``): a running stream (the model *joins* it
+   and reads it from its current position) or one opened in the same decision. Only if none
+   matches does the head of the queue open a new stream. A decoding budget keeps about
+   ``min_members`` members per stream: past it, the tolerance widens to ``hard_tolerance``
+   before a new stream is opened. Matched rates keep pacing slack low.
+4. **Leftovers.** GPUs left over when the queue empties at a launch go to the new members
+   predicted to finish last, on streams of their own (no checkpoint needed). GPUs freed
+   later go to the running models predicted to finish last -- only when the predicted gain
+   beats ``resize_margin`` times the checkpoint + restore a change of GPU count requires
+   (``Overheads``). Such a model is checkpointed and relaunched with more GPUs, joining a
+   stream that matches its new rate or on a stream of its own.
+
+Estimates are refined as the run goes: a model that outlives its epoch estimate is assumed to
+need one more epoch at a time, and each model's rate curve is rescaled by the ratio of its
+measured to its profiled rate after every epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleet.schedule._base import (
+    NO_DECISION,
+    CheckpointCompleted,
+    ClusterView,
+    Decision,
+    EpochCompleted,
+    Member,
+    ModelConverged,
+    ModelState,
+    Policy,
+    StreamPlan,
+)
+from fleet.schedule.bounds import malleable_bound
+from fleet.schedule.costs import Overheads
+from fleet.schedule.flotilla import useful_counts
+from fleet.schedule.placement import place
+
+
+@dataclass
+class _Draft:
+    """A stream being put together in one decision (a new one, or a join)."""
+
+    join: int | None
+    rates: list[float]  # own rates of the stream's running members, then of the new ones
+    members: list[tuple[str, int]] = field(default_factory=list)  # new (model, gpu count)
+
+    def remove(self, k: int) -> None:
+        """Take the ``k``-th new member out again."""
+        self.rates.pop(len(self.rates) - len(self.members) + k)
+        self.members.pop(k)
+
+    def spread_with(self, rate: float) -> float:
+        """``ln(max/min)`` of the members' own rates if a member of ``rate`` joined."""
+        return math.log(max(*self.rates, rate) / min(*self.rates, rate))
+
+
+class FleetAdaptive(Policy):
+    """Malleable-bound list scheduling with rate-matched shared streams.
+
+    Args:
+        seed: unused (deterministic); accepted for a uniform constructor.
+        target_factor: plan GPU counts for ``target_factor * LB2`` (slack for packing).
+        match_tolerance: largest ``ln(max rate / min rate)`` among a stream's members.
+        hard_tolerance: the same, allowed when the stream budget is used up.
+        min_members: aim for at least this many members per stream (the decoding budget:
+            a new stream is opened beyond that only if no stream is within
+            ``hard_tolerance``).
+        window: how many queued models (at least) are considered for the best match.
+        extra_gpus: how many GPUs beyond its planned count a model may take to match a pace.
+        overheads: the checkpoint/restore costs assumed when weighing a resize.
+        resize_margin: a resize must gain more than this many times its cost.
+    """
+
+    name = "fleet-adaptive"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        target_factor: float = 1.15,
+        match_tolerance: float = 0.10,
+        hard_tolerance: float = 0.35,
+        min_members: float = 6.0,
+        window: int = 8,
+        extra_gpus: int = 2,
+        overheads: Overheads | None = None,
+        resize_margin: float = 2.0,
+    ):
+        self.target_factor = target_factor
+        self.tolerance = match_tolerance
+        self.hard_tolerance = hard_tolerance
+        self.min_members = min_members
+        self.window = window
+        self.extra = extra_gpus
+        self.costs = overheads or Overheads()
+        self.margin = resize_margin
+        self.counts: dict[str, int] = {}
+        self.queue: list[str] = []
+        self.resizing: dict[str, int] = {}
+        self.rates: np.ndarray | None = None
+        self.target = 0.0
+
+    # -- protocol --------------------------------------------------------------------
+
+    def start(self, view: ClusterView) -> Decision:
+        self._plan(view)
+        return self._fill(view)
+
+    def on_epoch(self, event: EpochCompleted, view: ClusterView) -> Decision:
+        """Refine the model's rate curve by the ratio of measured to profiled rate."""
+        if self.rates is not None and event.samples_per_s > 0:
+            i = view.rates.index(event.model)
+            gpus = len(view.model(event.model).gpus)
+            profiled = view.rates.matrix(view.total_gpus)[i]
+            self.rates[i] = profiled * (event.samples_per_s / profiled[gpus - 1])
+        return NO_DECISION
+
+    def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
+        return self._fill(view)
+
+    def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:
+        wanted = self.resizing.pop(event.model, None)
+        if wanted is None:
+            return self._fill(view)
+        count = min(wanted, len(view.free_gpus))
+        gpus = place([count], view.free_gpus, view.gpus_per_node)[0]
+        rate = self._rate(view, event.model, count)
+        drafts = [_Draft(s.id, self._member_rates(view, s.members)) for s in view.streams if s.pace > 0]
+        matches = [d for d in drafts if d.spread_with(rate) <= self.tolerance]
+        join = min(matches, key=lambda d: d.spread_with(rate)).join if matches else None
+        return Decision.launching([StreamPlan((Member(event.model, gpus),), join)])
+
+    # -- planning --------------------------------------------------------------------
+
+    def _plan(self, view: ClusterView) -> None:
+        """Target makespan, GPU count per model and the LPT queue."""
+        total = view.total_gpus
+        self.rates = view.rates.matrix(total).copy()
+        times = self._work(view)[:, None] / self.rates
+        target = malleable_bound(times) * self.target_factor
+        self.target = target
+        useful = useful_counts(self.rates)
+        for i, model in enumerate(view.models):
+            fits = np.flatnonzero(useful[i] & (times[i] <= target * (1 + 1e-9)))
+            self.counts[model.id] = int(fits[0]) + 1 if fits.size else int(np.argmin(times[i])) + 1
+        duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
+        self.queue = sorted(duration, key=lambda m: (-duration[m], m))
+
+    def _work(self, view: ClusterView) -> np.ndarray:
+        """Estimated samples each model still needs (at least one epoch)."""
+        n = view.rates.samples_per_epoch
+        return np.array([self._remaining_epochs(m) * n for m in view.models])
+
+    @staticmethod
+    def _remaining_epochs(model) -> float:
+        """Estimated epochs left; a model past its estimate is assumed to need one more."""
+        return max(model.epochs_estimate - model.epochs_done, 1.0)
+
+    def _member_rates(self, view: ClusterView, members: tuple[str, ...]) -> list[float]:
+        return [self._rate(view, m, len(view.model(m).gpus)) for m in members]
+
+    def _rate(self, view: ClusterView, model: str, gpus: int) -> float:
+        return float(self.rates[view.rates.index(model), gpus - 1])
+
+    # -- filling free GPUs -------------------------------------------------------------
+
+    def _fill(self, view: ClusterView) -> Decision:
+        self.queue = [m for m in self.queue if view.model(m).state is ModelState.PENDING]
+        free = len(view.free_gpus)
+        drafts = [_Draft(s.id, self._member_rates(view, s.members)) for s in view.streams if s.pace > 0]
+        while free > 0 and self.queue:
+            model, gpus, draft = self._pick(view, drafts, free)
+            if draft is None:
+                draft = _Draft(None, [])
+                drafts.append(draft)
+            draft.members.append((model, gpus))
+            draft.rates.append(self._rate(view, model, gpus))
+            self.queue.remove(model)
+            free -= gpus
+        if not self.queue and free > 0:
+            self._boost(view, drafts, free)
+        launch = self._place(view, drafts)
+        if launch.launch or self.queue or not view.free_gpus:
+            return launch
+        return self._resize(view)
+
+    def _pick(self, view: ClusterView, drafts: list[_Draft], free: int):
+        """Best (model, gpu count, stream draft or None for a new stream) to start now.
+
+        Candidates are the first ``window`` queued models, or all that fit in the free GPUs
+        if more do. A candidate may take a few more GPUs than planned when that matches a
+        stream's pace better; the score adds the log-rate mismatch, the scaling loss of the
+        extra GPUs and a small penalty for skipping ahead in the queue.
+        """
+        crowded = self._crowded(view, drafts)
+        limit = self.hard_tolerance if crowded else self.tolerance
+        best = None
+        for rank, model in enumerate(self._candidates(free)):
+            for gpus in self._count_options(view, model, free):
+                rate = self._rate(view, model, gpus)
+                loss = 1 - rate / (gpus * self._rate(view, model, 1))
+                for draft in drafts:
+                    mismatch = draft.spread_with(rate)
+                    score = mismatch + loss + 0.01 * rank
+                    if mismatch <= limit and (best is None or score < best[0]):
+                        best = (score, model, gpus, draft)
+        if best is not None:
+            return best[1:]
+        head = self.queue[0]
+        return head, min(self.counts[head], free), None
+
+    def _crowded(self, view: ClusterView, drafts: list[_Draft]) -> bool:
+        """True when one more stream would leave fewer than ``min_members`` per stream."""
+        members = sum(len(d.rates) for d in drafts) + 1
+        return len(drafts) + 1 > max(1.0, members / self.min_members)
+
+    def _candidates(self, free: int) -> list[str]:
+        fitting, used = 0, 0
+        for model in self.queue:
+            used += self.counts[model]
+            if used > free:
+                break
+            fitting += 1
+        return self.queue[: max(self.window, fitting)]
+
+    def _count_options(self, view: ClusterView, model: str, free: int) -> list[int]:
+        """Planned count, and up to ``extra_gpus`` more useful counts that still fit."""
+        planned = min(self.counts[model], free)
+        options = [planned]
+        for gpus in range(planned + 1, min(planned + self.extra, free) + 1):
+            if self._rate(view, model, gpus) > self._rate(view, model, options[-1]):
+                options.append(gpus)
+        return options
+
+    def _boost(self, view: ClusterView, drafts: list[_Draft], free: int) -> None:
+        """Leftover GPUs at launch go to the new members predicted to finish last.
+
+        Such a member moves to a stream of its own (a faster member would only wait for its
+        stream otherwise) with just enough GPUs to finish with the next-latest member or by
+        the target, whichever is later.
+        """
+        work = dict(zip(view.rates.ids, self._work(view)))
+        while free > 0:
+            finishes = sorted(
+                ((work[m] / min(d.rates), d, k) for d in drafts for k, (m, _) in enumerate(d.members)),
+                key=lambda f: -f[0],
+            )
+            if not finishes:
+                return
+            finish, draft, k = finishes[0]
+            goal = max(finishes[1][0] if len(finishes) > 1 else 0.0, self.target)
+            model, gpus = draft.members[k]
+            options = [(work[model] / self._rate(view, model, g), g) for g in range(gpus + 1, gpus + free + 1)]
+            reaching = [g for end, g in options if end <= goal]
+            new_gpus = reaching[0] if reaching else min(options)[1]
+            if work[model] / self._rate(view, model, new_gpus) >= finish * 0.98:
+                return
+            draft.remove(k)
+            if not draft.members and draft.join is None:
+                drafts.remove(draft)
+            drafts.append(_Draft(None, [self._rate(view, model, new_gpus)], [(model, new_gpus)]))
+            free -= new_gpus - gpus
+
+    def _place(self, view: ClusterView, drafts: list[_Draft]) -> Decision:
+        members = [(d, model, gpus) for d in drafts for model, gpus in d.members]
+        if not members:
+            return NO_DECISION
+        runs = place([g for _, _, g in members], view.free_gpus, view.gpus_per_node)
+        plans: dict[int, list[Member]] = {}
+        for (draft, model, _), run in zip(members, runs):
+            plans.setdefault(id(draft), []).append(Member(model, run))
+        by_id = {id(d): d for d in drafts}
+        return Decision.launching(StreamPlan(tuple(ms), by_id[key].join) for key, ms in plans.items())
+
+    # -- using leftover GPUs -------------------------------------------------------------
+
+    def _resize(self, view: ClusterView) -> Decision:
+        """Give free GPUs to the models predicted to finish last, where that pays off.
+
+        A running model changes its GPU count only through a checkpoint and a restore, so
+        a resize is made only when the predicted finish improves by more than
+        ``resize_margin`` times that cost.
+        """
+        available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
+        finish = self._predicted_finish(view)
+        chosen = []
+        for model, (end, remaining) in sorted(finish.items(), key=lambda kv: -kv[1][0]):
+            if available <= 0:
+                break
+            if model in self.resizing:
+                continue
+            current = len(view.model(model).gpus)
+            gpus, new_end = self._best_count(view, model, current, available, remaining)
+            if end - new_end > self.margin * self._switch_cost(view, model):
+                self.resizing[model] = gpus
+                available -= gpus - current
+                chosen.append(model)
+        return Decision(checkpoint=tuple(chosen)) if chosen else NO_DECISION
+
+    def _resizing_now(self, view: ClusterView) -> int:
+        """GPUs that models being resized still hold (they come back with the checkpoint)."""
+        return sum(len(view.model(m).gpus) for m in self.resizing)
+
+    def _best_count(self, view: ClusterView, model: str, current: int, extra: int, remaining: float):
+        cost = self._switch_cost(view, model)
+        best = (current, math.inf)
+        for gpus in range(current + 1, current + extra + 1):
+            end = view.time + cost + remaining / self._rate(view, model, gpus)
+            if end < best[1]:
+                best = (gpus, end)
+        return best
+
+    def _switch_cost(self, view: ClusterView, model: str) -> float:
+        param_bytes = view.rates.profile(model).param_bytes
+        return self.costs.checkpoint_s(param_bytes) + self.costs.restore_s(param_bytes)
+
+    def _predicted_finish(self, view: ClusterView) -> dict[str, tuple[float, float]]:
+        pace = {s.id: s.pace for s in view.streams}
+        n = view.rates.samples_per_epoch
+        out = {}
+        for m in view.models:
+            if m.state is not ModelState.RUNNING or not pace.get(m.stream):
+                continue
+            remaining = self._remaining_epochs(m) * n
+            out[m.id] = (view.time + remaining / pace[m.stream], remaining)
+        return out

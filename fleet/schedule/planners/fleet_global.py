@@ -1,0 +1,61 @@
+"""FLEET-G: the paper's global paradigm (rounds of flotillas with re-flotillation).
+
+Each round trains one flotilla (Alg. 2, placed by Alg. 3/4) on all GPUs with one shared
+stream. A model that converges releases its GPUs at once; they stay idle until the round
+ends, which happens as soon as fewer than ``alpha * M`` GPUs are busy. Then every running
+model is checkpointed, and when the last checkpoint is done a new flotilla is created from
+all models not yet converged (*re-flotillation*).
+"""
+
+from __future__ import annotations
+
+from fleet.schedule._base import (
+    END_ROUND,
+    NO_DECISION,
+    CheckpointCompleted,
+    ClusterView,
+    Decision,
+    ModelConverged,
+    ModelState,
+    Policy,
+)
+from fleet.schedule.planners._common import flotilla_stream
+
+DEFAULT_ALPHA = 0.8
+
+
+class FleetGlobal(Policy):
+    """FLEET's global paradigm.
+
+    Args:
+        alpha: a round ends when fewer than ``alpha * M`` GPUs are busy.
+        delta: Alg. 2's rate tolerance in samples/s (``None``: 10 % of ``r_fast``).
+        seed: unused (the policy is deterministic); accepted for a uniform constructor.
+    """
+
+    name = "fleet-g"
+
+    def __init__(self, alpha: float = DEFAULT_ALPHA, delta: float | None = None, seed: int = 0):
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha, self.delta = alpha, delta
+
+    def start(self, view: ClusterView) -> Decision:
+        return self._new_round(view)
+
+    def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
+        if view.drained:
+            return self._new_round(view)
+        if view.busy_gpus < self.alpha * view.total_gpus:
+            return END_ROUND
+        return NO_DECISION
+
+    def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:
+        return self._new_round(view) if view.drained else NO_DECISION
+
+    def _new_round(self, view: ClusterView) -> Decision:
+        candidates = view.ids_in(ModelState.PENDING, ModelState.PAUSED)
+        if not candidates:
+            return NO_DECISION
+        stream = flotilla_stream(view.rates, candidates, view.free_gpus, view.gpus_per_node, self.delta)
+        return Decision.launching([stream])

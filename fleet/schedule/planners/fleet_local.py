@@ -1,0 +1,44 @@
+"""FLEET-L: the paper's local paradigm (released GPUs are refilled at once).
+
+Our reading of Guan et al. (MLSys 2020), Sec. 4: in the local paradigm a model that
+converges hands its GPUs straight to models that have not started yet; the models already
+training are never interrupted, so there is no checkpoint and no re-flotillation. We form
+the refill as a new flotilla -- Alg. 2 over the not-yet-started models, restricted to the
+GPUs just released (plus any still free), placed by Alg. 3/4 -- which gets its own shared
+stream, since its members start at epoch 0 while the running streams are mid-way. When no
+model is left to start, released GPUs stay idle until the end. (The paper's full text was
+not retrievable through our search tool, only its abstract; this reading is from the
+paper's description of the two paradigms, and the global/local contrast it draws.)
+"""
+
+from __future__ import annotations
+
+from fleet.schedule._base import NO_DECISION, ClusterView, Decision, ModelConverged, ModelState, Policy
+from fleet.schedule.planners._common import flotilla_stream
+
+
+class FleetLocal(Policy):
+    """FLEET's local paradigm.
+
+    Args:
+        delta: Alg. 2's rate tolerance in samples/s (``None``: 10 % of ``r_fast``).
+        seed: unused (the policy is deterministic); accepted for a uniform constructor.
+    """
+
+    name = "fleet-l"
+
+    def __init__(self, delta: float | None = None, seed: int = 0):
+        self.delta = delta
+
+    def start(self, view: ClusterView) -> Decision:
+        return self._refill(view)
+
+    def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
+        return self._refill(view)
+
+    def _refill(self, view: ClusterView) -> Decision:
+        pending = view.ids_in(ModelState.PENDING)
+        if not pending or not view.free_gpus:
+            return NO_DECISION
+        stream = flotilla_stream(view.rates, pending, view.free_gpus, view.gpus_per_node, self.delta)
+        return Decision.launching([stream])

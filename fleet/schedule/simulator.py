@@ -1,0 +1,663 @@
+"""Discrete-event simulator: drives any :class:`~fleet.schedule._base.Policy` on a model.
+
+The simulator is the first of two drivers of the policy protocol (the MPI coordinator is
+the second). It knows what policies must not: each model's true epochs to converge. It
+turns them into the events the runtime would observe and applies each decision at once.
+
+Model of a run
+    * A stream moves at the pace of its slowest running member, ``min_i r_i(m_i)``; every
+      member advances by the same number of samples. A member converges at the end of its
+      ``E_i``-th epoch (``E_i * n`` samples, a partial epoch carries over a checkpoint) and
+      frees its GPUs at once; the stream speeds up if it was the slowest.
+    * A stream decodes each sample once for all its members: its decoded samples are the
+      samples it moved while at least one member was training.
+    * Launching costs ``planning_s`` (fixed, or measured around the policy call); a member
+      resumed from a checkpoint also waits ``restore_s``. A new stream starts when all its
+      members are ready; a member joining a running stream starts when it is ready.
+      Checkpointing costs ``checkpoint_s`` per model, all in parallel. GPUs are held during
+      these overheads. Costs common to every policy (first model build, data loading) are
+      left out.
+
+Results: makespan, rounds, samples decoded, a GPU-time breakdown (useful training, pacing
+slack, overheads, idle), each GPU's idle time, the planning time of every planning call,
+and the full timeline of rounds, streams and members.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+import time as _time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from fleet.schedule._base import (
+    CheckpointCompleted,
+    ClusterView,
+    Decision,
+    EpochCompleted,
+    Event,
+    ModelConverged,
+    ModelState,
+    ModelView,
+    Policy,
+    PolicyError,
+    StreamPlan,
+    StreamView,
+)
+from fleet.schedule.costs import Overheads
+from fleet.schedule.rates import RateTable
+
+_EPS = 1e-9
+
+# kinds of entries in the simulator's event queue (ties at one time go in this order)
+_START, _CHECKPOINT_DONE, _BOUNDARY, _DEFERRED = range(4)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The GPUs a run may use: GPU ``g`` is on node ``g // gpus_per_node``."""
+
+    total_gpus: int
+    gpus_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes (the last one may be partly used)."""
+        return math.ceil(self.total_gpus / self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything about a run except the policy and the overhead model.
+
+    Attributes:
+        rates: profiled rates (taken as the truth by the simulator, shown to the policy).
+        true_epochs: epochs each model really needs; only the simulator sees them.
+        epochs_estimate: what the policy is told instead.
+        cluster: the GPUs.
+    """
+
+    rates: RateTable
+    true_epochs: tuple[int, ...]
+    epochs_estimate: tuple[float, ...]
+    cluster: Cluster
+
+    def __post_init__(self) -> None:
+        n = len(self.rates.models)
+        if len(self.true_epochs) != n or len(self.epochs_estimate) != n:
+            raise ValueError("true_epochs and epochs_estimate need one entry per model")
+        if any(e < 1 for e in self.true_epochs):
+            raise ValueError("every model needs at least one epoch")
+
+
+class Outcome(enum.Enum):
+    """How a member left its stream."""
+
+    CONVERGED = "converged"
+    CHECKPOINTED = "checkpointed"
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """One stay of a model on its GPUs.
+
+    Attributes:
+        model: model id.
+        stream: stream id.
+        round: round index.
+        gpus: global GPU indices.
+        launched: when the GPUs were reserved.
+        start: when it began training (after planning and restore).
+        end: when it converged or stopped for a checkpoint.
+        released: when the GPUs were freed (``end``, or the end of the checkpoint).
+        outcome: :class:`Outcome`.
+        epochs_start: epochs done at ``start`` (fractional).
+        epochs_end: epochs done at ``end`` (fractional).
+    """
+
+    model: str
+    stream: int
+    round: int
+    gpus: tuple[int, ...]
+    launched: float
+    start: float
+    end: float
+    released: float
+    outcome: Outcome
+    epochs_start: float
+    epochs_end: float
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """One shared stream: its members over its life and what it decoded."""
+
+    id: int
+    round: int
+    start: float
+    end: float
+    members: tuple[str, ...]
+    samples_decoded: float
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """A round: from its first launch to its last release of GPUs."""
+
+    index: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Everything that happened, in start order."""
+
+    rounds: tuple[RoundRecord, ...]
+    streams: tuple[StreamRecord, ...]
+    members: tuple[MemberRecord, ...]
+
+
+@dataclass(frozen=True)
+class GpuTime:
+    """GPU-seconds of a run by what the GPUs did; they add up to ``M * makespan``.
+
+    Attributes:
+        training: training at the model's own rate.
+        pacing: held by a member but slowed down to the stream's slower pace.
+        overhead: planning, restoring and checkpointing.
+        idle: held by no model.
+    """
+
+    training: float
+    pacing: float
+    overhead: float
+    idle: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Outcome of one simulated run.
+
+    Attributes:
+        policy: policy name.
+        total_gpus: ``M``.
+        makespan: seconds until the last model converged.
+        rounds: number of rounds.
+        samples_decoded: samples decoded by all streams together.
+        gpu_time: :class:`GpuTime` breakdown.
+        idle_per_gpu: seconds each GPU held no model.
+        planning_s: duration of each policy call that launched something.
+        checkpoints: number of model checkpoints taken.
+        timeline: the :class:`Timeline`.
+    """
+
+    policy: str
+    total_gpus: int
+    makespan: float
+    rounds: int
+    samples_decoded: float
+    gpu_time: GpuTime
+    idle_per_gpu: tuple[float, ...]
+    planning_s: tuple[float, ...]
+    checkpoints: int
+    timeline: Timeline
+
+    @property
+    def mean_gpu_wait(self) -> float:
+        """Mean idle seconds per GPU."""
+        return float(np.mean(self.idle_per_gpu)) if self.idle_per_gpu else 0.0
+
+
+def simulate(policy: Policy, scenario: Scenario, overheads: Overheads = Overheads()) -> SimResult:
+    """Run ``policy`` on ``scenario`` until every model converged.
+
+    Raises:
+        PolicyError: when the policy breaks the protocol or stalls.
+    """
+    return _Run(policy, scenario, overheads).run()
+
+
+# ----------------------------------------------------------------- internal state
+
+
+class _Model:
+    """Mutable per-model state of one run."""
+
+    __slots__ = (
+        "index", "id", "state", "true_epochs", "epochs_done", "samples", "gpus", "stream",
+        "own_rate", "generation", "join_pos", "launched", "start", "epochs_start", "param_bytes",
+    )
+
+    def __init__(self, index: int, model_id: str, true_epochs: int, param_bytes: int | None):
+        self.index, self.id, self.true_epochs = index, model_id, true_epochs
+        self.state = ModelState.PENDING
+        self.epochs_done = 0
+        self.samples = 0.0  # progress in samples when it last left or joined a stream
+        self.gpus: tuple[int, ...] = ()
+        self.stream: _Stream | None = None
+        self.own_rate = 0.0
+        self.generation = 0
+        self.join_pos: float | None = None  # stream position when it began consuming
+        self.launched = self.start = 0.0
+        self.epochs_start = 0.0
+        self.param_bytes = param_bytes
+
+
+class _Stream:
+    """Mutable state of one stream; its position is advanced lazily by :meth:`sync`."""
+
+    __slots__ = (
+        "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
+        "boundaries", "version", "start", "end", "all_members",
+    )
+
+    def __init__(self, stream_id: int, round_index: int):
+        self.id, self.round = stream_id, round_index
+        self.active: dict[int, _Model] = {}
+        self.waiting: dict[int, _Model] = {}
+        self.pos = 0.0
+        self.pace = 0.0
+        self.slack_rate = 0.0
+        self.slack = 0.0
+        self.synced_at = 0.0
+        self.boundaries: list[tuple[float, int, int, int]] = []  # (pos, model, generation, epoch)
+        self.version = 0
+        self.start: float | None = None
+        self.end = 0.0
+        self.all_members: list[str] = []
+
+    def sync(self, now: float) -> None:
+        dt = now - self.synced_at
+        if self.active and dt > 0:
+            self.pos += self.pace * dt
+            self.slack += self.slack_rate * dt
+        self.synced_at = now
+
+    def repace(self) -> None:
+        if not self.active:
+            self.pace = self.slack_rate = 0.0
+            return
+        self.pace = min(m.own_rate for m in self.active.values())
+        self.slack_rate = sum(len(m.gpus) * (1 - self.pace / m.own_rate) for m in self.active.values())
+
+    def progress(self, model: _Model) -> float:
+        return model.samples + (self.pos - model.join_pos if model.join_pos is not None else 0.0)
+
+
+class _Run:
+    """One simulated run; :meth:`run` is the event loop."""
+
+    def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads):
+        self.policy, self.scenario, self.costs = policy, scenario, overheads
+        self.rates = scenario.rates
+        self.cluster = scenario.cluster
+        self.n = scenario.rates.samples_per_epoch
+        self.rate_matrix = scenario.rates.matrix(self.cluster.total_gpus)
+        self.models = [
+            _Model(i, p.id, e, p.param_bytes)
+            for i, (p, e) in enumerate(zip(scenario.rates.models, scenario.true_epochs))
+        ]
+        self.views = [
+            ModelView(p.id, ModelState.PENDING, 0, float(est))
+            for p, est in zip(scenario.rates.models, scenario.epochs_estimate)
+        ]
+        self.owner = [-1] * self.cluster.total_gpus
+        self.now = 0.0
+        self.round = 0
+        self.launches = 0
+        self.round_start = 0.0
+        self.queue: list[tuple] = []  # (time, kind, seq, payload)
+        self.seq = 0
+        self.streams: dict[int, _Stream] = {}
+        self.finished_streams: list[_Stream] = []
+        self.members: list[MemberRecord] = []
+        self.rounds: list[RoundRecord] = []
+        self.planning: list[float] = []
+        self.checkpoints = 0
+        self.converged = 0
+        self.last_release = 0.0
+        self._stale_view = True
+        self._cached: tuple[tuple[StreamView, ...], tuple[int, ...]] = ((), ())
+
+    # -- the loop --------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        self._decide(lambda view: self.policy.start(view))
+        while self.converged < len(self.models):
+            if not self.queue:
+                raise PolicyError(f"{self.policy.name}: stalled with {self._unconverged()} models left")
+            when, kind, _, payload = heapq.heappop(self.queue)
+            self.now = max(self.now, when)
+            self._dispatch(kind, payload)
+            if self.checkpoints > 100 * len(self.models):
+                raise PolicyError(f"{self.policy.name}: more than {100 * len(self.models)} checkpoints")
+        return self._result()
+
+    def _dispatch(self, kind: int, payload: tuple) -> None:
+        if kind == _START:
+            self._start_members(*payload)
+        elif kind == _CHECKPOINT_DONE:
+            self._finish_checkpoint(*payload)
+        elif kind == _BOUNDARY:
+            self._stream_boundary(*payload)
+        else:
+            self._notify(payload[0])
+
+    def _push(self, when: float, kind: int, payload: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (when, kind, self.seq, payload))
+
+    def _decide(self, call) -> None:
+        view = self._view()
+        began = _time.perf_counter()
+        decision = call(view)
+        elapsed = _time.perf_counter() - began
+        if not isinstance(decision, Decision):
+            raise PolicyError(f"{self.policy.name}: returned {decision!r}, not a Decision")
+        if decision.launch:
+            planned = elapsed if self.costs.planning_s is None else self.costs.planning_s
+            self.planning.append(planned)
+        self._apply(decision)
+
+    def _notify(self, event: Event) -> None:
+        self._decide(lambda view: self.policy.on_event(event, view))
+
+    # -- decisions -------------------------------------------------------------------
+
+    def _apply(self, decision: Decision) -> None:
+        if decision.end_round:
+            if decision.launch or decision.checkpoint:
+                raise PolicyError(f"{self.policy.name}: end_round cannot be combined with other actions")
+            targets = [m.id for m in self.models if m.state is ModelState.RUNNING]
+        else:
+            targets = list(decision.checkpoint)
+        for model_id in targets:
+            self._checkpoint(self._model(model_id))
+        if decision.launch:
+            self._launch(decision.launch)
+
+    def _launch(self, plans: tuple[StreamPlan, ...]) -> None:
+        self._check_launch(plans)
+        if self._drained() and self.launches > 0:
+            self.rounds.append(RoundRecord(self.round, self.round_start, self.last_release))
+            self.round += 1
+        if self._drained():
+            self.round_start = self.now
+        self.launches += 1
+        delay = self.planning[-1]
+        for plan in plans:
+            ready = [self._reserve(member.model, member.gpus, delay) for member in plan.members]
+            if plan.join is None:
+                stream = self._new_stream()
+                self._wait(stream, ready, max(r for _, r in ready))
+            else:
+                stream = self.streams[plan.join]
+                for model, when in ready:
+                    self._wait(stream, [(model, when)], when)
+
+    def _check_launch(self, plans: tuple[StreamPlan, ...]) -> None:
+        seen: set[int] = set()
+        launched: set[str] = set()
+        for plan in plans:
+            if plan.join is not None and plan.join not in self.streams:
+                raise PolicyError(f"{self.policy.name}: stream {plan.join} is not running")
+            for member in plan.members:
+                model = self._model(member.model)
+                if model.id in launched:
+                    raise PolicyError(f"{self.policy.name}: {model.id} launched twice")
+                launched.add(model.id)
+                if model.state not in (ModelState.PENDING, ModelState.PAUSED):
+                    raise PolicyError(f"{self.policy.name}: cannot launch {model.id}, it is {model.state.value}")
+                if not member.gpus:
+                    raise PolicyError(f"{self.policy.name}: {model.id} launched on no GPU")
+                for g in member.gpus:
+                    if not 0 <= g < len(self.owner) or self.owner[g] != -1 or g in seen:
+                        raise PolicyError(f"{self.policy.name}: GPU {g} for {model.id} is not free")
+                    seen.add(g)
+
+    def _reserve(self, model_id: str, gpus: tuple[int, ...], delay: float) -> tuple[_Model, float]:
+        model = self._model(model_id)
+        restore = self.costs.restore_s(model.param_bytes) if model.state is ModelState.PAUSED else 0.0
+        for g in gpus:
+            self.owner[g] = model.index
+        model.gpus = tuple(gpus)
+        model.state = ModelState.RUNNING
+        model.generation += 1
+        model.launched = self.now
+        model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
+        return model, self.now + delay + restore
+
+    def _new_stream(self) -> _Stream:
+        stream = _Stream(len(self.streams) + len(self.finished_streams), self.round)
+        stream.synced_at = self.now
+        self.streams[stream.id] = stream
+        return stream
+
+    def _wait(self, stream: _Stream, ready: list[tuple[_Model, float]], when: float) -> None:
+        for model, _ in ready:
+            model.stream = stream
+            stream.waiting[model.index] = model
+            self._refresh_view(model)
+        self._push(when, _START, (stream.id, tuple((m.index, m.generation) for m, _ in ready)))
+
+    # -- event handlers --------------------------------------------------------------
+
+    def _start_members(self, stream_id: int, members: tuple[tuple[int, int], ...]) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        stream.sync(self.now)
+        for index, generation in members:
+            model = self.models[index]
+            if model.generation != generation or model.state is not ModelState.RUNNING:
+                continue
+            del stream.waiting[index]
+            stream.active[index] = model
+            stream.all_members.append(model.id)
+            model.join_pos = stream.pos
+            model.start = self.now
+            model.epochs_start = model.samples / self.n
+            self._push_boundary(stream, model)
+        if stream.start is None and stream.active:
+            stream.start = self.now
+        self._stale_view = True
+        self._repace(stream)
+
+    def _push_boundary(self, stream: _Stream, model: _Model) -> None:
+        target = (model.epochs_done + 1) * self.n
+        pos = model.join_pos + target - model.samples
+        heapq.heappush(stream.boundaries, (pos, model.index, model.generation, model.epochs_done + 1))
+
+    def _repace(self, stream: _Stream) -> None:
+        stream.sync(self.now)
+        stream.repace()
+        stream.version += 1
+        self._drop_stale(stream)
+        if stream.active and stream.boundaries:
+            pos = stream.boundaries[0][0]
+            when = self.now + max(0.0, pos - stream.pos) / stream.pace
+            self._push(when, _BOUNDARY, (stream.id, stream.version))
+
+    def _drop_stale(self, stream: _Stream) -> None:
+        while stream.boundaries:
+            _, index, generation, _ = stream.boundaries[0]
+            model = self.models[index]
+            if model.generation == generation and model.stream is stream and index in stream.active:
+                return
+            heapq.heappop(stream.boundaries)
+
+    def _stream_boundary(self, stream_id: int, version: int) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.version != version:
+            return
+        stream.sync(self.now)
+        pos, index, _, epoch = heapq.heappop(stream.boundaries)
+        stream.pos = max(stream.pos, pos)
+        model = self.models[index]
+        model.epochs_done = epoch
+        if epoch >= model.true_epochs:
+            self._converge(stream, model)
+            return
+        self._push_boundary(stream, model)
+        self._repace(stream)
+        self._refresh_view(model, structural=False)
+        self._notify(EpochCompleted(model.id, epoch, self.now, model.own_rate))
+
+    def _converge(self, stream: _Stream, model: _Model, defer: bool = False) -> None:
+        rate, gpus = model.own_rate, model.gpus
+        model.epochs_done = model.true_epochs
+        self._leave(stream, model, Outcome.CONVERGED, released=self.now)
+        model.state = ModelState.CONVERGED
+        self._release(model)
+        self.converged += 1
+        event = ModelConverged(model.id, model.epochs_done, self.now, gpus, rate)
+        if defer:  # decided inside another policy call: tell the policy right after it
+            self._push(self.now, _DEFERRED, (event,))
+        else:
+            self._notify(event)
+
+    def _checkpoint(self, model: _Model) -> None:
+        if model.state is not ModelState.RUNNING:
+            raise PolicyError(f"{self.policy.name}: cannot checkpoint {model.id}, it is {model.state.value}")
+        done = self.now + self.costs.checkpoint_s(model.param_bytes)
+        stream = model.stream
+        stream.sync(self.now)
+        if model.index in stream.active and stream.progress(model) >= (model.true_epochs - _EPS) * self.n:
+            self._converge(stream, model, defer=True)  # its last epoch ended at this instant
+            return
+        if model.index in stream.active:
+            self._leave(stream, model, Outcome.CHECKPOINTED, released=done)
+        else:  # still waiting to start: nothing trained, but the GPUs were held
+            self.members.append(
+                MemberRecord(
+                    model.id, stream.id, stream.round, model.gpus, model.launched, self.now,
+                    self.now, done, Outcome.CHECKPOINTED, model.samples / self.n, model.samples / self.n,
+                )
+            )
+            stream.waiting.pop(model.index, None)
+            self._stale_view = True
+            self._close_if_empty(stream)
+        model.state = ModelState.CHECKPOINTING
+        model.stream = None
+        model.generation += 1
+        self.checkpoints += 1
+        self._refresh_view(model)
+        self._push(done, _CHECKPOINT_DONE, (model.index,))
+
+    def _finish_checkpoint(self, index: int) -> None:
+        model = self.models[index]
+        gpus = model.gpus
+        model.state = ModelState.PAUSED
+        self._release(model)
+        self._notify(CheckpointCompleted(model.id, self.now, gpus))
+
+    def _leave(self, stream: _Stream, model: _Model, outcome: Outcome, released: float) -> None:
+        stream.sync(self.now)
+        progress = stream.progress(model)
+        if outcome is Outcome.CONVERGED:
+            progress = model.true_epochs * self.n
+        self.members.append(
+            MemberRecord(
+                model.id, stream.id, stream.round, model.gpus, model.launched, model.start,
+                self.now, released, outcome, model.epochs_start, progress / self.n,
+            )
+        )
+        model.samples = progress
+        model.join_pos = None
+        del stream.active[model.index]
+        self._repace(stream)
+        self._close_if_empty(stream)
+
+    def _close_if_empty(self, stream: _Stream) -> None:
+        if stream.active or stream.waiting:
+            return
+        stream.end = self.now
+        self.finished_streams.append(self.streams.pop(stream.id))
+
+    def _release(self, model: _Model) -> None:
+        for g in model.gpus:
+            self.owner[g] = -1
+        model.gpus = ()
+        model.stream = None
+        self.last_release = self.now
+        self._refresh_view(model)
+
+    # -- views -----------------------------------------------------------------------
+
+    def _model(self, model_id: str) -> _Model:
+        try:
+            return self.models[self.rates.index(model_id)]
+        except KeyError:
+            raise PolicyError(f"{self.policy.name}: unknown model {model_id!r}") from None
+
+    def _refresh_view(self, model: _Model, structural: bool = True) -> None:
+        self._stale_view = self._stale_view or structural
+        stream_id = model.stream.id if model.stream is not None else None
+        self.views[model.index] = replace(
+            self.views[model.index],
+            state=model.state,
+            epochs_done=model.epochs_done,
+            gpus=model.gpus,
+            stream=stream_id if model.state is ModelState.RUNNING else None,
+        )
+
+    def _view(self) -> ClusterView:
+        if self._stale_view:
+            streams = tuple(
+                StreamView(s.id, tuple(m.id for m in (*s.active.values(), *s.waiting.values())), s.pace)
+                for s in self.streams.values()
+            )
+            free = tuple(g for g, owner in enumerate(self.owner) if owner == -1)
+            self._cached = (streams, free)
+            self._stale_view = False
+        streams, free = self._cached
+        return ClusterView(
+            self.now, self.cluster.total_gpus, self.cluster.gpus_per_node, self.round,
+            self.rates, tuple(self.views), streams, free,
+        )
+
+    def _drained(self) -> bool:
+        return all(owner == -1 for owner in self.owner)
+
+    def _unconverged(self) -> int:
+        return len(self.models) - self.converged
+
+    # -- results ---------------------------------------------------------------------
+
+    def _result(self) -> SimResult:
+        makespan = self.now
+        self.rounds.append(RoundRecord(self.round, self.round_start, makespan))
+        streams = sorted(self.finished_streams + list(self.streams.values()), key=lambda s: s.id)
+        records = tuple(
+            StreamRecord(s.id, s.round, s.start if s.start is not None else s.end, s.end,
+                         tuple(s.all_members), s.pos)
+            for s in streams
+        )
+        members = tuple(sorted(self.members, key=lambda r: (r.launched, r.stream, r.model)))
+        gpu_time, idle = _gpu_time(members, streams, self.cluster.total_gpus, makespan)
+        return SimResult(
+            self.policy.name, self.cluster.total_gpus, makespan, len(self.rounds),
+            float(sum(s.pos for s in streams)), gpu_time, idle, tuple(self.planning),
+            self.checkpoints, Timeline(tuple(self.rounds), records, members),
+        )
+
+
+def _gpu_time(
+    members: Sequence[MemberRecord], streams: Sequence[_Stream], total_gpus: int, makespan: float
+) -> tuple[GpuTime, tuple[float, ...]]:
+    held = np.zeros(total_gpus)
+    training = overhead = 0.0
+    for r in members:
+        for g in r.gpus:
+            held[g] += r.released - r.launched
+        training += (r.end - r.start) * len(r.gpus)
+        overhead += ((r.start - r.launched) + (r.released - r.end)) * len(r.gpus)
+    pacing = float(sum(s.slack for s in streams))
+    idle = np.maximum(makespan - held, 0.0)
+    breakdown = GpuTime(training - pacing, pacing, overhead, float(idle.sum()))
+    return breakdown, tuple(float(x) for x in idle)

@@ -1,0 +1,122 @@
+"""Files around the scheduling core: ``profile.json`` in, ``plan.json`` out.
+
+:mod:`fleet.schedule` is pure; this module is where its inputs and outputs touch the disk.
+Every problem a user can cause becomes a :class:`~fleet.errors.UserError` naming the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from fleet.atomic import atomic_write_json
+from fleet.errors import UserError
+from fleet.schedule.rates import ProfileFormatError, RateTable
+from fleet.schedule.simulator import SimResult
+
+PLAN_SCHEMA = 1
+
+
+def load_profile(path: str | os.PathLike) -> RateTable:
+    """Read the rate part of ``profile.json``.
+
+    Raises:
+        UserError: missing or unreadable file, invalid JSON, or a malformed field.
+    """
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    try:
+        return RateTable.from_dict(data)
+    except ProfileFormatError as exc:
+        raise UserError(f"{path}: {exc.field}: {exc.problem}") from None
+
+
+def save_profile(rates: RateTable, path: str | os.PathLike) -> None:
+    """Write ``rates`` as ``profile.json`` (extra fields it was loaded with are kept)."""
+    write_json(path, rates.to_dict())
+
+
+def epochs_from_profile(
+    rates: RateTable, max_epochs: float | None, path: str | os.PathLike = "profile.json"
+) -> tuple[tuple[float, ...], str]:
+    """Epochs to plan with, and where they came from.
+
+    Uses each model's ``epochs`` from the profile; models without one get ``max_epochs``.
+
+    Returns:
+        ``(epochs, source)`` where source is ``"profile"``, ``"max-epochs"`` or
+        ``"profile + max-epochs"``.
+
+    Raises:
+        UserError: a model has no ``epochs`` and no ``max_epochs`` was given.
+    """
+    missing = [k for k, p in enumerate(rates.models) if p.epochs is None]
+    if missing and max_epochs is None:
+        raise UserError(
+            f"{path}: models[{missing[0]}].epochs: missing (and {len(missing) - 1} more); "
+            "pass --max-epochs to plan with an estimate"
+        )
+    epochs = tuple(float(max_epochs if p.epochs is None else p.epochs) for p in rates.models)
+    if not missing:
+        return epochs, "profile"
+    return epochs, "max-epochs" if len(missing) == len(rates.models) else "profile + max-epochs"
+
+
+def plan_document(result: SimResult, gpus_per_node: int, epochs_source: str, lb2: float | None = None) -> dict:
+    """The ``plan.json`` dict of a simulated run (every round, stream and member)."""
+    rounds = []
+    for rnd in result.timeline.rounds:
+        members = [
+            {
+                "model": m.model,
+                "gpus": list(m.gpus),
+                "nodes": sorted({g // gpus_per_node for g in m.gpus}),
+                "stream": m.stream,
+                "start": round(m.start, 3),
+                "end": round(m.end, 3),
+                "outcome": m.outcome.value,
+                "epochs": [round(m.epochs_start, 3), round(m.epochs_end, 3)],
+            }
+            for m in result.timeline.members
+            if m.round == rnd.index
+        ]
+        rounds.append({"index": rnd.index, "start": round(rnd.start, 3), "end": round(rnd.end, 3), "members": members})
+    doc: dict[str, Any] = {
+        "schema": PLAN_SCHEMA,
+        "policy": result.policy,
+        "gpus_per_node": gpus_per_node,
+        "total_gpus": result.total_gpus,
+        "epochs_source": epochs_source,
+        "makespan_s": round(result.makespan, 3),
+        "samples_decoded": round(result.samples_decoded, 1),
+        "rounds": rounds,
+    }
+    if lb2 is not None:
+        doc["lower_bound_s"] = round(lb2, 3)
+    return doc
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` as JSON atomically (see `fleet.atomic`); an unwritable path is a UserError."""
+    atomic_write_json(path, data)
+
+
+
+
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected profile.json") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read: {exc}") from None

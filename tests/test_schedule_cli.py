@@ -1,0 +1,106 @@
+"""`fleet plan` and `fleet simulate` as a user runs them (subprocesses, via conftest's fleet_cli)."""
+
+import json
+
+import pytest
+
+PROFILE = {
+    "schema": 1,
+    "gpus_per_node": 2,
+    "samples_per_epoch": 600,
+    "created": "2026-11-22T10:00:00Z",
+    "models": [
+        {"id": "fast", "rates": {"1": 60, "2": 110, "3": 150, "4": 180}, "epochs": 3, "param_bytes": 40_000_000},
+        {"id": "mid", "rates": {"1": 30, "2": 57, "3": 81, "4": 103}, "epochs": 2, "batch_size": 32},
+        {"id": "slow", "rates": {"1": 15, "2": 29, "3": 42, "4": 54}, "epochs": 4},
+        {"id": "tiny", "rates": {"1": 55, "2": 100}, "epochs": 5},
+    ],
+}
+
+
+@pytest.fixture
+def profile(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(PROFILE))
+    return path
+
+
+def test_plan_writes_plan_json(profile, tmp_path, fleet_cli):
+    done = fleet_cli("plan", str(profile), "--gpus", "6", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "epochs from the profile's 'epochs'" in done.stdout
+    assert "round 0" in done.stdout and "fast" in done.stdout
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["policy"] == "fleet-g" and plan["gpus_per_node"] == 2
+    seen = set()
+    for rnd in plan["rounds"]:
+        assert isinstance(rnd["index"], int)
+        for member in rnd["members"]:
+            assert member["gpus"] and all(0 <= g < 6 for g in member["gpus"])
+            assert member["nodes"] == sorted({g // 2 for g in member["gpus"]})
+            seen.add(member["model"])
+    assert seen == {"fast", "mid", "slow", "tiny"}
+
+
+def test_plan_json_output_and_max_epochs(profile, tmp_path, fleet_cli):
+    data = dict(PROFILE, models=[{k: v for k, v in m.items() if k != "epochs"} for m in PROFILE["models"]])
+    profile.write_text(json.dumps(data))
+    out = tmp_path / "elsewhere.json"
+    done = fleet_cli("plan", str(profile), "--gpus", "4", "--policy", "fleet-adaptive", "--max-epochs", "2",
+                 "--json", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed == json.loads(out.read_text())
+    assert printed["epochs_source"] == "max-epochs" and printed["policy"] == "fleet-adaptive"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["plan", "missing.json", "--gpus", "4"], "missing.json: no such file"),
+        (["plan", "{profile}", "--gpus", "0"], "--gpus: expected a positive integer"),
+        (["plan", "{profile}", "--gpus", "four"], "--gpus: expected a positive integer"),
+        (["plan", "{profile}", "--gpus", "4", "--policy", "magic"], "valid: fleet-g, fleet-l, baseline"),
+        (["simulate", "{profile}", "--gpus", "4", "--policies", "fleet-g,magic"], "--policies: unknown 'magic'"),
+        (["simulate", "--gpus", "4"], "either a profile.json or --workload"),
+        (["simulate", "--workload", "paper7", "--gpus", "4"], "--workload: unknown 'paper7'; valid: paper100"),
+        (["simulate", "{profile}", "--gpus", "4,x"], "--gpus: expected positive integers"),
+        (["simulate", "{profile}", "--gpus", "4", "--seeds", "0"], "--seeds: expected a positive integer"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):
+    done = fleet_cli(*[a.format(profile=profile) for a in args], cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_malformed_profile_names_file_and_field(profile, tmp_path, fleet_cli):
+    bad = dict(PROFILE, models=[{"id": "x", "rates": {"1": -5}}])
+    profile.write_text(json.dumps(bad))
+    done = fleet_cli("plan", str(profile), "--gpus", "4", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "profile.json: models[0].rates.1: expected samples/s > 0" in done.stderr
+
+
+def test_simulate_profile_table_json_and_chart(profile, tmp_path, fleet_cli):
+    chart = tmp_path / "fig.png"
+    done = fleet_cli("simulate", str(profile), "--gpus", "2,6", "--policies", "fleet-g,fleet-adaptive",
+                 "--seeds", "2", "--chart", str(chart), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "vs base" in done.stdout and "/LB2" in done.stdout and "fleet-adaptive" in done.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    done = fleet_cli("simulate", str(profile), "--gpus", "6", "--json", cwd=tmp_path)
+    rows = json.loads(done.stdout)["rows"]
+    assert {r["policy"] for r in rows} == {"baseline", "homogeneous", "fleet-l", "fleet-g"}
+    for r in rows:
+        assert r["makespan_lb2"] >= 1 - 1e-9 and r["makespan_lb1"] >= r["makespan_lb2"] - 1e-9
+    baseline = next(r for r in rows if r["policy"] == "baseline")
+    assert baseline["decoded_vs_baseline"] == pytest.approx(1.0)
+
+
+def test_simulate_builtin_workload(tmp_path, fleet_cli):
+    done = fleet_cli("simulate", "--workload", "paper100", "--gpus", "40", "--policies", "fleet-g", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "workload paper100" in done.stdout and "fleet-g" in done.stdout

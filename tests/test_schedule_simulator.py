@@ -1,0 +1,189 @@
+"""The simulator (the driver loop) with hand-checkable runs, fake policies and invariants."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet.schedule import (
+    END_ROUND,
+    NO_DECISION,
+    POLICIES,
+    Cluster,
+    Decision,
+    Member,
+    ModelProfile,
+    Overheads,
+    Policy,
+    PolicyError,
+    RateTable,
+    Scenario,
+    StreamPlan,
+    create_policy,
+    lower_bounds,
+    paper100,
+    simulate,
+)
+from fleet.schedule.costs import FREE
+from fleet.schedule.simulator import Outcome
+
+# n = 60, M = 2. X: r(1) = 6, r(2) = 10. Y: r(1) = 30, r(2) = 48.
+TINY = RateTable((ModelProfile("X", (6.0, 10.0), param_bytes=0), ModelProfile("Y", (30.0, 48.0))), 2, 60)
+
+
+def scenario(epochs, gpus=2, rates=TINY):
+    return Scenario(rates, tuple(epochs), tuple(float(e) for e in epochs), Cluster(gpus, rates.gpus_per_node))
+
+
+def test_baseline_by_hand():
+    # both models start at 0 on their own GPU and stream: X ends at 60/6 = 10, Y at 60/30 = 2
+    result = simulate(create_policy("baseline"), scenario([1, 1]), FREE)
+    assert result.makespan == pytest.approx(10)
+    assert result.samples_decoded == pytest.approx(120)
+    assert sorted(result.idle_per_gpu) == pytest.approx([0, 8])
+    assert result.gpu_time.idle == pytest.approx(8) and result.gpu_time.pacing == pytest.approx(0)
+
+
+def test_shared_stream_moves_at_the_slowest_member_by_hand():
+    # Homogeneous: X (E=1) and Y (E=2) share one stream. Pace min(6, 30) = 6 until X ends
+    # at 60/6 = 10 s (Y has 60 samples then); then Y alone at 30: 60 more samples in 2 s.
+    result = simulate(create_policy("homogeneous"), scenario([1, 2]), FREE)
+    assert result.makespan == pytest.approx(12)
+    assert result.samples_decoded == pytest.approx(120)  # each sample decoded once for both
+    assert result.rounds == 1 and len(result.timeline.streams) == 1
+    # Y trained 10 s at pace 6 instead of its own 30: 10 * (1 - 6/30) = 8 GPU-s of pacing
+    assert result.gpu_time.pacing == pytest.approx(8)
+
+
+class CheckpointOnce(Policy):
+    """Fake policy: run X, end the round after its first epoch, run it again."""
+
+    name = "fake"
+
+    def start(self, view):
+        return Decision.launching([StreamPlan((Member("X", (0,)),))])
+
+    def on_epoch(self, event, view):
+        return END_ROUND if event.epoch == 1 and view.round == 0 else NO_DECISION
+
+    def on_checkpointed(self, event, view):
+        assert view.drained and view.model("X").epochs_done == 1
+        return Decision.launching([StreamPlan((Member("X", (0, 1)),))])
+
+
+def test_round_end_costs_checkpoint_and_restore_by_hand():
+    # X alone, E = 2, n = 60: epoch 1 at 10 s on one GPU; checkpoint 5 s -> 15 s;
+    # relaunch on 2 GPUs with restore 5 s -> trains from 20 s at 10 samples/s: 6 s -> 26 s.
+    rates = RateTable((ModelProfile("X", (6.0, 10.0), param_bytes=0),), 2, 60)
+    costs = Overheads(latency_s=5.0, bandwidth=1e9, planning_s=0.0)
+    result = simulate(CheckpointOnce(), scenario([2], rates=rates), costs)
+    assert result.makespan == pytest.approx(26)
+    assert result.rounds == 2 and result.checkpoints == 1
+    first, second = result.timeline.members
+    assert first.outcome is Outcome.CHECKPOINTED and (first.end, first.released) == pytest.approx((10, 15))
+    assert second.outcome is Outcome.CONVERGED and (second.launched, second.start) == pytest.approx((15, 20))
+    # overhead: 5 s on GPU 0 (checkpoint) + 5 s on 2 GPUs (restore) = 15 GPU-s
+    assert result.gpu_time.overhead == pytest.approx(15)
+    assert result.samples_decoded == pytest.approx(120)
+
+
+class Bad(Policy):
+    name = "bad"
+
+    def __init__(self, decision):
+        self.decision = decision
+
+    def start(self, view):
+        return self.decision
+
+
+@pytest.mark.parametrize(
+    "decision, message",
+    [
+        (Decision(launch=(StreamPlan((Member("X", (0,)), Member("Y", (0,)))),)), "GPU 0"),
+        (Decision(launch=(StreamPlan((Member("X", ()),)),)), "no GPU"),
+        (Decision(launch=(StreamPlan((Member("Z", (0,)),)),)), "unknown model"),
+        (Decision(launch=(StreamPlan((Member("X", (0,)),), join=7),)), "stream 7"),
+        (Decision(checkpoint=("X",)), "cannot checkpoint"),
+        (NO_DECISION, "stalled"),
+    ],
+)
+def test_protocol_violations_raise(decision, message):
+    with pytest.raises(PolicyError, match=message):
+        simulate(Bad(decision), scenario([1, 1]), FREE)
+
+
+class JoinLater(Policy):
+    """Fake policy: Y joins X's running stream when X finishes its first epoch."""
+
+    name = "join"
+
+    def start(self, view):
+        return Decision.launching([StreamPlan((Member("X", (0,)),))])
+
+    def on_epoch(self, event, view):
+        if event.model == "X" and event.epoch == 1:
+            return Decision.launching([StreamPlan((Member("Y", (1,)),), join=view.model("X").stream)])
+        return NO_DECISION
+
+
+def test_join_reads_the_stream_from_its_current_position():
+    # X alone until 10 s (60 samples); Y joins, pace stays 6: Y needs 60 samples -> 20 s,
+    # X needs 60 more -> 20 s. The stream decoded 120 samples for 180 trained.
+    result = simulate(JoinLater(), scenario([2, 1]), FREE)
+    assert result.makespan == pytest.approx(20)
+    assert result.samples_decoded == pytest.approx(120)
+    assert len(result.timeline.streams) == 1
+
+
+def _check_invariants(result, scen):
+    bounds = lower_bounds(scen.rates, scen.true_epochs, scen.cluster.total_gpus)
+    assert result.makespan >= bounds.lb2 * (1 - 1e-9) >= bounds.lb1 * (1 - 1e-9)
+    by_gpu = {}
+    for m in result.timeline.members:
+        assert len(m.gpus) >= 1
+        for g in m.gpus:
+            by_gpu.setdefault(g, []).append((m.launched, m.released))
+    for intervals in by_gpu.values():  # a GPU holds at most one model at a time
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:]):
+            assert start >= end - 1e-6
+    converged = [m.model for m in result.timeline.members if m.outcome is Outcome.CONVERGED]
+    assert sorted(converged) == sorted(scen.rates.ids)
+    total = result.gpu_time
+    assert total.training + total.pacing + total.overhead + total.idle == pytest.approx(
+        result.makespan * scen.cluster.total_gpus, rel=1e-6
+    )
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("gpus", [8, 24])
+def test_invariants_on_a_small_paper_workload(policy, gpus):
+    workload = paper100(seed=3, models=16)
+    scen = workload.scenario(gpus)
+    result = simulate(create_policy(policy, seed=1), scen, Overheads())
+    _check_invariants(result, scen)
+    if policy == "baseline":
+        assert result.samples_decoded == pytest.approx(sum(scen.true_epochs) * scen.rates.samples_per_epoch)
+
+
+@st.composite
+def small_scenarios(draw):
+    gpn = draw(st.integers(1, 4))
+    models = draw(st.integers(1, 6))
+    profiles = []
+    for k in range(models):
+        r1 = draw(st.floats(5, 100))
+        eff = draw(st.floats(0.6, 1.0))
+        profiles.append(ModelProfile(f"m{k}", tuple(r1 * m * eff ** (m - 1) for m in range(1, 5)), param_bytes=10**6))
+    rates = RateTable(tuple(profiles), gpn, 100)
+    epochs = tuple(draw(st.integers(1, 5)) for _ in range(models))
+    estimates = tuple(e * draw(st.floats(0.7, 1.3)) for e in epochs)
+    gpus = draw(st.integers(1, 10))
+    return Scenario(rates, epochs, estimates, Cluster(gpus, gpn))
+
+
+@settings(max_examples=50, deadline=None)
+@given(small_scenarios(), st.sampled_from(sorted(POLICIES)))
+def test_invariants_on_random_rate_tables(scen, policy):
+    result = simulate(create_policy(policy, seed=0), scen, Overheads(latency_s=1.0))
+    _check_invariants(result, scen)
