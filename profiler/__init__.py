@@ -1,0 +1,1 @@
+"""Profiling: measured training rates r_i(m) and preprocessor throughput (see fleet profile)."""
