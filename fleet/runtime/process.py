@@ -1,0 +1,58 @@
+"""Ending every rank of an MPI job the same way, with one line and no launcher noise.
+
+When every rank reaches the same conclusion (a `UserError` that all ranks compute alike,
+such as a `TopologyError`), the job should end like the single-process CLI: one line on
+stderr and exit status 2. `exit_all` does that; it is collective over `world`. A failure
+seen by one rank only goes through `fleet.runtime.waiting.abort_job` instead.
+
+What Hydra does (MPICH 5.0.2 ``mpiexec`` from the PyPI ``mpich`` wheel, 4 and 6 ranks on one
+host, checked by hand and by ``tests/test_topology_mpi.py``):
+
+- Every rank leaving through the normal interpreter exit (``SystemExit(2)``, with or without
+  ``MPI.Finalize()`` first): ``mpiexec`` exits 2 and prints nothing, even with ranks leaving
+  up to a second apart in any order. Its status is the highest of the ranks' (ranks exiting
+  2 and 0: 2; 2 and 3: 3).
+- ``os._exit(code)``, before or after ``MPI.Finalize()``: it skips the C exit handlers
+  through which MPICH ends its PMI connection, so Hydra's proxy takes the closed PMI socket
+  for a crash and SIGKILLs every other rank still running. ``mpiexec`` then prints its
+  "BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES ... EXIT CODE: 9" banner and exits
+  9, unless all ranks happen to exit at the same instant (a race, not a fix).
+- ``MPI_Abort(comm, n)``: each calling rank prints ``Abort(n) on node r (rank r in comm 0):
+  application called MPI_Abort(...)``, the others are killed, and ``mpiexec`` exits n.
+
+Hence: the root prints the line, every rank flushes, finalizes MPI and raises
+``SystemExit(code)``; never ``os._exit`` on a path that should end quietly.
+
+Lines: with PYTHONUNBUFFERED set, ``print(text)`` makes two writes (the text, then the
+newline), and mpiexec forwards other ranks' output in between, so two ranks' lines can come
+out glued together. Write a whole line in one ``write`` call.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+
+def exit_all(world: Any, code: int, message: str | None = None, root: int = 0) -> NoReturn:
+    """End this rank with `code`, as every rank of `world` does; `root` prints `message`.
+
+    Collective: every rank of `world` must call it (MPI is finalized). The exit is a
+    ``SystemExit``, so ``finally`` blocks run, and they must not use MPI any more.
+    """
+    if message is not None and world.Get_rank() == root:
+        sys.stderr.write(message + "\n")  # one write: print() may split off the newline
+    sys.stdout.flush()
+    sys.stderr.flush()
+    finalize_mpi()
+    raise SystemExit(code)
+
+
+def finalize_mpi() -> None:
+    """Finalize MPI if this process initialized it and has not finalized it yet."""
+    if "mpi4py.MPI" not in sys.modules:
+        return
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()

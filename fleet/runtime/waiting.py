@@ -1,0 +1,146 @@
+"""Waiting without spinning, and never forever.
+
+MPI's blocking calls busy-poll (MPICH spins a core while it waits), which starves
+oversubscribed ranks. Every wait in the runtime therefore polls a non-blocking test with
+short sleeps that grow from `Backoff.first_s` to `Backoff.max_s`, and gives up at a deadline
+with a `WaitTimeout` that names what it waited for. `abort_job` turns that into one line on
+stderr and ends every rank of the job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class WaitTimeout(Exception):
+    """A wait passed its deadline; the message says what was awaited."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Sleep schedule of a polling loop: `first_s`, doubled after each miss, capped at `max_s`."""
+
+    first_s: float = 20e-6
+    max_s: float = 2e-3
+
+    def sleeps(self):
+        delay = self.first_s
+        while True:
+            yield delay
+            delay = min(delay * 2, self.max_s)
+
+
+HOT = Backoff(20e-6, 4e-3)  # data and gradients: latency matters
+IDLE = Backoff(1e-3, 20e-3)  # commands and heartbeats: CPU matters
+
+
+def poll(test: Callable[[], T | None], what: str, timeout_s: float, backoff: Backoff = HOT) -> T:
+    """Call `test()` until it returns something other than None/False; return that.
+
+    Raises:
+        WaitTimeout: `timeout_s` passed first; the message is ``timed out after N s waiting for <what>``.
+    """
+    deadline = time.monotonic() + timeout_s
+    for delay in backoff.sleeps():
+        result = test()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def wait_request(request: Any, what: str, timeout_s: float, backoff: Backoff = HOT) -> Any:
+    """Wait for one MPI request (`Test` polling); returns its status object."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    poll(lambda: request.Test(status), what, timeout_s, backoff)
+    return status
+
+
+def wait_requests(requests: list, what: str, timeout_s: float, backoff: Backoff = HOT) -> None:
+    """Wait for every MPI request of `requests`."""
+    from mpi4py import MPI
+
+    if requests:
+        poll(lambda: MPI.Request.Testall(requests), what, timeout_s, backoff)
+
+
+def recv_object(comm: Any, source: int, tag: int, what: str, timeout_s: float, backoff: Backoff = IDLE) -> Any:
+    """Receive one pickled message (any size) from `source` with `tag`, without spinning."""
+    message = poll(lambda: comm.improbe(source=source, tag=tag), what, timeout_s, backoff)
+    return message.recv()
+
+
+@dataclass
+class RankIdentity:
+    """How a rank names itself in messages: ``rank 5 (trainer, node 1)``; `error_log` is
+    where `abort_job` also appends its line (the run directory's ``fleet-errors.log``)."""
+
+    rank: int
+    role: str = "starting"
+    node: int | None = None
+    error_log: str | None = None
+
+    def __str__(self) -> str:
+        where = f", node {self.node}" if self.node is not None else ""
+        return f"rank {self.rank} ({self.role}{where})"
+
+
+_abort_lock = threading.Lock()
+
+
+ABORT_GRACE_S = 0.5  # lets the launcher forward the line before MPI_Abort tears the job down
+
+
+def abort_job(world: Any, who: RankIdentity, message: str, code: int = 3) -> None:
+    """Print one line naming this rank and the problem, then end every rank of the job."""
+    with _abort_lock:
+        line = f"fleet: {who}: {message}"
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        if who.error_log:
+            try:
+                with open(who.error_log, "a", encoding="utf-8") as log:
+                    log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+            except OSError:
+                pass
+        time.sleep(ABORT_GRACE_S)
+        try:
+            world.Abort(code)
+        finally:
+            os._exit(code)
+
+
+def send_object(comm: Any, obj: Any, dest: int, tag: int, what: str, timeout_s: float) -> None:
+    """Send a small pickled message without spinning (`isend` + polling)."""
+    wait_request(comm.isend(obj, dest=dest, tag=tag), what, timeout_s, IDLE)
+
+
+def bcast_object(comm: Any, obj: Any, root: int, what: str, timeout_s: float) -> Any:
+    """Broadcast a picklable object from `root` without spinning (length, then bytes)."""
+    import pickle
+
+    import numpy as np
+
+    data = pickle.dumps(obj) if comm.rank == root else b""
+    size = np.array([len(data)], dtype=np.int64)
+    wait_request(comm.Ibcast(size, root=root), f"{what} (size)", timeout_s, IDLE)
+    buffer = np.frombuffer(data, dtype=np.uint8).copy() if comm.rank == root else np.empty(int(size[0]), np.uint8)
+    wait_request(comm.Ibcast(buffer, root=root), what, timeout_s, IDLE)
+    return obj if comm.rank == root else pickle.loads(buffer.tobytes())
+
+
+def barrier(comm: Any, what: str, timeout_s: float) -> None:
+    """A barrier that sleeps while it waits."""
+    wait_request(comm.Ibarrier(), what, timeout_s, IDLE)

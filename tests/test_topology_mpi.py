@@ -1,0 +1,187 @@
+"""Topology under MPI, in two tiers (STYLE item 8).
+
+Tier 1 runs the probe's body in this process on a single-rank communicator. Tier 2 (marked
+``mpi``) runs ``tests/mpi/topology_probe.py`` under a real ``mpiexec -n 4/6`` as a
+subprocess: every rank prints one JSON line and all of them must agree; a spec that does not
+fit the ranks must end every rank with status 2 and exactly one line on stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet.runtime.jobenv import JobEnv
+from fleet.runtime.topology import (
+    HOSTNAME_BYTES,
+    TopologyError,
+    build_topology,
+    gather_node_names,
+    node_of_rank_by_hostname,
+)
+from fleet.spec import ClusterSpec
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE = REPO / "tests" / "mpi" / "topology_probe.py"
+RUN_TIMEOUT_S = 60
+
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("topology_probe", PROBE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- tier 1: one rank, in this process --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def comm_self():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
+def test_single_rank_gathers_its_own_name(comm_self):
+    assert gather_node_names(comm_self, "node-a", timeout_s=10) == ["node-a"]
+    assert node_of_rank_by_hostname(comm_self, JobEnv(node_name="n7"), timeout_s=10) == [0]
+
+
+def test_single_rank_long_name_is_digested(comm_self):
+    (name,) = gather_node_names(comm_self, "x" * HOSTNAME_BYTES, timeout_s=10)
+    assert len(name) == 64 and name != "x" * 64
+
+
+def test_single_rank_probe_fails_like_every_rank_would(comm_self):
+    probe = load_probe()
+    expected = r"^cluster: the job has 1 rank on 1 node; .* at least one preprocessor"
+    with pytest.raises(TopologyError, match=expected):
+        probe.probe(comm_self, ClusterSpec(nodes=1, gpus_per_node=1, preprocessors_per_node="auto"))
+
+
+@pytest.mark.parametrize("ranks_per_node, virtual", [(1, False), (None, True)])
+def test_single_rank_virtual_nodes(comm_self, ranks_per_node, virtual):
+    spec = ClusterSpec(nodes=1, gpus_per_node=1, virtual_nodes=virtual)
+    with pytest.raises(TopologyError, match="the job has 1 rank on 1 node"):
+        build_topology(comm_self, spec, JobEnv(), ranks_per_node)
+
+
+# --- tier 2: a real mpiexec -------------------------------------------------------------
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec beside this Python (the venv's mpich wheel), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+@functools.cache
+def mpiexec_command(n: int) -> list[str]:
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec beside sys.executable or on PATH")
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    if "HYDRA" in version:  # fork locally, even inside a Slurm allocation
+        return [mpiexec, "-launcher", "fork", "-n", str(n)]
+    return [mpiexec, "--oversubscribe", "-n", str(n)]  # Open MPI
+
+
+def run_probe(n: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*mpiexec_command(n), sys.executable, str(PROBE), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def records(stdout: str, n: int) -> list[dict]:
+    """One JSON record per rank, by rank."""
+    lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    assert sorted(r["rank"] for r in lines) == list(range(n)), stdout
+    return sorted(lines, key=lambda r: r["rank"])
+
+
+def assert_agree(found: list[dict]) -> dict:
+    """Every rank computed the same topology; returns rank 0's record."""
+    keys = ("nodes", "node_of", "roles", "gpus", "node_names", "describe")
+    for record in found[1:]:
+        assert {k: record[k] for k in keys} == {k: found[0][k] for k in keys}
+    for record in found:
+        assert record["env"]["launcher"] != "unknown"
+        assert (record["env"]["rank"], record["env"]["size"]) == (record["rank"], record["size"])
+    return found[0]
+
+
+def assert_quiet(proc: subprocess.CompletedProcess) -> None:
+    for text in (proc.stdout, proc.stderr):
+        assert "BAD TERMINATION" not in text and "Abort(" not in text and "Traceback" not in text
+
+
+@pytest.mark.mpi
+def test_hostname_discovery_finds_this_machine():
+    proc = run_probe(4, "--gpus-per-node", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert_quiet(proc)
+    found = records(proc.stdout, 4)
+    first = assert_agree(found)
+    assert first["nodes"] == 1 and len(first["node_names"]) == 1
+    assert first["node_of"] == [0, 0, 0, 0]
+    assert first["roles"] == ["preprocessor", "preprocessor", "trainer", "trainer"]
+    assert first["gpus"] == [None, None, 0, 1]
+    assert [r["device"] for r in found] == ["cpu"] * 4
+    assert [r["env"]["local_rank"] for r in found] == [0, 1, 2, 3]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "how", [["--ranks-per-node", "3"], ["--virtual"]], ids=["ranks-per-node", "virtual-nodes"]
+)
+def test_virtual_nodes_split_one_machine(how):
+    proc = run_probe(6, "--nodes", "2", "--gpus-per-node", "2", "--preprocessors", "1", *how)
+    assert proc.returncode == 0, proc.stderr
+    assert_quiet(proc)
+    first = assert_agree(records(proc.stdout, 6))
+    assert first["nodes"] == 2 and first["node_names"] == []
+    assert first["node_of"] == [0, 0, 0, 1, 1, 1]
+    assert first["roles"] == ["preprocessor", "trainer", "trainer"] * 2
+    assert first["gpus"] == [None, 0, 1, None, 2, 3]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "n, args, line",
+    [
+        (
+            6,
+            ["--nodes", "2", "--gpus-per-node", "2", "--preprocessors", "1"],
+            "fleet run: error: cluster: the job has 6 ranks on 1 node; the spec needs 2 nodes x "
+            "(2 trainers + 1 preprocessor) = 6 ranks (launch with 3 ranks per node on 2 nodes, or "
+            "set cluster.nodes: 1, or cluster.virtual_nodes: true to split this machine)",
+        ),
+        (
+            4,
+            ["--nodes", "3", "--virtual"],
+            "fleet run: error: cluster.virtual_nodes: the job's 4 ranks do not split evenly into "
+            "cluster.nodes: 3 (launch with a multiple of 3 ranks)",
+        ),
+    ],
+    ids=["hostname-mismatch", "virtual-uneven"],
+)
+def test_mismatch_ends_every_rank_with_2_and_one_line(n, args, line):
+    proc = run_probe(n, *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [line]
+    assert records(proc.stdout, n) == [{"rank": r, "exit": 2} for r in range(n)]
+    assert_quiet(proc)
