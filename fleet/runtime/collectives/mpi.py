@@ -1,0 +1,53 @@
+"""`MPICollective`: sums and broadcasts with mpi4py's non-blocking collectives on host buffers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fleet.runtime.collectives._base import Collective, check_host_array, comm_label
+from fleet.runtime.collectives._comm import dup_comm
+from fleet.runtime.waiting import HOT, wait_request
+
+
+class MPICollective(Collective):
+    """`Iallreduce` / `Ibcast` on a duplicate of the group's communicator, polled with sleeps.
+
+    Gradients go through the host (the base class's `allreduce_gradients`): on the CPU the
+    engine's `flat_gradients()` is a view of the gradients and is reduced where it lies; on a
+    GPU it is a pinned host copy, loaded back afterwards. (A CUDA-aware MPI could reduce the
+    device buffer directly; that path is not taken yet.)
+
+    Args:
+        group_comm: the group's communicator (rank 0 is the master); duplicated here, so the
+            caller keeps and frees its own.
+        timeout_s: the longest any call waits before raising `WaitTimeout`.
+        label: how messages name the group; defaults to the communicator's name.
+    """
+
+    name = "mpi"
+
+    def __init__(self, group_comm: Any, timeout_s: float, label: str | None = None):
+        label = label or comm_label(group_comm)
+        comm = dup_comm(group_comm, f"duplicating the communicator of {label}", timeout_s)
+        super().__init__(comm.Get_size(), comm.Get_rank(), timeout_s, label)
+        self._comm = comm
+
+    def allreduce_sum(self, buf: np.ndarray) -> None:
+        self._check_open("allreduce_sum")
+        check_host_array(buf, self._what("allreduce_sum"))
+        from mpi4py import MPI
+
+        request = self._comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        wait_request(request, self._what(f"allreduce_sum of {buf.size} {buf.dtype}"), self.timeout_s, HOT)
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+        self._check_open("broadcast")
+        check_host_array(buf, self._what("broadcast"))
+        self._check_root(root, "broadcast")
+        request = self._comm.Ibcast(buf, root=root)
+        wait_request(request, self._what(f"broadcast of {buf.size} {buf.dtype} from rank {root}"), self.timeout_s, HOT)
+
+    def _release(self) -> None:
+        self._comm.Free()  # local in practice; operations still pending (after a timeout) finish or die with the job

@@ -1,0 +1,205 @@
+"""Bodies of the collective tests: each takes a communicator and returns a JSON-able dict.
+
+Run on `MPI.COMM_SELF` inside pytest (tier 1) and on `MPI.COMM_WORLD` under a real
+``mpiexec -n 2/4`` (tier 2, through `collective_main.py`). Also the home of `plain_cnn`, a
+user model (family ``collective_cases:plain_cnn``) with plain conv layers and no batch norm.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+import numpy as np
+import torch
+from torch import nn
+
+from fleet.engines import TorchEngine
+from fleet.runtime.collectives import MPICollective
+from fleet.runtime.collectives.torch_dist import TorchCollective
+from fleet.spec import ModelSpec, TrainSpec
+from fleet.runtime.waiting import IDLE, wait_request
+
+SHAPE = (1, 8, 8)
+CLASSES = 4
+TIMEOUT_S = 60.0
+BACKEND_NAMES = ("mpi", "torch-gloo")
+MODELS = {
+    "mlp": {"hidden": [32, 16]},
+    "lstm": {"hidden": 12, "layers": 1},
+    "collective_cases:plain_cnn": {"channels": 4},
+}
+UNEVEN = {1: (3,), 2: (3, 1), 4: (3, 3, 2, 0)}
+
+
+def plain_cnn(input_shape, num_classes, channels=4):
+    """Two 3x3 convolutions, ReLU, global average pooling, a linear head (no batch norm)."""
+    c, _, _ = input_shape
+    return nn.Sequential(
+        nn.Conv2d(c, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(channels, 2 * channels, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(2 * channels, num_classes),
+    )
+
+
+def make_collective(name: str, comm, timeout_s: float = TIMEOUT_S, label: str = "group 'test'"):
+    """``mpi``, ``torch-gloo`` (its default store: a file store on one node) or ``torch-gloo/tcp``."""
+    if name == "mpi":
+        return MPICollective(comm, timeout_s, label)
+    store = name.partition("/")[2] or "auto"
+    return TorchCollective(comm, "cpu", timeout_s, label, store=store)
+
+
+def world_barrier(comm) -> None:
+    wait_request(comm.Ibarrier(), "the test's barrier", TIMEOUT_S, IDLE)
+
+
+def crc(array: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(array).tobytes())
+
+
+# -- sums and broadcasts ------------------------------------------------------------------------
+
+
+def rank_values(rank: int, dtype, n: int = 1001) -> np.ndarray:
+    return np.random.default_rng(100 + rank).standard_normal(n).astype(dtype)
+
+
+def sums_and_broadcasts(comm) -> dict:
+    """Each backend's sums (float32/float64, random and exact) and broadcasts; backends compared.
+
+    ``torch-gloo/tcp`` is the store of groups that span nodes (see `torch_dist` on its
+    occasional 5 s reverse-DNS stalls, which is why only this case uses it).
+    """
+    out, sums = {}, {}
+    for name in (*BACKEND_NAMES, "torch-gloo/tcp"):
+        with make_collective(name, comm) as coll:
+            for dtype in ("float32", "float64"):
+                buf = rank_values(coll.rank, dtype)
+                coll.allreduce_sum(buf)
+                expected = sum(rank_values(r, np.float64) for r in range(coll.size))
+                out[f"{name}/{dtype}/sum_err"] = float(np.max(np.abs(buf - expected)))
+                exact = np.full(7, coll.rank + 1, dtype)
+                coll.allreduce_sum(exact)
+                out[f"{name}/{dtype}/exact"] = bool(np.all(exact == coll.size * (coll.size + 1) / 2))
+                sums[(name, dtype)] = buf
+                root = coll.size - 1
+                data = np.arange(5, dtype=dtype) * (coll.rank + 1)
+                coll.broadcast(data, root=root)
+                out[f"{name}/{dtype}/bcast"] = bool(np.all(data == np.arange(5) * (root + 1)))
+                out[f"{name}/{dtype}/crc"] = crc(buf)
+            out[f"{name}/name"] = coll.name
+    for dtype in ("float32", "float64"):
+        mpi = sums[("mpi", dtype)]
+        gloo = (sums[("torch-gloo", dtype)], sums[("torch-gloo/tcp", dtype)])
+        out[f"agree/{dtype}"] = max(float(np.max(np.abs(mpi - other))) for other in gloo)
+    return out
+
+
+# -- data-parallel equivalence ------------------------------------------------------------------
+
+
+def model_spec(family: str) -> ModelSpec:
+    return ModelSpec(id=f"eq-{family.split(':')[-1]}", family=family, params=MODELS[family], train=TrainSpec(), seed=7)
+
+
+def global_batches(steps: int, total: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(2024)
+    return [
+        (rng.standard_normal((total, *SHAPE)).astype(np.float32), rng.integers(0, CLASSES, total))
+        for _ in range(steps)
+    ]
+
+
+def reference_run(family: str, batches, device: str = "cpu") -> tuple[list[float], np.ndarray]:
+    """One process training on the whole global batch."""
+    engine = TorchEngine(model_spec(family), SHAPE, CLASSES, device=device, threads=1)
+    losses = [engine.train_step(x, y) for x, y in batches]
+    return losses, engine.flat_parameters()
+
+
+def group_run(coll, family: str, batches, counts: tuple[int, ...], device: str = "cpu") -> tuple[list, np.ndarray]:
+    """m trainers, each on its contiguous share (`counts[rank]` samples) of every global batch."""
+    engine = TorchEngine(model_spec(family), SHAPE, CLASSES, device=device, threads=1)
+    if coll.rank != 0:  # start from other weights: broadcast_engine must make them the master's
+        engine.load_flat_parameters(engine.flat_parameters() + 1.0)
+    coll.broadcast_engine(engine)
+    total, count = sum(counts), counts[coll.rank]
+    start = sum(counts[: coll.rank])
+    losses = []
+    for x, y in batches:
+        control = np.zeros(2)
+        grads = engine.flat_gradients()
+        if count:
+            control[:] = engine.compute_gradients(x[start : start + count], y[start : start + count]) * count, count
+            grads = engine.flat_gradients()
+            grads *= count / total
+        else:
+            grads[:] = 0.0
+        engine.load_flat_gradients(grads)
+        coll.allreduce_sum(control)
+        coll.allreduce_gradients(engine)
+        engine.apply_gradients()
+        losses.append(control[0] / control[1])
+    return losses, engine.flat_parameters()
+
+
+def relative(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def equivalence(comm, steps: int = 5) -> dict:
+    """Group training vs one process on the same global batches, per backend, model and split."""
+    size = comm.Get_size()
+    splits = {"even": (16 // size,) * size, "uneven": UNEVEN[size]}
+    out = {}
+    for family in MODELS:
+        short = family.split(":")[-1]
+        for split, counts in splits.items():
+            batches = global_batches(steps, sum(counts))
+            ref_losses, ref_params = reference_run(family, batches)
+            for name in BACKEND_NAMES:
+                with make_collective(name, comm) as coll:
+                    losses, params = group_run(coll, family, batches, counts)
+                key = f"{name}/{short}/{split}"
+                out[f"{key}/loss_rel"] = relative(losses, ref_losses)
+                out[f"{key}/param_rel"] = relative(params, ref_params)
+                out[f"{key}/param_crc"] = crc(params)
+    return out
+
+
+# -- resources ----------------------------------------------------------------------------------
+
+
+def threads_and_fds() -> tuple[int, int]:
+    return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def churn(comm, groups: int = 30) -> dict:
+    """Create and close many groups per backend; threads and open fds must not grow."""
+    out = {}
+    for name in BACKEND_NAMES:
+        with make_collective(name, comm) as coll:  # warm-up: lazy pools and libraries start once
+            coll.allreduce_sum(np.ones(4))
+        world_barrier(comm)
+        before = threads_and_fds()
+        start = time.perf_counter()
+        for _ in range(groups):
+            with make_collective(name, comm) as coll:
+                coll.allreduce_sum(np.ones(4))
+        seconds = time.perf_counter() - start
+        world_barrier(comm)
+        after = threads_and_fds()
+        out[f"{name}/churn"] = {"before": before, "after": after, "ms_per_group": 1e3 * seconds / groups}
+    return out
+
+
+def all_checks(comm) -> dict:
+    torch.set_num_threads(1)
+    return {**sums_and_broadcasts(comm), **equivalence(comm), **churn(comm, groups=30 if comm.Get_size() > 1 else 5)}

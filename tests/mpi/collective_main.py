@@ -1,0 +1,84 @@
+"""Entry point of the collective MPI tests: ``mpiexec -n N python collective_main.py SUITE``.
+
+Every rank prints one JSON line (``{"rank": r, ...}``); tests/test_collectives.py asserts on
+all of them. Suites: ``checks`` (sums, broadcasts, equivalence, churn), ``nospin`` (CPU time
+of a rank waiting for a late one), ``timeout`` (a rank that never joins). The last two end
+every rank with `os._exit`, since operations are left pending on purpose.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collective_cases as cases
+from fleet.runtime.waiting import WaitTimeout, recv_object, wait_requests
+
+LATE_S = 2.0
+STACKS_AFTER_S = 100.0  # a stuck rank prints every thread's stack and exits before the test's timeout
+
+
+def nospin(world) -> dict:
+    """Rank 1 joins each backend's allreduce LATE_S late; rank 0 reports its CPU share meanwhile."""
+    out = {}
+    for name in cases.BACKEND_NAMES:
+        with cases.make_collective(name, world) as coll:
+            buf = np.ones(1000, np.float32)
+            coll.allreduce_sum(buf)  # connected and warm
+            cases.world_barrier(world)
+            if coll.rank == 1:
+                time.sleep(LATE_S)
+            wall, cpu = time.perf_counter(), time.process_time()
+            coll.allreduce_sum(buf)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            sum_ok = bool(np.all(buf == coll.size**2))
+            out[name] = {"wall_s": wall, "cpu_s": cpu, "cpu_share": cpu / wall, "sum_ok": sum_ok}
+    return out
+
+
+def timeout(world) -> dict:
+    """Rank 0 calls allreduce_sum with a 1 s timeout; the others never join (and are told when to stop)."""
+    out = {}
+    for name in cases.BACKEND_NAMES:
+        cases.world_barrier(world)
+        coll = cases.make_collective(name, world, label="group 'lonely'")
+        coll.timeout_s = 1.0  # built with the usual timeout: a loaded machine may take seconds to build it
+        if world.rank == 0:
+            start = time.perf_counter()
+            try:
+                coll.allreduce_sum(np.ones(8))
+                out[name] = {"raised": None}
+            except WaitTimeout as exc:
+                out[name] = {"raised": "WaitTimeout", "message": str(exc), "after_s": time.perf_counter() - start}
+            except Exception as exc:  # reported, so the test shows what came instead
+                out[name] = {"raised": type(exc).__name__, "message": str(exc)}
+        if world.rank == 0:
+            sends = [world.isend(name, dest=dest, tag=7) for dest in range(1, world.size)]
+            wait_requests(sends, "the release of the other ranks", 60.0)
+        else:
+            out[name] = {"released_by": recv_object(world, 0, 7, "rank 0's release", 60.0)}
+    return out
+
+
+SUITES = {"checks": cases.all_checks, "nospin": nospin, "timeout": timeout}
+
+
+def main() -> None:
+    faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=True)
+    world = MPI.COMM_WORLD
+    suite = sys.argv[1]
+    result = {"rank": world.rank, "size": world.size, "suite": suite, **SUITES[suite](world)}
+    print(json.dumps(result), flush=True)
+    if suite != "checks":
+        sys.stderr.flush()
+        os._exit(0)  # pending operations on purpose: skip MPI_Finalize
+
+
+if __name__ == "__main__":
+    main()

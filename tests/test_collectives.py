@@ -1,0 +1,275 @@
+"""Collective backends: sums, broadcasts, data-parallel equivalence, waiting, teardown.
+
+Two tiers (STYLE.md 8): the bodies in tests/mpi/collective_cases.py run here on
+`MPI.COMM_SELF`, and under a real ``mpiexec -n 2`` / ``-n 4`` through
+tests/mpi/collective_main.py, where every rank prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from fleet.errors import UserError
+from fleet.runtime.collectives import (
+    BACKENDS,
+    CollectiveError,
+    CollectiveState,
+    MPICollective,
+    SoloCollective,
+    available_backends,
+    create_collective,
+    resolve_backend,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+MPI_DIR = REPO / "tests" / "mpi"
+sys.path.append(str(MPI_DIR))  # collective_cases, also the home of the user model `plain_cnn`
+
+import collective_cases as cases  # noqa: E402
+
+TOL = {"float32": 1e-5, "float64": 1e-12}
+EQUIVALENCE_RTOL = 1e-5
+
+
+# -- checks shared by both tiers ----------------------------------------------------------------
+
+
+def check_sums(result: dict, size: int) -> None:
+    for name in (*cases.BACKEND_NAMES, "torch-gloo/tcp"):
+        for dtype in ("float32", "float64"):
+            key = f"{name}/{dtype}"
+            assert result[f"{key}/sum_err"] < TOL[dtype] * size, key
+            assert result[f"{key}/exact"], key
+            assert result[f"{key}/bcast"], key
+    assert result["mpi/name"] == "mpi"
+    assert result["torch-gloo/name"] == "torch-gloo"
+    assert result["agree/float32"] < TOL["float32"] * size
+    assert result["agree/float64"] < TOL["float64"] * size
+
+
+def equivalence_keys(result: dict) -> list[str]:
+    return sorted(key[: -len("/loss_rel")] for key in result if key.endswith("/loss_rel"))
+
+
+def check_equivalence(result: dict) -> None:
+    keys = equivalence_keys(result)
+    assert len(keys) == len(cases.BACKEND_NAMES) * len(cases.MODELS) * 2
+    for key in keys:
+        assert result[f"{key}/loss_rel"] < EQUIVALENCE_RTOL, key
+        assert result[f"{key}/param_rel"] < EQUIVALENCE_RTOL, key
+
+
+def check_churn(result: dict) -> None:
+    for name in cases.BACKEND_NAMES:
+        churn = result[f"{name}/churn"]
+        threads_before, fds_before = churn["before"]
+        threads_after, fds_after = churn["after"]
+        assert threads_after <= threads_before, (name, churn)
+        assert fds_after <= fds_before, (name, churn)
+
+
+# -- tier 1: one rank, plain pytest -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def single_rank():
+    return cases.all_checks(MPI.COMM_SELF)
+
+
+def test_single_rank_sums_and_broadcasts(single_rank):
+    check_sums(single_rank, 1)
+
+
+def test_single_rank_group_equals_one_process(single_rank):
+    check_equivalence(single_rank)
+
+
+def test_single_rank_groups_leave_no_threads_or_fds(single_rank):
+    check_churn(single_rank)
+
+
+def test_resolve_backend():
+    assert resolve_backend("mpi", "cpu") == "mpi"
+    assert resolve_backend("auto", "cpu") == "torch-gloo"
+    assert resolve_backend("torch", "cpu") == "torch-gloo"
+    assert set(available_backends()) <= set(BACKENDS)
+    assert {"mpi", "torch-gloo"} <= set(available_backends())
+    with pytest.raises(UserError, match="collective 'nccl': expected one of auto, mpi, torch"):
+        resolve_backend("nccl", "cpu")
+
+
+def test_torch_on_cuda_without_nccl_is_a_user_error():
+    if "torch-nccl" in available_backends():
+        assert resolve_backend("auto", "cuda:0") == "torch-nccl"
+        return
+    assert resolve_backend("auto", "cuda:0") == "mpi"
+    with pytest.raises(UserError, match="no nccl backend"):
+        resolve_backend("torch", "cuda:0")
+
+
+@pytest.mark.parametrize("kind", ["auto", "mpi", "torch"])
+def test_a_group_of_one_gets_the_solo_collective(kind):
+    coll = create_collective(kind, MPI.COMM_SELF, "cpu", 5.0, label="group 'alone'")
+    assert isinstance(coll, SoloCollective) and coll.name == "solo"
+    assert (coll.size, coll.rank) == (1, 0)
+    buf = np.arange(4, dtype=np.float32)
+    coll.allreduce_sum(buf)
+    coll.broadcast(buf)
+    assert np.array_equal(buf, np.arange(4))
+    coll.close()
+
+
+def test_create_collective_rejects_an_unknown_kind():
+    with pytest.raises(UserError, match="collective 'horovod'"):
+        create_collective("horovod", MPI.COMM_SELF, "cpu", 5.0)
+
+
+@pytest.mark.parametrize("bad", [np.ones(3, np.float16), np.ones((2, 2)), np.ones(6)[::2], [1.0, 2.0]])
+def test_host_arrays_must_be_1d_contiguous_float(bad):
+    with MPICollective(MPI.COMM_SELF, 5.0) as coll:
+        with pytest.raises(TypeError, match="allreduce_sum in a group of 1 rank"):
+            coll.allreduce_sum(bad)
+
+
+def test_a_closed_collective_refuses_calls_and_closes_once():
+    coll = MPICollective(MPI.COMM_SELF, 5.0, label="group 'gone'")
+    assert coll.state is CollectiveState.OPEN
+    coll.close()
+    coll.close()
+    assert coll.state is CollectiveState.CLOSED
+    closed = r"allreduce_sum in group 'gone' \(mpi, rank 0 of 1\): the collective is closed"
+    with pytest.raises(CollectiveError, match=closed):
+        coll.allreduce_sum(np.ones(2))
+
+
+def test_broadcast_root_must_be_a_member():
+    with MPICollective(MPI.COMM_SELF, 5.0) as coll:
+        with pytest.raises(ValueError, match="root 1 is not a member"):
+            coll.broadcast(np.ones(2), root=1)
+
+
+def test_torch_collective_refuses_an_unknown_store():
+    from fleet.runtime.collectives.torch_dist import TorchCollective
+
+    with pytest.raises(ValueError, match="store 'nfs'"):
+        TorchCollective(MPI.COMM_SELF, "cpu", 5.0, store="nfs")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["mpi", "torch"])
+def test_cuda_engine_in_a_group_of_one(kind):
+    """The CUDA paths on one rank: host copies for mpi, NCCL on the device for torch."""
+    from fleet.runtime.collectives.torch_dist import TorchCollective
+
+    coll = MPICollective(MPI.COMM_SELF, 60.0) if kind == "mpi" else TorchCollective(MPI.COMM_SELF, "cuda:0", 60.0)
+    assert coll.name == ("mpi" if kind == "mpi" else "torch-nccl")
+    with coll:
+        buf = np.arange(5, dtype=np.float32)
+        coll.allreduce_sum(buf)
+        coll.broadcast(buf)
+        assert np.array_equal(buf, np.arange(5))
+        batches = cases.global_batches(3, 16)
+        losses, params = cases.group_run(coll, "mlp", batches, (16,), device="cuda:0")
+    ref_losses, ref_params = cases.reference_run("mlp", batches, device="cuda:0")
+    assert cases.relative(losses, ref_losses) < EQUIVALENCE_RTOL
+    assert cases.relative(params, ref_params) < EQUIVALENCE_RTOL
+
+
+# -- tier 2: real mpiexec -----------------------------------------------------------------------
+
+
+def mpiexec_path() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def run_ranks(size: int, suite: str, timeout: float = 150) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """Run collective_main.py SUITE on `size` ranks; the JSON line of every rank, by rank."""
+    mpiexec = mpiexec_path()
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    command = [mpiexec, "-n", str(size), sys.executable, str(MPI_DIR / "collective_main.py"), suite]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{suite} on {size} ranks ran past {timeout} s:\n{exc.stdout!s:.3000}\n{exc.stderr!s:.3000}")
+    lines = rank_lines(proc.stdout)
+    assert sorted(r["rank"] for r in lines) == list(range(size)), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return sorted(lines, key=lambda r: r["rank"]), proc
+
+
+def rank_lines(stdout: str) -> list[dict]:
+    """Every ``{"rank": ...}`` object in the output (mpiexec may join two ranks' lines)."""
+    decoder, found, start = json.JSONDecoder(), [], stdout.find('{"rank"')
+    while start >= 0:
+        obj, end = decoder.raw_decode(stdout, start)
+        found.append(obj)
+        start = stdout.find('{"rank"', end)
+    return found
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["n2", "n4"])
+def world_checks(request):
+    results, proc = run_ranks(request.param, "checks")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return request.param, results
+
+
+@pytest.mark.mpi
+def test_sums_and_broadcasts_on_every_rank(world_checks):
+    size, results = world_checks
+    for result in results:
+        check_sums(result, size)
+    for name in (*cases.BACKEND_NAMES, "torch-gloo/tcp"):
+        for dtype in ("float32", "float64"):
+            assert len({r[f"{name}/{dtype}/crc"] for r in results}) == 1, "members got different sums"
+
+
+@pytest.mark.mpi
+def test_group_of_m_equals_one_process_on_the_global_batch(world_checks):
+    """The runtime issue's test: m trainers give the losses and weights of one process."""
+    size, results = world_checks
+    for result in results:
+        check_equivalence(result)
+    for key in equivalence_keys(results[0]):
+        assert len({r[f"{key}/param_crc"] for r in results}) == 1, f"{key}: replicas diverged"
+
+
+@pytest.mark.mpi
+def test_thirty_groups_leave_no_threads_or_fds(world_checks):
+    _, results = world_checks
+    for result in results:
+        check_churn(result)
+
+
+@pytest.mark.mpi
+def test_waiting_for_a_late_rank_does_not_spin():
+    results, _ = run_ranks(2, "nospin")
+    for name in cases.BACKEND_NAMES:
+        assert all(r[name]["sum_ok"] for r in results), name
+        waited = results[0][name]
+        assert waited["wall_s"] > 1.0, waited  # rank 0 did wait for the late rank
+        assert waited["cpu_share"] < 0.3, (name, waited)
+
+
+@pytest.mark.mpi
+def test_a_rank_that_never_joins_gives_a_wait_timeout_naming_the_operation():
+    results, _ = run_ranks(2, "timeout")
+    for name in cases.BACKEND_NAMES:
+        waited = results[0][name]
+        assert waited["raised"] == "WaitTimeout", waited
+        assert "allreduce_sum of 8 float64 in group 'lonely'" in waited["message"], waited
+        assert f"({name}, rank 0 of 2)" in waited["message"], waited
+        assert results[1][name] == {"released_by": name}
