@@ -49,6 +49,7 @@ from fleet.schedule._base import (
     StreamView,
 )
 from fleet.schedule.costs import Overheads
+from fleet.schedule.ledger import check_launch
 from fleet.schedule.rates import RateTable
 
 _EPS = 1e-9
@@ -401,24 +402,10 @@ class _Run:
                     self._wait(stream, [(model, when)], when)
 
     def _check_launch(self, plans: tuple[StreamPlan, ...]) -> None:
-        seen: set[int] = set()
-        launched: set[str] = set()
-        for plan in plans:
-            if plan.join is not None and plan.join not in self.streams:
-                raise PolicyError(f"{self.policy.name}: stream {plan.join} is not running")
-            for member in plan.members:
-                model = self._model(member.model)
-                if model.id in launched:
-                    raise PolicyError(f"{self.policy.name}: {model.id} launched twice")
-                launched.add(model.id)
-                if model.state not in (ModelState.PENDING, ModelState.PAUSED):
-                    raise PolicyError(f"{self.policy.name}: cannot launch {model.id}, it is {model.state.value}")
-                if not member.gpus:
-                    raise PolicyError(f"{self.policy.name}: {model.id} launched on no GPU")
-                for g in member.gpus:
-                    if not 0 <= g < len(self.owner) or self.owner[g] != -1 or g in seen:
-                        raise PolicyError(f"{self.policy.name}: GPU {g} for {model.id} is not free")
-                    seen.add(g)
+        check_launch(
+            plans, self.policy.name, lambda model_id: self._model(model_id).state,
+            lambda g: 0 <= g < len(self.owner) and self.owner[g] == -1, self.streams,
+        )
 
     def _reserve(self, model_id: str, gpus: tuple[int, ...], delay: float) -> tuple[_Model, float]:
         model = self._model(model_id)

@@ -1,0 +1,170 @@
+"""The driver's books: model states, GPU ownership, streams and rounds, and the views.
+
+A driver of the policy protocol (the simulator, the MPI coordinator) keeps one `Ledger`.
+It checks every decision against the protocol (`check_launch`), records launches, state
+changes and releases, counts rounds (a launch on a drained cluster starts the next one),
+and builds the frozen `ClusterView` each policy call receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterable, Mapping
+from dataclasses import replace
+
+from fleet.schedule._base import ClusterView, ModelState, ModelView, PolicyError, StreamPlan, StreamView
+from fleet.schedule.rates import RateTable
+
+
+def check_launch(
+    plans: Iterable[StreamPlan],
+    policy: str,
+    state_of: Callable[[str], ModelState],
+    gpu_is_free: Callable[[int], bool],
+    running_streams: Container[int],
+) -> None:
+    """The protocol's rules for `Decision.launch` (shared by every driver).
+
+    Raises:
+        PolicyError: joining a stream that is not running, a model launched twice or not
+            PENDING/PAUSED, a member without GPUs, a GPU that is not free or used twice.
+    """
+    seen: set[int] = set()
+    launched: set[str] = set()
+    for plan in plans:
+        if plan.join is not None and plan.join not in running_streams:
+            raise PolicyError(f"{policy}: stream {plan.join} is not running")
+        for member in plan.members:
+            state = state_of(member.model)
+            if member.model in launched:
+                raise PolicyError(f"{policy}: {member.model} launched twice")
+            launched.add(member.model)
+            if state not in (ModelState.PENDING, ModelState.PAUSED):
+                raise PolicyError(f"{policy}: cannot launch {member.model}, it is {state.value}")
+            if not member.gpus:
+                raise PolicyError(f"{policy}: {member.model} launched on no GPU")
+            for g in member.gpus:
+                if not gpu_is_free(g) or g in seen:
+                    raise PolicyError(f"{policy}: GPU {g} for {member.model} is not free")
+                seen.add(g)
+
+
+class Ledger:
+    """Mutable books of one run; see the module docstring."""
+
+    def __init__(
+        self,
+        rates: RateTable,
+        epochs_estimate: Iterable[float],
+        total_gpus: int,
+        gpus_per_node: int,
+        epochs_done: Mapping[str, int] | None = None,
+        paused: Iterable[str] = (),
+    ):
+        self.rates, self.total_gpus, self.gpus_per_node = rates, total_gpus, gpus_per_node
+        done = epochs_done or {}
+        paused = set(paused)
+        self.views = [
+            ModelView(p.id, ModelState.PAUSED if p.id in paused else ModelState.PENDING, done.get(p.id, 0), float(e))
+            for p, e in zip(rates.models, epochs_estimate)
+        ]
+        self.owner = [""] * total_gpus
+        self.streams: dict[int, list[str]] = {}
+        self.paces: dict[int, float] = {}
+        self.next_stream = 0
+        self.round = 0
+        self.launches = 0
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def model(self, model_id: str) -> ModelView:
+        try:
+            return self.views[self.rates.index(model_id)]
+        except KeyError:
+            raise PolicyError(f"unknown model {model_id!r}") from None
+
+    def ids_in(self, *states: ModelState) -> list[str]:
+        return [v.id for v in self.views if v.state in states]
+
+    @property
+    def drained(self) -> bool:
+        return not any(self.owner)
+
+    @property
+    def free_gpus(self) -> tuple[int, ...]:
+        return tuple(g for g, owner in enumerate(self.owner) if not owner)
+
+    @property
+    def unfinished(self) -> int:
+        return sum(v.state is not ModelState.CONVERGED for v in self.views)
+
+    def view(self, now: float) -> ClusterView:
+        streams = tuple(StreamView(s, tuple(m), self.paces.get(s, 0.0)) for s, m in self.streams.items())
+        return ClusterView(
+            now, self.total_gpus, self.gpus_per_node, self.round, self.rates, tuple(self.views), streams, self.free_gpus
+        )
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def check_launch(self, plans: Iterable[StreamPlan], policy: str) -> None:
+        """Raise `PolicyError` unless every plan follows the protocol (see `_base.py`)."""
+        check_launch(
+            plans, policy, lambda model_id: self.model(model_id).state,
+            lambda g: 0 <= g < self.total_gpus and not self.owner[g], set(self.streams),
+        )
+
+    def begin_launch(self) -> bool:
+        """Count the launch; True when it starts a new round (a launch on a drained cluster)."""
+        new_round = self.drained
+        if new_round and self.launches > 0:
+            self.round += 1
+        self.launches += 1
+        return new_round
+
+    def open_stream(self) -> int:
+        stream = self.next_stream
+        self.next_stream += 1
+        self.streams[stream] = []
+        return stream
+
+    def reserve(self, model_id: str, gpus: tuple[int, ...], stream: int) -> None:
+        """The model runs on `gpus` in `stream` from now on."""
+        for g in gpus:
+            self.owner[g] = model_id
+        self.streams[stream].append(model_id)
+        self._set(model_id, state=ModelState.RUNNING, gpus=tuple(gpus), stream=stream)
+
+    # -- state changes ----------------------------------------------------------------------
+
+    def epoch_done(self, model_id: str, epochs: int) -> None:
+        self._set(model_id, epochs_done=epochs)
+
+    def start_checkpoint(self, model_id: str) -> None:
+        view = self.model(model_id)
+        if view.state is not ModelState.RUNNING:
+            raise PolicyError(f"cannot checkpoint {model_id}, it is {view.state.value}")
+        self._leave_stream(model_id)
+        self._set(model_id, state=ModelState.CHECKPOINTING, stream=None)
+
+    def release(self, model_id: str, state: ModelState) -> tuple[int, ...]:
+        """Free the model's GPUs; it is now `state` (CONVERGED or PAUSED). Returns the GPUs."""
+        view = self.model(model_id)
+        if view.state is ModelState.RUNNING:
+            self._leave_stream(model_id)
+        for g in view.gpus:
+            self.owner[g] = ""
+        self._set(model_id, state=state, gpus=(), stream=None)
+        return view.gpus
+
+    def _leave_stream(self, model_id: str) -> None:
+        stream = self.model(model_id).stream
+        if stream is None:
+            return
+        members = self.streams[stream]
+        members.remove(model_id)
+        if not members:
+            del self.streams[stream]
+            self.paces.pop(stream, None)
+
+    def _set(self, model_id: str, **fields) -> None:
+        index = self.rates.index(model_id)
+        self.views[index] = replace(self.views[index], **fields)
