@@ -30,7 +30,7 @@ def small_quickstart(tmp_path_factory):
 @pytest.mark.slow
 def test_quickstart_ensemble_beats_chance(small_quickstart):
     spec_path, run_dir = small_quickstart
-    result = run_fleet("run", str(spec_path), "--local", "--run-dir", str(run_dir), "--quiet", timeout=900)
+    result = run_fleet("run", str(spec_path), "--run-dir", str(run_dir), "--quiet", timeout=900)
     assert result.returncode == 0, result.stderr
     results = json.loads((run_dir / "results.json").read_text())
     models = results["models"]
@@ -44,3 +44,17 @@ def test_quickstart_ensemble_beats_chance(small_quickstart):
     board = (run_dir / "leaderboard.csv").read_text().splitlines()
     assert board[0].startswith("rank,id,family") and len(board) == len(models) + 1
     assert (run_dir / "spec.yaml").exists() and (run_dir / "events.jsonl").exists()
+    assert "starting 3 ranks" in result.stdout  # fleet run started mpiexec itself
+    assert json.loads((run_dir / "plan.json").read_text())["rounds"]
+
+
+def test_local_mode_trains_one_model_after_another(tmp_path):
+    spec = {"name": "local", "seed": 0, "data": {"source": "digits"},
+            "models": [{"family": "mlp", "name": "a"}, {"family": "mlp", "name": "b", "params": {"hidden": [16]}}],
+            "train": {"max_epochs": 1, "optimizer": "adam", "lr": 0.01}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = run_fleet("run", str(path), "--local", "--run-dir", str(tmp_path / "run"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    models = json.loads((tmp_path / "run" / "results.json").read_text())["models"]
+    assert [m["id"] for m in models] == ["a", "b"] and all(m["best_val_accuracy"] > 0.5 for m in models)

@@ -15,17 +15,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("spec", help="ensemble YAML file")
     parser.add_argument("--run-dir", help="run directory (default: the spec's run_dir, else runs/NAME)")
     parser.add_argument("--local", action="store_true", help="train the models one after another in this process")
-    parser.add_argument("--device", help="override cluster.device (cpu, cuda)")
+    parser.add_argument("--device", choices=["cpu", "cuda", "emulated"], help="override cluster.device")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines (batch logs)")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node
     from fleet.spec import load_spec
 
     spec = load_spec(args.spec, run_dir=args.run_dir)
-    return run_local(spec, args)
+    if args.local:
+        return run_local(spec, args)
+    ranks = spec.cluster.nodes * ranks_per_node(spec)
+    command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
+    print(f"fleet: starting {ranks} ranks: {' '.join(command)}", flush=True)
+    return subprocess.call(command)
 
 
 def run_local(spec, args: argparse.Namespace) -> int:

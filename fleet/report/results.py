@@ -26,6 +26,7 @@ class ModelResult:
     best_val_accuracy: float | None
     final_train_loss: float | None
     gpu_seconds: float
+    history: list[dict] = field(default_factory=list)  # per epoch: epoch, train_loss, val_loss, val_accuracy, ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class RunResult:
     samples_decoded: int
     overhead_s: dict[str, float]
     models: list[ModelResult] = field(default_factory=list)
+    validation_samples_decoded: int = 0
 
 
 def _finite(value: float | None) -> float | None:

@@ -70,7 +70,7 @@ def train_model(
 
     engine = create_engine(model, input_shape(data.spec), data.num_classes, device=device)
     tracker = StopTracker(model.train.stop, model.train.max_epochs)
-    busy_s, final_loss, best_accuracy = 0.0, None, 0.0
+    busy_s, final_loss, best_accuracy, history = 0.0, None, 0.0, []
     while not tracker.converged:
         start, losses, seen = time.perf_counter(), [], 0
         for x, y in data.epoch_batches(tracker.epochs, model.train.batch_size):
@@ -84,7 +84,9 @@ def train_model(
         lr = engine.lr
         engine.end_epoch()
         tracker.update({"train_loss": final_loss, "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]})
-        on_epoch(EpochRecord(model.id, tracker.epochs, final_loss, metrics["loss"], metrics["accuracy"], seen / elapsed, lr))
+        record = EpochRecord(model.id, tracker.epochs, final_loss, metrics["loss"], metrics["accuracy"], seen / elapsed, lr)
+        history.append({k: v for k, v in record.__dict__.items() if k != "model"})
+        on_epoch(record)
     return ModelResult(
         id=model.id,
         family=model.family,
@@ -98,6 +100,7 @@ def train_model(
         best_val_accuracy=best_accuracy,
         final_train_loss=final_loss,
         gpu_seconds=busy_s,
+        history=history,
     )
 
 

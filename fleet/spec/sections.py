@@ -238,8 +238,9 @@ class ClusterSpec(Section):
 
 
 class RuntimeSpec(Section):
-    """Queue sizes and timeouts of the MPI runtime."""
+    """Queue sizes, timeouts and the gradient collective of the MPI runtime."""
 
+    collective: Literal["auto", "mpi", "torch"] = "auto"
     chunk_samples: PositiveInt = 64
     qp_samples: PositiveInt = 2048
     qt_samples: PositiveInt = 2048

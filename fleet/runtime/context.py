@@ -1,0 +1,84 @@
+"""What every rank of a run shares: the spec, its communicators, its place, the data facts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from fleet.spec import Spec
+
+
+@dataclass
+class RunContext:
+    """Built once per rank at start-up and passed to every role (no globals).
+
+    Communicators, each a Dup of the world so that threads and purposes never share one:
+    `ctrl` (commands and reports), `data_parent` (stream communicators are created from it),
+    `group_parent` (trainer groups are created from it).
+    """
+
+    spec: Spec
+    world: Any
+    ctrl: Any
+    data_parent: Any
+    group_parent: Any
+    topology: Any
+    who: Any  # fleet.runtime.waiting.RankIdentity
+    device: str
+    run_dir: str
+    rates: Any = None  # RateTable, needed by the emulated device
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def timeout_s(self) -> float:
+        return self.spec.runtime.timeout_s
+
+    @cached_property
+    def reader(self):
+        from preprocess.readers import open_reader
+
+        return open_reader(self.spec.data, seed=self.spec.seed)
+
+    @cached_property
+    def split(self) -> tuple[np.ndarray, np.ndarray]:
+        from preprocess.split import split_indices
+
+        return split_indices(self.reader.labels, self.spec.data.val_fraction, self.spec.seed)
+
+    @property
+    def train_idx(self) -> np.ndarray:
+        return self.split[0]
+
+    @cached_property
+    def num_classes(self) -> int:
+        from fleet.inspect import num_classes
+
+        return num_classes(self.spec)
+
+    @cached_property
+    def input_shape(self) -> tuple[int, int, int]:
+        from fleet.inspect import input_shape
+
+        return input_shape(self.spec)
+
+    @cached_property
+    def pipeline(self):
+        from preprocess.transforms import Pipeline
+
+        return Pipeline(self.spec.preprocess, self.spec.data)
+
+    @cached_property
+    def validation(self) -> tuple[np.ndarray, np.ndarray]:
+        """The validation set, decoded once per process (eval transforms: no augmentation)."""
+        val_idx = np.sort(self.split[1])
+        raw = self.reader.read(val_idx)
+        x = self.pipeline(raw, np.random.default_rng(self.spec.seed), train=False)
+        self.extras["val_decoded"] = self.extras.get("val_decoded", 0) + len(val_idx)
+        return x, raw.labels

@@ -1,0 +1,376 @@
+"""The coordinator (a thread of rank 0): drives the policy with what the ranks report.
+
+It is the runtime's driver of the policy protocol (`fleet/schedule/_base.py`), beside the
+simulator. Reports arrive as messages; each becomes a policy event; each decision becomes
+commands: start a stream (preprocessors + groups), add or remove groups of a running stream
+(a regroup at a chunk boundary), checkpoint a model. The books live in a `Ledger`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.runtime.console import Console
+from fleet.runtime.context import RunContext
+from fleet.runtime.events import EventLog
+from fleet.runtime.protocol import (
+    CheckpointModel,
+    EpochReport,
+    KeepAlive,
+    MemberLeft,
+    Pause,
+    Paused,
+    Progress,
+    Regroup,
+    Shutdown,
+    StartMember,
+    StartStream,
+    StreamDone,
+    StreamLayout,
+    StreamSource,
+    Tag,
+    stream_tag,
+)
+from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
+from fleet.schedule import CheckpointCompleted, Decision, EpochCompleted, ModelConverged, ModelState, StreamPlan
+from fleet.schedule.ledger import Ledger
+
+
+@dataclass
+class Group:
+    model: str
+    ranks: tuple[int, ...]
+    gpus: tuple[int, ...]
+    uid: int
+
+
+@dataclass
+class LiveStream:
+    """The coordinator's view of one running stream and its pending membership changes."""
+
+    layout: StreamLayout
+    source: StreamSource
+    round: int
+    groups: dict[str, Group] = field(default_factory=dict)
+    joining: list[Group] = field(default_factory=list)
+    leaving: set[str] = field(default_factory=set)
+    awaiting: dict[int, int] = field(default_factory=dict)  # preprocessor rank -> next chunk (None: pending)
+    pausing: bool = False
+    last_switch: int = 0
+    done: set[int] = field(default_factory=set)
+    decoded: int = 0
+
+    @property
+    def ended(self) -> bool:
+        return not self.layout.masters and self.done >= set(self.layout.preprocessors)
+
+    @property
+    def staying(self) -> bool:
+        """True while the stream will still have masters once its pending changes are made."""
+        joining = {g.model for g in self.joining}
+        return bool(joining) or any(model not in self.leaving for model in self.groups)
+
+
+@dataclass
+class ModelRecord:
+    """What the coordinator knows of one model, for results.json."""
+
+    family: str
+    parameters: int = 0
+    epochs: int = 0
+    history: list[dict] = field(default_factory=list)
+    converged: bool = False
+    stop_reason: str | None = None
+    gpu_seconds: float = 0.0
+
+
+class Coordinator:
+    """See the module docstring. `run()` returns when every model has converged."""
+
+    def __init__(self, ctx: RunContext, policy: Any, ledger: Ledger, records: dict, log: EventLog, console: Console):
+        self.ctx, self.policy, self.ledger, self.records = ctx, policy, ledger, records
+        self.log, self.console = log, console
+        self.topology = ctx.topology
+        self.started = time.monotonic()
+        self.streams: dict[int, LiveStream] = {}
+        self.finished_streams: list[LiveStream] = []
+        self.groups_started = 0
+        self.groups_open = 0
+        self.plan_rounds: list[dict] = []
+        self.planning_s = 0.0
+        self.checkpoint_s = 0.0
+        self.val_decoded = 0
+        self.last_keepalive = time.monotonic()
+
+    @property
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self._decide(lambda view: self.policy.start(view))
+        while self.ledger.unfinished or self.streams or self.groups_open:
+            self._handle(self._next_report())
+        self._broadcast_command(Shutdown())
+
+    def _next_report(self) -> Any:
+        deadline = time.monotonic() + self.ctx.timeout_s
+        sleeps = IDLE.sleeps()
+        while True:
+            message = self.ctx.ctrl.improbe(tag=Tag.REPORT)
+            if message is not None:
+                return message.recv()
+            self._keepalive()
+            if time.monotonic() > deadline:
+                running = self.ledger.ids_in(ModelState.RUNNING, ModelState.CHECKPOINTING)
+                raise WaitTimeout(
+                    f"timed out after {self.ctx.timeout_s:g} s waiting for any report (running: {running[:5]})"
+                )
+            time.sleep(next(sleeps))
+
+    def _keepalive(self) -> None:
+        if time.monotonic() - self.last_keepalive > self.ctx.timeout_s / 4:
+            self.last_keepalive = time.monotonic()
+            self._broadcast_command(KeepAlive())
+
+    def _broadcast_command(self, command: Any) -> None:
+        for placement in self.topology.placements:
+            tag = Tag.PREPROCESSOR if placement.gpu is None else Tag.TRAINER
+            self._send(command, placement.rank, tag)
+
+    def _send(self, command: Any, rank: int, tag: int) -> None:
+        send_object(self.ctx.ctrl, command, rank, tag, f"rank {rank} to take a command", self.ctx.timeout_s)
+
+    # -- reports -> events ----------------------------------------------------------------------
+
+    def _handle(self, report: Any) -> None:
+        if isinstance(report, EpochReport):
+            self._on_epoch(report)
+        elif isinstance(report, MemberLeft):
+            self._on_left(report)
+        elif isinstance(report, Paused):
+            self._on_paused(report)
+        elif isinstance(report, StreamDone):
+            self._on_stream_done(report)
+        elif isinstance(report, Progress):
+            pass  # a heartbeat: receiving it reset the deadline
+        else:
+            raise TypeError(f"coordinator got an unexpected report {report!r}")
+
+    def _on_epoch(self, report: EpochReport) -> None:
+        record = self.records[report.model]
+        record.epochs = report.epoch
+        record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason")})
+        self.checkpoint_s += report.checkpoint_s
+        self.console.epoch(report.model, report.epoch, report.train_loss, report.val_accuracy,
+                           report.samples_per_s, report.stream_samples_per_s)
+        self.log.write("epoch", **report.__dict__)
+        self.ledger.epoch_done(report.model, report.epoch)
+        if report.stop_reason is None:
+            event = EpochCompleted(report.model, report.epoch, self.now, report.samples_per_s)
+            self._decide(lambda view: self.policy.on_event(event, view))
+            return
+        record.converged, record.stop_reason = True, report.stop_reason
+        stream = self.ledger.model(report.model).stream
+        gpus = self.ledger.release(report.model, ModelState.CONVERGED)
+        self._remove_group(stream, report.model)
+        self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
+        self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
+        event = ModelConverged(report.model, report.epoch, self.now, gpus, report.samples_per_s)
+        self._decide(lambda view: self.policy.on_event(event, view))
+
+    def _on_left(self, report: MemberLeft) -> None:
+        self.groups_open -= 1
+        record = self.records[report.model]
+        record.gpu_seconds = report.gpu_seconds
+        record.parameters = report.parameters
+        self.val_decoded += report.val_decoded
+        self.log.write("member_left", **report.__dict__)
+        if report.converged:
+            return
+        self.checkpoint_s += report.checkpoint_s
+        record.epochs = report.epochs
+        self.ledger.epoch_done(report.model, report.epochs)
+        gpus = self.ledger.release(report.model, ModelState.PAUSED)
+        self.log.write("checkpoint", model=report.model, epochs=report.epochs, epoch_samples=report.epoch_samples)
+        self.console.left(report.model, f"checkpointed at epoch {report.epochs} + {report.epoch_samples} samples")
+        event = CheckpointCompleted(report.model, self.now, gpus)
+        self._decide(lambda view: self.policy.on_event(event, view))
+
+    # -- decisions -> commands --------------------------------------------------------------------
+
+    def _decide(self, call) -> None:
+        began = time.perf_counter()
+        decision = call(self.ledger.view(self.now))
+        self.planning_s += time.perf_counter() - began
+        if not isinstance(decision, Decision):
+            raise TypeError(f"{self.policy.name}: returned {decision!r}, not a Decision")
+        targets = self.ledger.ids_in(ModelState.RUNNING) if decision.end_round else list(decision.checkpoint)
+        if decision.end_round:
+            self.log.write("round_end", index=self.ledger.round, at=self.now)
+        for model in targets:
+            self._checkpoint(model)
+        if decision.launch:
+            self._launch(decision.launch)
+        if self.ledger.unfinished and self.ledger.drained and not decision.launch and not self._checkpointing():
+            raise RuntimeError(f"{self.policy.name}: stalled with {self.ledger.unfinished} models left")
+
+    def _checkpointing(self) -> bool:
+        return bool(self.ledger.ids_in(ModelState.CHECKPOINTING))
+
+    def _checkpoint(self, model: str) -> None:
+        stream = self.ledger.model(model).stream
+        group = self.streams[stream].groups[model]
+        self.ledger.start_checkpoint(model)
+        self._send(CheckpointModel(model), group.ranks[0], Tag.TRAINER)
+        self._remove_group(stream, model)
+
+    def _launch(self, plans: tuple[StreamPlan, ...]) -> None:
+        self.ledger.check_launch(plans, self.policy.name)
+        if self.ledger.begin_launch():
+            self.log.write("round_start", index=self.ledger.round, at=self.now)
+            self.console.banner(f"round {self.ledger.round}")
+            self.plan_rounds.append({"index": self.ledger.round, "members": []})
+        new_streams = sum(plan.join is None for plan in plans)
+        for plan in plans:
+            if plan.join is None:
+                self._start_stream(plan, new_streams)
+            else:
+                self._join(plan)
+
+    def _group(self, model: str, gpus: tuple[int, ...]) -> Group:
+        self.groups_started += 1
+        ranks = tuple(self.topology.trainer_rank(g) for g in gpus)
+        return Group(model, ranks, tuple(gpus), self.groups_started)
+
+    def _start_stream(self, plan: StreamPlan, launching: int) -> None:
+        stream_id = self.ledger.open_stream()
+        groups = [self._group(m.model, m.gpus) for m in plan.members]
+        preprocessors = self._pick_preprocessors(groups, launching)
+        layout = StreamLayout(stream_id, 0, preprocessors, tuple(g.ranks[0] for g in groups))
+        source = self._source(stream_id, [g.model for g in groups])
+        live = LiveStream(layout, source, self.ledger.round)
+        self.streams[stream_id] = live
+        self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
+                       preprocessors=list(preprocessors), round=self.ledger.round)
+        for rank in preprocessors:
+            self._send(StartStream(layout, source), rank, Tag.PREPROCESSOR)
+        for group in groups:
+            self._start_group(live, group, first_chunk=0)
+
+    def _join(self, plan: StreamPlan) -> None:
+        live = self.streams[plan.join]
+        for member in plan.members:
+            group = self._group(member.model, member.gpus)
+            live.joining.append(group)
+            self.ledger.reserve(group.model, group.gpus, live.layout.stream)
+            self._record_member(group, live.layout.stream)
+        self._request_change(live)
+
+    def _start_group(self, live: LiveStream, group: Group, first_chunk: int) -> None:
+        if group.model not in live.groups:
+            live.groups[group.model] = group
+        if self.ledger.model(group.model).state is not ModelState.RUNNING:
+            self.ledger.reserve(group.model, group.gpus, live.layout.stream)
+            self._record_member(group, live.layout.stream)
+        resume = self._has_checkpoint(group.model)
+        limit = self.ctx.extras.get("epoch_limits", {}).get(group.model)
+        command = StartMember(group.model, group.uid, group.ranks, live.layout, live.source, first_chunk,
+                              self.ledger.round, resume, limit)
+        self.groups_open += 1
+        for rank in group.ranks:
+            self._send(command, rank, Tag.TRAINER)
+        self.console.member(group.model, group.gpus, live.layout.stream, resume)
+        self.log.write("member_start", model=group.model, stream=live.layout.stream, gpus=list(group.gpus),
+                       ranks=list(group.ranks), first_chunk=first_chunk, resume=resume)
+
+    def _record_member(self, group: Group, stream: int) -> None:
+        self.plan_rounds[-1]["members"].append({"model": group.model, "gpus": list(group.gpus), "stream": stream})
+
+    def _has_checkpoint(self, model: str) -> bool:
+        from fleet.runtime.checkpoint import CheckpointStore
+
+        return CheckpointStore(self.ctx.run_dir).latest_info(model) is not None
+
+    def _source(self, stream_id: int, models: list[str]) -> StreamSource:
+        import zlib
+
+        base = min(self.ledger.model(m).epochs_done for m in models)
+        salt = zlib.crc32(",".join(sorted(models)).encode()) & 0x7FFFFFFF
+        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.spec.runtime.chunk_samples)
+
+    def _pick_preprocessors(self, groups: list[Group], launching: int) -> tuple[int, ...]:
+        """Least-loaded preprocessors, node-local first; a fair share of all of them.
+
+        Streams that are only draining (every member has left) no longer count."""
+        staying = [s for s in self.streams.values() if s.staying]
+        load = {rank: sum(rank in s.layout.preprocessors for s in staying) for rank in self.topology.preprocessor_ranks()}
+        share = max(1, len(load) // max(1, len(staying) + launching))
+        nodes = {self.topology.node_of(g.ranks[0]) for g in groups}
+        ranked = sorted(load, key=lambda r: (load[r], self.topology.node_of(r) not in nodes, r))
+        return tuple(sorted(ranked[:share]))
+
+    # -- membership changes (pause -> regroup) ------------------------------------------------------
+
+    def _remove_group(self, stream_id: int | None, model: str) -> None:
+        live = self.streams.get(stream_id) if stream_id is not None else None
+        if live is None or model not in live.groups:
+            return
+        live.leaving.add(model)
+        self._request_change(live)
+
+    def _request_change(self, live: LiveStream) -> None:
+        if live.pausing:
+            return
+        live.pausing = True
+        live.awaiting = {rank: -1 for rank in live.layout.preprocessors}
+        version = live.layout.version + 1
+        for rank in live.layout.preprocessors:
+            self._send(Pause(live.layout.stream, version), rank, Tag.PREPROCESSOR)
+
+    def _on_paused(self, reply: Paused) -> None:
+        live = self.streams[reply.stream]
+        live.awaiting[reply.rank] = reply.next_chunk
+        if min(live.awaiting.values()) < 0:
+            return
+        switch = max(max(live.awaiting.values()) + 1, live.last_switch + 1)
+        self._regroup(live, switch)
+
+    def _regroup(self, live: LiveStream, switch: int) -> None:
+        old = live.layout
+        for model in live.leaving:
+            live.groups.pop(model, None)
+        joining, live.joining, live.leaving = live.joining, [], set()
+        for group in joining:
+            live.groups[group.model] = group
+        masters = tuple(g.ranks[0] for g in live.groups.values())
+        live.layout = StreamLayout(old.stream, old.version + 1, old.preprocessors, masters)
+        live.last_switch, live.pausing = switch, False
+        command = Regroup(live.layout, switch)
+        self.log.write("regroup", stream=old.stream, version=live.layout.version, switch=switch,
+                       masters=list(masters), joined=[g.model for g in joining])
+        for rank in old.masters:
+            self._send(command, rank, stream_tag(old.stream))
+        for rank in old.preprocessors:
+            self._send(command, rank, Tag.PREPROCESSOR)
+        for group in joining:
+            self._start_group(live, group, first_chunk=switch)
+        if live.leaving or live.joining:
+            self._request_change(live)
+
+    def _on_stream_done(self, report: StreamDone) -> None:
+        live = self.streams[report.stream]
+        live.done.add(report.rank)
+        live.decoded += report.decoded
+        if live.ended:
+            self.finished_streams.append(self.streams.pop(report.stream))
+            self.log.write("stream_end", stream=report.stream, decoded=live.decoded)
+
+    # -- results --------------------------------------------------------------------------------------
+
+    @property
+    def samples_decoded(self) -> int:
+        return sum(s.decoded for s in self.finished_streams)

@@ -1,0 +1,77 @@
+"""`fleet run` outside MPI: the mpiexec command line that starts every rank of a run."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from fleet.errors import UserError
+from fleet.spec import Spec
+
+DEFAULT_PREPROCESSORS = 1  # per node, when the spec says auto and nothing else decides
+
+
+def ranks_per_node(spec: Spec) -> int:
+    preprocessors = spec.cluster.preprocessors_per_node
+    if preprocessors == "auto":
+        preprocessors = DEFAULT_PREPROCESSORS
+    return spec.cluster.gpus_per_node + preprocessors
+
+
+def local_launch_flags(mpiexec_version: str) -> list[str]:
+    """Flags that make an mpiexec start every rank on this machine, more ranks than cores allowed.
+
+    MPICH's Hydra: ``-launcher fork`` (stay local even inside a Slurm allocation). Open MPI:
+    ``--oversubscribe`` (it refuses more ranks than cores otherwise).
+    """
+    if "HYDRA" in mpiexec_version or "MPICH" in mpiexec_version:
+        return ["-launcher", "fork"]
+    if "Open MPI" in mpiexec_version or "OpenRTE" in mpiexec_version:
+        return ["--oversubscribe"]
+    return []
+
+
+def mpiexec_version(mpiexec: str) -> str:
+    import subprocess
+
+    try:
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout + done.stderr
+
+
+def launcher_for(mpiexec: str) -> list[str]:
+    """``[mpiexec, <flags to run locally>]``: what `mpiexec_command` starts with."""
+    return [mpiexec, *local_launch_flags(mpiexec_version(mpiexec))]
+
+
+def mpiexec_command(
+    spec: Spec, spec_path: str, launcher: list[str], python: str, quiet: bool = False, device: str | None = None
+) -> list[str]:
+    """`launcher` (see `launcher_for`) running `fleet train` on all ranks of `spec` on this machine.
+
+    A spec with several nodes runs them as virtual nodes (consecutive ranks form a node).
+    """
+    per_node = ranks_per_node(spec)
+    command = [*launcher, "-n", str(spec.cluster.nodes * per_node), python, "-m", "fleet", "train", spec_path,
+               "--run-dir", spec.run_dir]
+    if spec.cluster.nodes > 1:
+        command += ["--ranks-per-node", str(per_node)]
+    if quiet:
+        command.append("--quiet")
+    if device:
+        command += ["--device", device]
+    return command
+
+
+def find_mpiexec(python: str = sys.executable) -> str:
+    """The mpiexec beside this Python (the mpich wheel's), else the first on PATH."""
+    beside = Path(python).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise UserError("no mpiexec found: `pip install mpich` (workstations) or load your site's MPI module")
+    return found

@@ -1,0 +1,217 @@
+"""`fleet train`: the per-rank entry point under mpiexec, srun or jsrun.
+
+Every rank reads the spec, takes part in one topology step that gives it its role for the
+whole job, and runs that role's loop: rank 0 is a preprocessor and also runs the
+coordinator in a thread. Any error ends the whole job with one line naming the rank.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import UserError
+from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    spec_path: str
+    run_dir: str | None = None
+    ranks_per_node: int | None = None
+    device: str | None = None
+    quiet: bool = False
+
+
+def train_entry(options: TrainOptions) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    who = RankIdentity(world.rank)
+    process_start = time.monotonic()
+    try:
+        ctx = _start_or_exit(world, who, options)
+        ctx.extras["process_start"] = process_start
+        _run_role(ctx, options)
+        barrier(world, "every rank to finish", ctx.timeout_s)
+    except SystemExit:
+        raise
+    except UserError as exc:
+        abort_job(world, who, str(exc), code=UserError.exit_code)
+    except BaseException as exc:  # any other failure ends the whole job, never a hang
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().replace("\n", " ")
+        if os.environ.get("FLEET_DEBUG"):
+            traceback.print_exc()
+        abort_job(world, who, detail, code=3)
+    return 0
+
+
+def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
+    """`_start`; an error every rank meets alike (spec, topology, run directory) ends the job
+    cleanly: rank 0 prints one line and every rank exits 2."""
+    from fleet.runtime.process import exit_all
+    from fleet.runtime.topology import TopologyError
+    from fleet.spec import SpecError
+
+    try:
+        return _start(world, who, options)
+    except (SpecError, TopologyError, SameOnEveryRank) as exc:
+        exit_all(world, UserError.exit_code, f"fleet train: error: {exc}")
+
+
+class SameOnEveryRank(UserError):
+    """A user error that rank 0 found and broadcast, so every rank raises it."""
+
+
+def _start(world: Any, who: RankIdentity, options: TrainOptions):
+    """Spec, topology and communicators; rank 0 prepares the run directory and the plan."""
+    from fleet.runtime.context import RunContext
+    from fleet.runtime.jobenv import read_job_env
+    from fleet.runtime.topology import bind_device, build_topology
+    from fleet.spec import load_spec
+
+    spec = load_spec(options.spec_path, run_dir=options.run_dir)
+    if options.device:
+        spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"device": options.device})})
+    env = read_job_env(os.environ)
+    topology = build_topology(world, spec.cluster, env, options.ranks_per_node)
+    placement = topology.placements[world.rank]
+    who.role, who.node = placement.role.value, placement.node
+    who.error_log = str(Path(spec.run_dir) / "fleet-errors.log")
+    ctrl, data_parent, group_parent = world.Dup(), world.Dup(), world.Dup()
+    device = "emulated" if spec.cluster.device.value == "emulated" else bind_device(
+        placement, spec.cluster, env, _visible_gpus(spec)
+    )
+    ctx = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
+    shared = bcast_object(world, _rank0_setup(ctx) if world.rank == 0 else None, 0, "the run's set-up from rank 0",
+                          spec.runtime.timeout_s)
+    if isinstance(shared, str):
+        raise SameOnEveryRank(shared)
+    ctx.rates = shared["rates"]
+    ctx.extras["epoch_limits"] = shared["epoch_limits"]
+    _warm_up(ctx, placement.role.value)
+    barrier(world, "every rank to finish starting up", spec.runtime.timeout_s)
+    return ctx
+
+
+def _warm_up(ctx, role: str) -> None:
+    """Open the data set and do the one-time imports before the clock starts.
+
+    Trainers also decode the validation set (each rank once: a master evaluates on it after
+    every epoch), so the first epoch is not slowed by it.
+    """
+    _ = ctx.train_idx, ctx.pipeline
+    if role != "trainer":
+        return
+    _ = ctx.validation
+    modules = ["fleet.engines", "fleet.runtime.collectives", "fleet.runtime.trainer"]  # torch is the slow part
+    if ctx.spec.runtime.collective != "mpi":
+        modules.append("torch.distributed")
+    for module in modules:
+        importlib.import_module(module)
+
+
+def _visible_gpus(spec) -> int | None:
+    if spec.cluster.device.value != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _rank0_setup(ctx) -> dict | str:
+    """Run directory and plan on rank 0; a user error becomes its message for every rank."""
+    from fleet.runtime.setup import epoch_limits, plan_run, prepare_run_dir
+
+    try:
+        run_dir = prepare_run_dir(ctx.spec)
+        plan = plan_run(ctx.spec, run_dir, len(ctx.train_idx))
+    except UserError as exc:
+        return str(exc)
+    ctx.extras["plan"] = plan
+    return {"rates": plan.rates, "epoch_limits": epoch_limits(ctx.spec, plan.rates)}
+
+
+def _run_role(ctx, options: TrainOptions) -> None:
+    """The rank's loop. Each role imports only its own modules: a preprocessor never loads
+    torch, whose import would steal a core from the others just as the run starts."""
+    from fleet.runtime.topology import Role
+
+    role = ctx.topology.placements[ctx.rank].role
+    coordinator = _start_coordinator(ctx, options) if ctx.rank == 0 else None
+    if role is Role.TRAINER:
+        from fleet.runtime.trainer import TrainerLoop
+
+        TrainerLoop(ctx).run()
+    else:
+        from fleet.runtime.preprocessor import PreprocessorLoop
+
+        PreprocessorLoop(ctx).run()
+    if coordinator is not None:
+        coordinator.join()
+        if coordinator.error is not None:
+            raise coordinator.error
+
+
+class CoordinatorThread(threading.Thread):
+    def __init__(self, ctx, options: TrainOptions):
+        super().__init__(name="coordinator", daemon=True)
+        self.ctx, self.options = ctx, options
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            _coordinate(self.ctx, self.options)
+        except BaseException as exc:
+            self.error = exc
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().replace("\n", " ")
+            if os.environ.get("FLEET_DEBUG"):
+                traceback.print_exc()
+            code = UserError.exit_code if isinstance(exc, UserError) else 3
+            who = RankIdentity(0, "coordinator", 0, self.ctx.who.error_log)
+            abort_job(self.ctx.world, who, detail, code=code)
+
+
+def _start_coordinator(ctx, options: TrainOptions) -> CoordinatorThread:
+    thread = CoordinatorThread(ctx, options)
+    thread.start()
+    return thread
+
+
+def _coordinate(ctx, options: TrainOptions) -> None:
+    from fleet.runtime.console import Console
+    from fleet.runtime.coordinator import Coordinator
+    from fleet.runtime.events import EventLog
+    from fleet.runtime.setup import write_run
+
+    spec, plan = ctx.spec, ctx.extras["plan"]
+    run_dir = Path(ctx.run_dir)
+    console = Console(quiet=options.quiet)
+    log = EventLog(run_dir / "events.jsonl")
+    started = time.monotonic()
+    startup_s = started - ctx.extras["process_start"]
+    log.write("run_start", startup_s=startup_s, policy=spec.scheduler.policy, gpus=spec.cluster.gpus, ranks=ctx.world.size,
+              models=len(spec.models), resumed=plan.resumed, already_converged=plan.already_converged,
+              rates=plan.rates_source, device=spec.cluster.device.value)
+    console.banner(
+        f"fleet: {spec.name}: {len(plan.ledger.views)} of {len(spec.models)} models to train with "
+        f"{spec.scheduler.policy} on {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} "
+        f"{spec.cluster.device.value} trainer(s), {len(ctx.topology.preprocessor_ranks())} preprocessor(s); "
+        f"rates {plan.rates_source}"
+    )
+    coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console)
+    coordinator.run()
+    makespan = time.monotonic() - started
+    result = write_run(spec, run_dir, coordinator, makespan, startup_s)
+    log.write("run_end", makespan=makespan, rounds=result.rounds, samples_decoded=result.samples_decoded)
+    log.close()
+    console.banner(
+        f"done in {makespan:.1f} s, {result.rounds} round(s), {result.samples_decoded:,} samples decoded; "
+        f"results in {run_dir / 'results.json'}"
+    )

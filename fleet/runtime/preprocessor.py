@@ -1,0 +1,198 @@
+"""Preprocessor ranks: decode each stream's chunks once and send them to the stream's masters.
+
+Chunk k of a stream is decoded by preprocessor `k % P` of the stream and sent (a
+synchronous send, so it completes only when the master has taken it: natural flow
+control) to the paired master, which broadcasts it to the other masters. A preprocessor
+may serve several streams (Baseline runs one stream per model) and produces round robin
+for every stream whose window (its share of Qp) has room. Preprocessors never create
+communicators, so they never block on another rank.
+
+Membership changes at a chunk boundary chosen by the coordinator: `Pause` stops new chunks
+and reports the next index; `Regroup` gives the switch chunk and the new layout. Every chunk
+decoded after the regroup carries the notice in its header, so each master learns the
+switch from the data before it has to act on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.runtime.chunks import ChunkLayout, StreamOrder, chunk_tag, write_header
+from fleet.runtime.context import RunContext
+from fleet.runtime.protocol import KeepAlive, Pause, Paused, Regroup, Shutdown, StartStream, StreamDone, StreamLayout, Tag
+from fleet.runtime.waiting import HOT, IDLE, WaitTimeout, send_object
+
+
+@dataclass
+class InFlight:
+    chunk: int
+    buffer: Any
+    request: Any
+    dest: int
+
+
+@dataclass
+class StreamProducer:
+    """This preprocessor's part of one stream."""
+
+    ctx: RunContext
+    layouts: list[tuple[int, StreamLayout]]  # (first chunk, layout), ascending
+    order: StreamOrder
+    chunks: ChunkLayout
+    window: int
+    next_chunk: int = 0
+    paused: bool = False
+    in_flight: deque = field(default_factory=deque)
+    free: list = field(default_factory=list)
+    decoded: int = 0
+    last_progress: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.j = self.layout_at(0).preprocessors.index(self.ctx.rank)
+        self.stride = len(self.layout_at(0).preprocessors)
+        self.next_chunk = self.j
+
+    @property
+    def stream(self) -> int:
+        return self.layouts[0][1].stream
+
+    def layout_at(self, chunk: int) -> StreamLayout:
+        return [layout for first, layout in self.layouts if first <= chunk][-1]
+
+    def regroup(self, message: Regroup) -> None:
+        self.layouts.append((message.switch_chunk, message.layout))
+        self.paused = False
+
+    @property
+    def finished(self) -> bool:
+        return not self.layout_at(self.next_chunk).masters and not self.in_flight
+
+    def can_produce(self) -> bool:
+        return not self.paused and len(self.in_flight) < self.window and bool(self.layout_at(self.next_chunk).masters)
+
+    def produce(self) -> None:
+        chunk = self.next_chunk
+        layout = self.layout_at(chunk)
+        buffer = self.free.pop() if self.free else self.chunks.new_buffer()
+        self.decoded += self._decode(chunk, buffer)
+        dest = layout.owner(chunk)
+        request = self.ctx.data_parent.Issend(buffer, dest=dest, tag=chunk_tag(layout.stream, chunk))
+        self.in_flight.append(InFlight(chunk, buffer, request, dest))
+        self.next_chunk += self.stride
+        self.last_progress = time.monotonic()
+
+    def _decode(self, chunk: int, buffer) -> int:
+        indices = self.order.indices(chunk)
+        count = len(indices)
+        raw = self.ctx.reader.read(indices)
+        self.ctx.pipeline(raw, self.order.rng(chunk), train=True, out=self.chunks.images(buffer)[:count])
+        self.chunks.labels(buffer)[:count] = raw.labels
+        newest_first, newest = self.layouts[-1]
+        notice = (newest.version, newest_first) if newest_first > chunk else (0, 0)
+        write_header(self.chunks.header(buffer), chunk, self.order.epoch_of(chunk), count, regroup=notice)
+        return count
+
+    def progress(self) -> bool:
+        """Recycle the buffers of chunks their masters have taken."""
+        moved = False
+        while self.in_flight and self.in_flight[0].request.Test():
+            self.free.append(self.in_flight.popleft().buffer)
+            moved = True
+        if moved:
+            self.last_progress = time.monotonic()
+        return moved
+
+    def check_stuck(self, timeout_s: float) -> None:
+        if self.in_flight and time.monotonic() - self.last_progress > timeout_s:
+            item = self.in_flight[0]
+            raise WaitTimeout(
+                f"timed out after {timeout_s:g} s waiting for master rank {item.dest} "
+                f"to take chunk {item.chunk} of stream {self.stream}"
+            )
+
+
+class PreprocessorLoop:
+    """The main loop of a preprocessor rank."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.streams: dict[int, StreamProducer] = {}
+        self.turn = 0
+        self.decoded = 0
+        rt = ctx.spec.runtime
+        self.window_total = max(1, rt.qp_samples // rt.chunk_samples)
+
+    def run(self) -> None:
+        quiet_since = time.monotonic()
+        sleeps = IDLE.sleeps()
+        while True:
+            handled = self._commands()
+            if handled is None:
+                return
+            busy = handled | self._progress_all() | self._produce_one()
+            for producer in self.streams.values():
+                producer.check_stuck(self.ctx.timeout_s)
+            if handled:
+                quiet_since = time.monotonic()
+            elif not self.streams and time.monotonic() - quiet_since > self.ctx.timeout_s:
+                raise WaitTimeout(f"timed out after {self.ctx.timeout_s:g} s waiting for a command from the coordinator")
+            if busy:
+                sleeps = HOT.sleeps()
+            else:
+                time.sleep(next(sleeps))
+
+    def _commands(self) -> bool | None:
+        """Handle pending commands; None means shut down."""
+        handled = False
+        while (message := self.ctx.ctrl.improbe(source=0, tag=Tag.PREPROCESSOR)) is not None:
+            command = message.recv()
+            handled = True
+            if isinstance(command, Shutdown):
+                return None
+            if not isinstance(command, KeepAlive):
+                self._handle(command)
+        return handled
+
+    def _handle(self, command: Any) -> None:
+        if isinstance(command, StartStream):
+            self.streams[command.layout.stream] = self._producer(command)
+        elif isinstance(command, Pause):
+            producer = self.streams[command.stream]
+            producer.paused = True
+            reply = Paused(command.stream, command.version, self.ctx.rank, producer.next_chunk)
+            send_object(self.ctx.ctrl, reply, 0, Tag.REPORT, "the coordinator to take a pause reply", self.ctx.timeout_s)
+        elif isinstance(command, Regroup):
+            self.streams[command.layout.stream].regroup(command)
+        else:
+            raise TypeError(f"preprocessor got an unexpected command {command!r}")
+
+    def _producer(self, command: StartStream) -> StreamProducer:
+        order = StreamOrder(self.ctx.train_idx, command.source)
+        chunks = ChunkLayout(command.source.chunk_samples, self.ctx.input_shape)
+        window = max(1, self.window_total // max(1, len(self.streams) + 1))
+        return StreamProducer(self.ctx, [(0, command.layout)], order, chunks, window)
+
+    def _progress_all(self) -> bool:
+        moved = False
+        for stream_id in list(self.streams):
+            producer = self.streams[stream_id]
+            moved |= producer.progress()
+            if producer.finished:
+                del self.streams[stream_id]
+                self.decoded += producer.decoded
+                done = StreamDone(stream_id, self.ctx.rank, producer.decoded)
+                send_object(self.ctx.ctrl, done, 0, Tag.REPORT, "the coordinator to take a stream report", self.ctx.timeout_s)
+                moved = True
+        return moved
+
+    def _produce_one(self) -> bool:
+        ready = [p for p in self.streams.values() if p.can_produce()]
+        if not ready:
+            return False
+        self.turn += 1
+        ready[self.turn % len(ready)].produce()
+        return True
+

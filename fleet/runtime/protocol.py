@@ -1,0 +1,186 @@
+"""Control-plane messages between the coordinator (rank 0) and the other ranks.
+
+They are small pickled objects sent with `isend` on the control communicator; the data
+plane (sample chunks, gradients) never goes through here. Tags separate the receivers:
+a trainer's main thread, a master's stream thread, a preprocessor, and the coordinator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Tag(int, Enum):
+    TRAINER = 11  # coordinator -> a trainer rank's main thread
+    PREPROCESSOR = 13  # coordinator -> a preprocessor
+    REPORT = 14  # any rank -> coordinator
+
+
+def stream_tag(stream: int) -> int:
+    """Tag of commands for a master's stream thread (one tag per stream, so a draining
+    thread of an old stream never takes the messages of a new one on the same rank)."""
+    return 1000 + stream % 30_000
+
+
+# ---------------------------------------------------------------- stream layout
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """Who moves one stream's chunks from a given chunk index on.
+
+    Chunk k is decoded by preprocessor `preprocessors[k % P]`, sent to its paired master
+    `owner(k)` (its Qp), which broadcasts it to all `masters` on the masters' communicator
+    of this layout version.
+    """
+
+    stream: int
+    version: int
+    preprocessors: tuple[int, ...]
+    masters: tuple[int, ...]
+
+    def owner(self, chunk: int) -> int:
+        """The master paired with the preprocessor of `chunk` (the broadcast root)."""
+        j = chunk % len(self.preprocessors)
+        return self.masters[j % len(self.masters)]
+
+    @property
+    def comm_tag(self) -> int:
+        """Tag for creating the masters' communicator of this version (unique per stream and version)."""
+        return 50_000 + (self.stream % 4096) * 64 + self.version % 64
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """What a stream decodes: the order of samples, the chunk size, the base epoch key."""
+
+    seed: int
+    salt: int
+    base_epoch: int
+    chunk_samples: int
+
+
+# ---------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class StartMember:
+    """Train `model` as one group of `ranks` (master first) on stream `layout.stream`."""
+
+    model: str
+    group_uid: int
+    ranks: tuple[int, ...]
+    layout: StreamLayout
+    source: StreamSource
+    first_chunk: int
+    round: int
+    resume: bool
+    epoch_limit: int | None = None  # emulated device: converge after this many epochs
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """From chunk `switch_chunk` on, the stream moves with `layout` (masters may join or leave)."""
+
+    layout: StreamLayout
+    switch_chunk: int
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Preprocessors: stop starting chunks of `stream`; reply with the next chunk index."""
+
+    stream: int
+    version: int
+
+
+@dataclass(frozen=True)
+class StartStream:
+    """Preprocessors: decode `source` for `layout` from chunk 0."""
+
+    layout: StreamLayout
+    source: StreamSource
+
+
+@dataclass(frozen=True)
+class CheckpointModel:
+    """Master: checkpoint `model` at the next step boundary and leave the stream."""
+
+    model: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Every rank: the run is over (or aborted by a signal after its checkpoints)."""
+
+    reason: str = "done"
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """Idle ranks: the coordinator is alive; keep waiting."""
+
+
+# ---------------------------------------------------------------- reports
+
+
+@dataclass(frozen=True)
+class Paused:
+    stream: int
+    version: int
+    rank: int
+    next_chunk: int
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """A model finished an epoch (reported by its master)."""
+
+    model: str
+    stream: int
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_accuracy: float
+    samples_per_s: float  # the group's own compute rate (no waiting for data)
+    stream_samples_per_s: float  # what the group actually consumed per second
+    lr: float
+    epoch_s: float
+    checkpoint_s: float
+    stop_reason: str | None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Heartbeat of a training model (also feeds the console)."""
+
+    model: str
+    epoch: int
+    epoch_samples: int
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class MemberLeft:
+    """A group left its stream: converged, or checkpointed on request."""
+
+    model: str
+    stream: int
+    group_uid: int
+    converged: bool
+    epochs: int
+    epoch_samples: int
+    gpu_seconds: float
+    checkpoint_s: float
+    parameters: int
+    val_decoded: int = 0  # validation samples this rank decoded since its last report
+
+
+@dataclass(frozen=True)
+class StreamDone:
+    """A preprocessor finished its part of a stream."""
+
+    stream: int
+    rank: int
+    decoded: int

@@ -1,0 +1,57 @@
+"""The rate table the coordinator plans with: measured (profile.json) or estimated from FLOPs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from fleet.errors import UserError
+from fleet.spec import Spec
+
+ASSUMED_FLOPS = {"cpu": 2e10, "cuda": 5e12}  # sustained FLOP/s of a trainer slot, for estimates only
+SCALING = 0.9  # r(m) = r(1) * m ** SCALING in estimates
+
+
+def estimated_profile(spec: Spec, samples_per_epoch: int, flops_per_sample: dict[str, int]) -> dict:
+    """A profile-shaped dict with rates guessed from FLOPs (training = 3x the forward pass)."""
+    device_flops = ASSUMED_FLOPS["cuda" if spec.cluster.device.value == "cuda" else "cpu"]
+    gpus = spec.cluster.gpus
+    models = []
+    for model in spec.models:
+        r1 = device_flops / max(1, 3 * flops_per_sample[model.id])
+        models.append({"id": model.id, "rates": {str(m): r1 * m**SCALING for m in range(1, gpus + 1)}})
+    return {
+        "schema": 1,
+        "gpus_per_node": spec.cluster.gpus_per_node,
+        "samples_per_epoch": samples_per_epoch,
+        "models": models,
+        "source": "estimated from FLOPs per sample (no profile.json; run `fleet profile` to measure)",
+    }
+
+
+def load_run_profile(run_dir: str | Path, spec: Spec):
+    """The RateTable of `run_dir/profile.json` when it covers every model of `spec`, else None."""
+    from fleet.schedule_io import load_profile
+
+    path = Path(run_dir) / "profile.json"
+    if not path.exists():
+        return None
+    rates = load_profile(path)
+    missing = [m.id for m in spec.models if m.id not in set(rates.ids)]
+    if missing:
+        raise UserError(f"{path}: has no rates for {len(missing)} model(s) of the spec, e.g. {missing[0]!r}")
+    return rates
+
+
+def epochs_estimate(rates, spec: Spec) -> list[float]:
+    """Per model: the profile's `epochs` when given, else the spec's max_epochs."""
+    out = []
+    for profile in rates.models:
+        epochs = getattr(profile, "epochs", None)
+        out.append(float(epochs) if epochs else float(spec.model(profile.id).train.max_epochs))
+    return out
+
+
+def emulated_epochs(rates, model_id: str, spec: Spec) -> int:
+    epochs = getattr(rates.models[rates.index(model_id)], "epochs", None)
+    return max(1, math.ceil(epochs)) if epochs else spec.model(model_id).train.max_epochs

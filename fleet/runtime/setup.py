@@ -1,0 +1,153 @@
+"""Rank 0's set-up before the coordinator starts, and its write-up after the run.
+
+Set-up: the run directory (a run started again in the same directory resumes it, but only
+with the same ensemble), the rate table (profile.json, or an estimate from FLOPs), the
+policy, and the books (models already converged are left out; checkpointed ones are
+PAUSED with their epochs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleet.atomic import atomic_write_json, atomic_write_text
+from fleet.errors import UserError
+from fleet.report.results import ModelResult, RunResult, write_results
+from fleet.runtime.checkpoint import CheckpointStore
+from fleet.runtime.coordinator import ModelRecord
+from fleet.runtime.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
+from fleet.schedule import RateTable, create_policy
+from fleet.schedule.ledger import Ledger
+from fleet.spec import Spec, parse_spec
+
+
+@dataclass
+class RunPlan:
+    """Everything rank 0 prepares before the ranks start working."""
+
+    rates: RateTable
+    rates_source: str
+    policy: Any
+    ledger: Ledger
+    records: dict[str, ModelRecord]
+    resumed: list[str]
+    already_converged: list[str]
+
+
+def check_same_ensemble(run_dir: Path, spec: Spec) -> None:
+    """A run directory holds one ensemble: resuming it with another spec is an error."""
+    saved = run_dir / "spec.yaml"
+    if not saved.exists():
+        return
+    try:
+        previous = parse_spec(yaml.safe_load(saved.read_text()), check_paths=False)
+    except UserError as exc:
+        raise UserError(f"{saved}: cannot read the spec of the earlier run: {exc}") from None
+    if previous.models != spec.models or previous.data.model_copy(update={"path": None}) != spec.data.model_copy(
+        update={"path": None}
+    ):
+        raise UserError(
+            f"{run_dir}: holds a run of a different ensemble ({saved}); use another --run-dir to start afresh"
+        )
+
+
+def prepare_run_dir(spec: Spec) -> Path:
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_same_ensemble(run_dir, spec)
+    atomic_write_text(run_dir / "spec.yaml", spec.to_yaml())
+    return run_dir
+
+
+def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateTable, str]:
+    measured = load_run_profile(run_dir, spec)
+    if measured is not None:
+        return measured, f"measured ({run_dir / 'profile.json'})"
+    if spec.cluster.device.value == "emulated":
+        raise UserError(f"cluster.device: emulated needs {run_dir / 'profile.json'} with rates for every model")
+    from fleet.inspect import describe_ensemble
+
+    flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
+    return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops)), "estimated from FLOPs"
+
+
+def policy_for(spec: Spec):
+    options: dict[str, Any] = {}
+    if spec.scheduler.policy in ("fleet-g", "fleet-l"):
+        options["delta"] = spec.scheduler.delta
+    if spec.scheduler.policy == "fleet-g":
+        options["alpha"] = spec.scheduler.alpha
+    return create_policy(spec.scheduler.policy, seed=spec.seed, **options)
+
+
+def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
+    """Rates, policy and books for the models still to train."""
+    rates, source = rate_table(spec, run_dir, samples_per_epoch)
+    store = CheckpointStore(run_dir)
+    infos = {m.id: store.latest_info(m.id) for m in spec.models}
+    converged = [i for i, info in infos.items() if info and info.get("converged")]
+    remaining = [p for p in rates.models if p.id in {m.id for m in spec.models} and p.id not in converged]
+    todo = RateTable(tuple(remaining), rates.gpus_per_node, rates.samples_per_epoch, rates.extra)
+    resumed = [p.id for p in remaining if infos.get(p.id)]
+    epochs_done = {i: int(infos[i]["epochs"]) for i in resumed}
+    records = {m.id: ModelRecord(family=m.family) for m in spec.models}
+    for model_id in converged + resumed:
+        checkpoint = store.load(model_id)
+        record = records[model_id]
+        record.epochs, record.history = checkpoint.epochs, list(checkpoint.history)
+        record.converged, record.stop_reason = checkpoint.converged, checkpoint.stop_reason
+        record.gpu_seconds = checkpoint.gpu_seconds
+    ledger = Ledger(todo, epochs_estimate(todo, spec), spec.cluster.gpus, spec.cluster.gpus_per_node,
+                    epochs_done, paused=resumed)
+    return RunPlan(todo, source, policy_for(spec), ledger, records, resumed, converged)
+
+
+def epoch_limits(spec: Spec, rates: RateTable) -> dict[str, int]:
+    """The emulated device converges each model after the profile's epochs."""
+    if spec.cluster.device.value != "emulated":
+        return {}
+    return {p.id: emulated_epochs(rates, p.id, spec) for p in rates.models}
+
+
+def model_result(model_id: str, record: ModelRecord, metric: str) -> ModelResult:
+    history = record.history
+    values = [h.get(metric) for h in history]
+    accuracies = [h.get("val_accuracy") for h in history if h.get("val_accuracy") is not None]
+    best_epoch, best = 0, None
+    for k, value in enumerate(values, start=1):
+        if value is None:
+            continue
+        better = best is None or (value > best if metric == "val_accuracy" else value < best)
+        if better:
+            best, best_epoch = value, k
+    return ModelResult(
+        id=model_id, family=record.family, parameters=record.parameters, epochs=record.epochs,
+        converged=record.converged, stop_reason=record.stop_reason, metric=metric, best_metric=best,
+        best_epoch=best_epoch, best_val_accuracy=max(accuracies) if accuracies else None,
+        final_train_loss=history[-1]["train_loss"] if history else None, gpu_seconds=record.gpu_seconds,
+        history=history,
+    )
+
+
+def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s: float) -> RunResult:
+    """results.json, leaderboard.csv and plan.json of a finished run."""
+    models = [
+        model_result(m.id, coordinator.records[m.id], m.train.stop.metric.value) for m in spec.models
+    ]
+    policy = spec.scheduler.policy
+    result = RunResult(
+        name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=makespan,
+        rounds=coordinator.ledger.round + 1, samples_decoded=coordinator.samples_decoded,
+        overhead_s={"planning": coordinator.planning_s, "checkpoint": coordinator.checkpoint_s,
+                    "startup": startup_s},
+        validation_samples_decoded=coordinator.val_decoded,
+        models=models,
+    )
+    write_results(run_dir, result)
+    plan = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": coordinator.plan_rounds}
+    atomic_write_json(run_dir / "plan.json", plan)
+    return result

@@ -1,0 +1,345 @@
+"""Trainer ranks: wait for work, then train one model as one group of m trainers at a time.
+
+Every step of a group is synchronous: a tiny control allreduce first (samples this trainer
+has, whether it still has data this epoch, whether the master asks to stop), then the
+gradient allreduce, each trainer's gradient weighted by its share of the step's samples,
+so the group's step equals one process's step on the union of the shares. The epoch ends
+when no trainer has data left in it; then BatchNorm statistics are averaged, the master
+evaluates, checkpoints and reports, and the group goes on or leaves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleet.runtime.checkpoint import CheckpointStore, ModelCheckpoint
+from fleet.runtime.context import RunContext
+from fleet.runtime.protocol import (
+    CheckpointModel,
+    EpochReport,
+    KeepAlive,
+    MemberLeft,
+    Progress,
+    Shutdown,
+    StartMember,
+    Tag,
+)
+from fleet.runtime.queues import Batch, Batcher, SampleQueue
+from fleet.runtime.stop import StopReason, StopTracker
+from fleet.runtime.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
+from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
+
+PROGRESS_EVERY_S = 10.0
+
+
+def create_group_comm(parent: Any, ranks: tuple[int, ...], uid: int) -> Any:
+    group = parent.Get_group().Incl(list(ranks))
+    try:
+        return parent.Create_group(group, tag=60_000 + uid % 60_000)
+    finally:
+        group.Free()
+
+
+@dataclass
+class EpochTotals:
+    """What the group did in the current epoch (the same on every trainer of the group)."""
+
+    samples: int = 0
+    loss_sum: float = 0.0
+    compute_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+
+class GroupTraining:
+    """One model trained by one group until it converges or is asked to leave."""
+
+    def __init__(self, ctx: RunContext, start: StartMember, group_comm: Any):
+        self.ctx, self.start, self.group_comm = ctx, start, group_comm
+        self.model = ctx.spec.model(start.model)
+        self.is_master = group_comm.rank == 0
+        self.size = group_comm.size
+        self.store = CheckpointStore(ctx.run_dir)
+        self.engine = self._build_engine()
+        self.collective = self._collective()
+        self.tracker = StopTracker(self.model.train.stop, start.epoch_limit or self.model.train.max_epochs)
+        self.history: list[dict] = []
+        self.gpu_seconds = 0.0
+        epoch_samples = self._resume()
+        self.collective.broadcast_engine(self.engine)
+        self.totals = EpochTotals(samples=epoch_samples)
+        self.stop_requested = False
+        self.checkpoint_s = 0.0
+        self.last_progress = time.monotonic()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _build_engine(self):
+        from fleet.engines import create_engine
+
+        ctx, device = self.ctx, self.ctx.device
+        threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
+        extras = {}
+        if device == "emulated":
+            extras = {"rates": ctx.rates, "group_size": self.size, "epochs_to_converge": self.start.epoch_limit}
+        return create_engine(self.model, ctx.input_shape, ctx.num_classes, device=device, threads=threads, **extras)
+
+    def _collective(self):
+        from fleet.runtime.collectives import create_collective
+
+        device = "cpu" if self.ctx.device == "emulated" else self.ctx.device
+        return create_collective(self.ctx.spec.runtime.collective, self.group_comm, device, self.ctx.timeout_s)
+
+    def _resume(self) -> int:
+        """Load the model's checkpoint when the command says so; returns the epoch's data position."""
+        if not self.start.resume:
+            return 0
+        checkpoint = self.store.load(self.model.id)
+        if checkpoint is None:
+            return 0
+        self.engine.load_state(checkpoint.engine_state)
+        self.tracker = StopTracker.from_dict(self.model.train.stop, checkpoint.stop)
+        self.tracker.max_epochs = self.start.epoch_limit or self.model.train.max_epochs
+        self.history = list(checkpoint.history)
+        self.gpu_seconds = checkpoint.gpu_seconds
+        return checkpoint.epoch_samples
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> MemberLeft:
+        began = time.monotonic()
+        qt = SampleQueue(self.ctx.spec.runtime.qt_samples, f"Qt of {self.model.id}")
+        share_comm = self.group_comm.Dup()
+        if self.is_master:
+            clock = MemberClock(len(self.ctx.train_idx), self.totals.samples)
+            stream: StreamThread = MasterStream(self.ctx, self.start, share_comm, qt, clock)
+        else:
+            stream = WorkerShares(self.ctx, self.start, share_comm, qt)
+        stream.start()
+        rt = self.ctx.spec.runtime
+        batcher = Batcher(qt, self.model.train.batch_size, rt.qd_batches, self.ctx.timeout_s, self.model.id)
+        try:
+            converged = self._train(batcher, stream)
+        finally:
+            stream.request_leave()
+            batcher.stop()
+        self.gpu_seconds += (time.monotonic() - began) * self.size
+        if not converged:
+            self._save_checkpoint()
+        self.ctx.extras.setdefault("draining", []).append(stream)
+        self.collective.close()
+        return MemberLeft(
+            self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
+            self.totals.samples, self.gpu_seconds, self.checkpoint_s, self.engine.num_parameters,
+            self.ctx.extras.pop("val_decoded", 0),
+        )
+
+    def _train(self, batcher: Batcher, stream: StreamThread) -> bool:
+        """Steps until the model converges (True) or the master asks to leave (False)."""
+        done_this_epoch = False
+        while True:
+            if self.is_master:
+                self._poll_commands()
+            batch = self._next_batch(batcher, stream) if not done_this_epoch else None
+            count = batch.count if batch is not None else 0
+            has_more = batch is not None and not batch.epoch_end and not batch.leave
+            control = np.array([count, float(has_more), float(self.is_master and self.stop_requested)])
+            if self.size > 1:
+                self.collective.allreduce_sum(control)
+            total, more, stop = control
+            if stop > 0:
+                return False
+            if total > 0:
+                self._step(batch, count, total)
+            done_this_epoch = done_this_epoch or not has_more
+            if more == 0:
+                if self._end_epoch():
+                    return True
+                done_this_epoch = False
+            elif self.is_master:
+                self._maybe_progress()
+
+    def _next_batch(self, batcher: Batcher, stream: StreamThread) -> Batch:
+        try:
+            batch = batcher.get()
+        except WaitTimeout:
+            if stream.error is not None:
+                raise stream.error
+            raise
+        if batch.leave and stream.error is not None:
+            raise stream.error
+        return batch
+
+    def _step(self, batch: Batch | None, count: int, total: float) -> None:
+        started = time.monotonic()
+        engine = self.engine
+        if count > 0:
+            loss = engine.compute_gradients(batch.x, batch.y)
+            self.totals.loss_sum += loss * count
+            if count != total:
+                scale_gradients(engine, count / total)
+        else:
+            scale_gradients(engine, 0.0)
+        if self.size > 1:
+            self.collective.allreduce_gradients(engine)
+        engine.apply_gradients()
+        self.totals.samples += int(total)
+        self.totals.compute_s += time.monotonic() - started
+
+    # -- epochs ---------------------------------------------------------------------------
+
+    def _end_epoch(self) -> bool:
+        """Close the epoch on every trainer of the group; True when the model converged."""
+        sums = np.array([self.totals.loss_sum, self.totals.compute_s])
+        if self.size > 1:
+            self.collective.allreduce_sum(sums)
+            self._average_buffers()
+        samples = max(1, self.totals.samples)
+        train_loss = sums[0] / samples
+        compute_rate = samples / max(1e-9, sums[1] / self.size)
+        epoch_s = time.monotonic() - self.totals.started
+        lr = self.engine.lr
+        decision = np.zeros(1)
+        if self.is_master:
+            reason = self._evaluate_and_report(train_loss, compute_rate, samples / max(epoch_s, 1e-9), epoch_s, lr)
+            decision[0] = float(reason is not None)
+        else:
+            self.engine.end_epoch()
+        if self.size > 1:
+            self.collective.allreduce_sum(decision)
+        self.totals = EpochTotals()
+        return decision[0] > 0
+
+    def _average_buffers(self) -> None:
+        buffers = self.engine.flat_buffers()
+        if buffers.size:
+            buffers = buffers.astype(np.float64)
+            self.collective.allreduce_sum(buffers)
+            self.engine.load_flat_buffers((buffers / self.size).astype(np.float32))
+
+    def _evaluate_and_report(self, train_loss, compute_rate, stream_rate, epoch_s, lr) -> StopReason | None:
+        val_x, val_y = self.ctx.validation
+        metrics = self.engine.evaluate(val_x, val_y)
+        self.engine.end_epoch()
+        reason = self.tracker.update(
+            {"train_loss": train_loss, "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]}
+        )
+        record = {
+            "epoch": self.tracker.epochs, "train_loss": train_loss, "val_loss": metrics["loss"],
+            "val_accuracy": metrics["accuracy"], "samples_per_s": compute_rate, "lr": lr, "epoch_s": epoch_s,
+        }
+        self.history.append(record)
+        self.totals = EpochTotals()
+        self._save_checkpoint()
+        report = EpochReport(
+            self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
+            metrics["accuracy"], compute_rate, stream_rate, lr, epoch_s, self.checkpoint_s,
+            reason.value if reason else None,
+        )
+        send_object(self.ctx.ctrl, report, 0, Tag.REPORT, "the coordinator to take an epoch report", self.ctx.timeout_s)
+        return reason
+
+    def _save_checkpoint(self) -> None:
+        if not self.is_master:
+            return
+        started = time.monotonic()
+        reason = self.tracker.reason
+        checkpoint = ModelCheckpoint(
+            model_id=self.model.id, engine_state=self.engine.state(), stop=self.tracker.to_dict(),
+            history=self.history, epochs=self.tracker.epochs, epoch_samples=self.totals.samples,
+            gpu_seconds=self.gpu_seconds, converged=reason is not None,
+            stop_reason=reason.value if reason else None,
+            meta={"round": self.start.round, "stream": self.start.layout.stream, "gpus": self.size},
+        )
+        self.store.save(checkpoint)
+        self.checkpoint_s += time.monotonic() - started
+
+    # -- the master's mailbox ---------------------------------------------------------------
+
+    def _poll_commands(self) -> None:
+        while (message := self.ctx.ctrl.improbe(source=0, tag=Tag.TRAINER)) is not None:
+            command = message.recv()
+            if isinstance(command, CheckpointModel) and command.model == self.model.id:
+                self.stop_requested = True
+            elif not isinstance(command, (KeepAlive, CheckpointModel)):
+                self.ctx.extras.setdefault("pending", []).append(command)
+
+    def _maybe_progress(self) -> None:
+        now = time.monotonic()
+        if now - self.last_progress < min(PROGRESS_EVERY_S, self.ctx.timeout_s / 4):
+            return
+        self.last_progress = now
+        rate = self.totals.samples / max(1e-9, now - self.totals.started)
+        progress = Progress(self.model.id, self.tracker.epochs, self.totals.samples, rate)
+        send_object(self.ctx.ctrl, progress, 0, Tag.REPORT, "the coordinator to take a progress report", self.ctx.timeout_s)
+
+
+def scale_gradients(engine, factor: float) -> None:
+    """Multiply the engine's gradient buffer in place (a view on the CPU, a tensor on CUDA)."""
+    tensor = getattr(engine, "flat_gradients_tensor", None)
+    if tensor is not None:
+        tensor().mul_(factor)
+        return
+    engine.load_flat_gradients(engine.flat_gradients() * factor)
+
+
+class TrainerLoop:
+    """The main loop of a trainer rank: idle until a `StartMember`, train, report, repeat."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def run(self) -> None:
+        while True:
+            command = self._next_command()
+            if isinstance(command, Shutdown):
+                self._finish_draining()
+                return
+            if isinstance(command, StartMember):
+                self._run_member(command)
+
+    def _next_command(self):
+        pending = self.ctx.extras.get("pending")
+        if pending:
+            return pending.pop(0)
+        deadline = time.monotonic() + self.ctx.timeout_s
+        sleeps = IDLE.sleeps()
+        while True:
+            message = self.ctx.ctrl.improbe(source=0, tag=Tag.TRAINER)
+            if message is not None:
+                command = message.recv()
+                if isinstance(command, (KeepAlive, CheckpointModel)):
+                    deadline = time.monotonic() + self.ctx.timeout_s
+                    continue
+                return command
+            self._reap_draining()
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"timed out after {self.ctx.timeout_s:g} s waiting for a command from the coordinator")
+            time.sleep(next(sleeps))
+
+    def _run_member(self, start: StartMember) -> None:
+        self.ctx.who.role = f"trainer of {start.model}"
+        group_comm = create_group_comm(self.ctx.group_parent, start.ranks, start.group_uid)
+        try:
+            training = GroupTraining(self.ctx, start, group_comm)
+            left = training.run()
+        finally:
+            group_comm.Free()
+        self.ctx.who.role = "trainer"
+        if start.ranks[0] == self.ctx.rank:
+            send_object(self.ctx.ctrl, left, 0, Tag.REPORT, "the coordinator to take a leave report", self.ctx.timeout_s)
+
+    def _reap_draining(self) -> None:
+        draining = self.ctx.extras.get("draining", [])
+        for thread in [t for t in draining if not t.is_alive()]:
+            draining.remove(thread)
+            if thread.error is not None:
+                raise thread.error
+
+    def _finish_draining(self) -> None:
+        for thread in self.ctx.extras.get("draining", []):
+            wait_thread(thread, f"stream thread {thread.name} to finish", self.ctx.timeout_s)
+        self._reap_draining()

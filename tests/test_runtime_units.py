@@ -1,0 +1,152 @@
+"""The runtime's pure pieces, without processes: chunks, stream order, queues, books, launch."""
+
+import numpy as np
+import pytest
+
+from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, share_bounds, write_header
+from fleet.runtime.launch import local_launch_flags, mpiexec_command
+from fleet.runtime.protocol import StreamLayout, StreamSource
+from fleet.runtime.queues import Batcher, SampleQueue, Share
+from fleet.runtime.stream import MemberClock
+from fleet.runtime.waiting import Backoff, WaitTimeout, poll
+from fleet.schedule import Member, ModelState, PolicyError, RateTable, StreamPlan
+from fleet.schedule.ledger import Ledger
+from fleet.spec import parse_spec
+
+
+def test_share_bounds_are_contiguous_and_balanced():
+    for count in range(0, 70):
+        for parts in range(1, 6):
+            bounds = share_bounds(count, parts)
+            sizes = [hi - lo for lo, hi in bounds]
+            assert bounds[0][0] == 0 and bounds[-1][1] == count
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_chunk_layout_views_are_disjoint_and_round_trip():
+    layout = ChunkLayout(capacity=5, sample_shape=(3, 4, 4))
+    buffer = layout.new_buffer()
+    assert buffer.nbytes == layout.nbytes == 64 + 5 * 8 + 5 * 3 * 16 * 4
+    write_header(layout.header(buffer), index=7, epoch=2, count=4, regroup=(3, 40))
+    layout.labels(buffer)[:] = np.arange(5)
+    layout.images(buffer)[:] = 1.5
+    header = layout.header(buffer)
+    assert header[Field.INDEX] == 7 and header[Field.COUNT] == 4 and header[Field.REGROUP_SWITCH] == 40
+    assert list(layout.labels(buffer)) == [0, 1, 2, 3, 4] and float(layout.images(buffer).sum()) == 1.5 * 5 * 48
+
+
+def test_stream_order_covers_each_sample_once_per_epoch_and_is_reproducible():
+    train_idx = np.arange(10, 110)
+    source = StreamSource(seed=3, salt=9, base_epoch=2, chunk_samples=32)
+    order = StreamOrder(train_idx, source)
+    assert order.chunks_per_epoch == 4
+    for epoch in range(2):
+        chunks = [order.indices(epoch * 4 + i) for i in range(4)]
+        assert [len(c) for c in chunks] == [32, 32, 32, 4]
+        assert sorted(np.concatenate(chunks)) == list(train_idx)
+    again = StreamOrder(train_idx, source)
+    assert list(again.indices(5)) == list(order.indices(5))
+    assert list(order.indices(0)) != list(order.indices(4))  # a new shuffle each epoch
+    assert order.rng(3).integers(1 << 30) == again.rng(3).integers(1 << 30)
+    resumed = StreamOrder(train_idx, StreamSource(3, 9, base_epoch=3, chunk_samples=32))
+    assert list(resumed.indices(0)) == list(order.indices(4))  # a resumed stream continues the order
+
+
+def test_layout_owner_pairs_preprocessors_with_masters():
+    layout = StreamLayout(stream=1, version=0, preprocessors=(0, 9), masters=(3, 5, 7))
+    assert [layout.owner(k) for k in range(4)] == [3, 5, 3, 5]
+    one = StreamLayout(1, 1, (0, 9, 4), (8,))
+    assert {one.owner(k) for k in range(6)} == {8}
+    assert layout.comm_tag != one.comm_tag
+
+
+def test_member_clock_ends_epochs_at_chunk_boundaries():
+    clock = MemberClock(samples_per_epoch=100, done=40)
+    assert [clock.consume(32), clock.consume(32)] == [False, True]
+    assert [clock.consume(64), clock.consume(36)] == [False, True]
+
+
+def shares(sizes, epoch_end_at):
+    return [Share(np.full((n, 1, 2, 2), i, np.float32), np.full(n, i), i, epoch_end=(i in epoch_end_at))
+            for i, n in enumerate(sizes)]
+
+
+def test_batcher_never_crosses_an_epoch_end_and_drops_single_sample_batches():
+    queue = SampleQueue(capacity=1000, name="Qt")
+    for share in shares([20, 20, 5], epoch_end_at={2}) + shares([17, 1], epoch_end_at={1}):
+        queue.put(share, timeout_s=1)
+    queue.put(Share(np.empty(0), np.empty(0, np.int64), -1, leave=True), timeout_s=1)
+    batcher = Batcher(queue, batch_size=16, depth=4, timeout_s=5, name="t")
+    got = []
+    while True:
+        batch = batcher.get()
+        if batch.leave:
+            break
+        got.append((batch.count, batch.epoch_end))
+    batcher.stop()
+    assert got == [(16, False), (16, False), (13, True), (16, False), (2, True)]
+
+
+def test_batcher_drops_a_lone_last_sample():
+    queue = SampleQueue(capacity=100, name="Qt")
+    for share in shares([17], epoch_end_at={0}):
+        queue.put(share, timeout_s=1)
+    batcher = Batcher(queue, batch_size=16, depth=4, timeout_s=5, name="t")
+    assert [(b.count, b.epoch_end) for b in (batcher.get(), batcher.get())] == [(16, False), (0, True)]
+    batcher.stop()
+
+
+def test_sample_queue_blocks_when_full_and_names_itself_on_timeout():
+    queue = SampleQueue(capacity=10, name="Qt of m1")
+    queue.put(shares([8], set())[0], timeout_s=1)
+    with pytest.raises(WaitTimeout, match="room in Qt of m1"):
+        queue.put(shares([8], set())[0], timeout_s=0.05)
+    queue.get(timeout_s=1)
+    with pytest.raises(WaitTimeout, match="samples in Qt of m1"):
+        queue.get(timeout_s=0.05)
+
+
+def test_poll_returns_the_first_truthy_value_and_times_out_with_the_reason():
+    calls = iter([None, False, 0, 7])
+    assert poll(lambda: next(calls), "x", timeout_s=1, backoff=Backoff(1e-5, 1e-4)) == 0
+    with pytest.raises(WaitTimeout, match="waiting for the moon"):
+        poll(lambda: None, "the moon", timeout_s=0.02, backoff=Backoff(1e-3, 1e-3))
+
+
+def rates3() -> RateTable:
+    return RateTable.from_dict({"schema": 1, "gpus_per_node": 2, "samples_per_epoch": 100, "models": [
+        {"id": m, "rates": {"1": r, "2": 1.8 * r}} for m, r in (("a", 100), ("b", 90), ("c", 50))]})
+
+
+def test_ledger_tracks_streams_gpus_and_rounds():
+    ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2, epochs_done={"c": 1}, paused=["c"])
+    assert ledger.model("c").state is ModelState.PAUSED and ledger.model("c").epochs_done == 1
+    plan = StreamPlan((Member("a", (0,)), Member("c", (1, 2))))
+    ledger.check_launch([plan], "p")
+    assert ledger.begin_launch()
+    stream = ledger.open_stream()
+    for member in plan.members:
+        ledger.reserve(member.model, member.gpus, stream)
+    view = ledger.view(1.0)
+    assert view.free_gpus == (3,) and view.streams[0].members == ("a", "c") and view.round == 0
+    with pytest.raises(PolicyError, match="GPU 2 for b is not free"):
+        ledger.check_launch([StreamPlan((Member("b", (2,)),))], "p")
+    with pytest.raises(PolicyError, match="cannot launch a"):
+        ledger.check_launch([StreamPlan((Member("a", (3,)),))], "p")
+    assert ledger.release("a", ModelState.CONVERGED) == (0,)
+    ledger.start_checkpoint("c")
+    assert ledger.release("c", ModelState.PAUSED) == (1, 2) and ledger.drained and not ledger.streams
+    assert ledger.begin_launch() and ledger.round == 1  # a launch on a drained cluster starts a round
+    assert ledger.unfinished == 2
+
+
+def test_mpiexec_command_for_one_and_several_nodes():
+    spec = parse_spec({"name": "q", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
+                       "cluster": {"nodes": 2, "gpus_per_node": 3, "preprocessors_per_node": 2}})
+    command = mpiexec_command(spec, "q.yaml", ["mpiexec", "-launcher", "fork"], "/py", quiet=True)
+    assert command == ["mpiexec", "-launcher", "fork", "-n", "10", "/py", "-m", "fleet", "train", "q.yaml",
+                       "--run-dir", "runs/q", "--ranks-per-node", "5", "--quiet"]
+    assert local_launch_flags("HYDRA build details:\n Version: 5.0") == ["-launcher", "fork"]
+    assert local_launch_flags("mpiexec (Open MPI) 5.0.3") == ["--oversubscribe"]
+    assert local_launch_flags("something else") == []
