@@ -66,6 +66,16 @@ def timeout(world) -> dict:
     return out
 
 
+def everyone_printed(world) -> None:
+    """Return once every rank has printed: the launcher kills the others when the first rank exits
+    without MPI_Finalize, which could otherwise swallow a slower rank's line."""
+    if world.rank == 0:
+        for source in range(1, world.size):
+            recv_object(world, source, 8, f"rank {source}'s printed line", 60.0)
+    else:
+        wait_requests([world.issend("printed", dest=0, tag=8)], "rank 0 to hear the line was printed", 60.0)
+
+
 SUITES = {"checks": cases.all_checks, "nospin": nospin, "timeout": timeout}
 
 
@@ -77,6 +87,7 @@ def main() -> None:
     print(json.dumps(result), flush=True)
     if suite != "checks":
         sys.stderr.flush()
+        everyone_printed(world)
         os._exit(0)  # pending operations on purpose: skip MPI_Finalize
 
 
