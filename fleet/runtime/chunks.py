@@ -55,8 +55,8 @@ class ChunkLayout:
         return HEADER_BYTES + self.capacity * (8 + 4 * self.sample_floats)
 
     def new_buffer(self) -> np.ndarray:
-        buf = np.zeros(self.nbytes, dtype=np.uint8)
-        return buf
+        """An uninitialised buffer: the header and the first `count` rows are always written."""
+        return np.empty(self.nbytes, dtype=np.uint8)
 
     def header(self, buf: np.ndarray) -> np.ndarray:
         return buf[:HEADER_BYTES].view(np.int64)

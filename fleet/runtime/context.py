@@ -32,7 +32,7 @@ class RunContext:
     rates: Any = None  # RateTable, needed by the emulated device
     extras: dict = field(default_factory=dict)
 
-    @property
+    @cached_property
     def rank(self) -> int:
         return self.world.rank
 
@@ -67,6 +67,12 @@ class RunContext:
         from fleet.inspect import input_shape
 
         return input_shape(self.spec)
+
+    @cached_property
+    def chunk_samples(self) -> int:
+        """Samples per chunk of this run's streams (see `RuntimeSpec.chunk_size`)."""
+        c, h, w = self.input_shape
+        return self.spec.runtime.chunk_size(4 * c * h * w)
 
     @cached_property
     def pipeline(self):

@@ -16,6 +16,7 @@ from fleet.runtime.console import Console
 from fleet.runtime.context import RunContext
 from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
+    INBOX_DEPTH,
     CheckpointModel,
     EpochReport,
     KeepAlive,
@@ -300,7 +301,7 @@ class Coordinator:
 
         base = min(self.ledger.model(m).epochs_done for m in models)
         salt = zlib.crc32(",".join(sorted(models)).encode()) & 0x7FFFFFFF
-        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.spec.runtime.chunk_samples)
+        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples)
 
     def _pick_preprocessors(self, groups: list[Group], launching: int) -> tuple[int, ...]:
         """Least-loaded preprocessors, node-local first; a fair share of all of them.
@@ -336,7 +337,7 @@ class Coordinator:
         live.awaiting[reply.rank] = reply.next_chunk
         if min(live.awaiting.values()) < 0:
             return
-        switch = max(max(live.awaiting.values()) + 1, live.last_switch + 1)
+        switch = max(max(live.awaiting.values()) + INBOX_DEPTH, live.last_switch + 1)
         self._regroup(live, switch)
 
     def _regroup(self, live: LiveStream, switch: int) -> None:

@@ -84,6 +84,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     placement = topology.placements[world.rank]
     who.role, who.node = placement.role.value, placement.node
     who.error_log = str(Path(spec.run_dir) / "fleet-errors.log")
+    _choose_polling(spec, topology, placement.node)
     ctrl, data_parent, group_parent = world.Dup(), world.Dup(), world.Dup()
     device = "emulated" if spec.cluster.device.value == "emulated" else bind_device(
         placement, spec.cluster, env, _visible_gpus(spec)
@@ -115,6 +116,19 @@ def _warm_up(ctx, role: str) -> None:
         modules.append("torch.distributed")
     for module in modules:
         importlib.import_module(module)
+
+
+def _choose_polling(spec, topology, node: int) -> None:
+    """Busy polling where the node has a core for each polling thread (a trainer's stream
+    and training threads, a preprocessor's loop), sleeping polls where ranks share cores."""
+    from fleet.runtime.waiting import busy_polling_fits, use_busy_polling
+
+    mode = spec.runtime.poll
+    if mode == "auto":
+        threads = 2 * len(topology.trainer_ranks(node)) + len(topology.preprocessor_ranks(node))
+        use_busy_polling(busy_polling_fits(threads))
+    else:
+        use_busy_polling(mode == "busy")
 
 
 def _visible_gpus(spec) -> int | None:

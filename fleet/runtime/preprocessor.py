@@ -23,7 +23,8 @@ from typing import Any
 from fleet.runtime.chunks import ChunkLayout, StreamOrder, chunk_tag, write_header
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import KeepAlive, Pause, Paused, Regroup, Shutdown, StartStream, StreamDone, StreamLayout, Tag
-from fleet.runtime.waiting import HOT, IDLE, WaitTimeout, send_object
+from fleet.runtime import waiting
+from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
 
 @dataclass
@@ -123,7 +124,7 @@ class PreprocessorLoop:
         self.turn = 0
         self.decoded = 0
         rt = ctx.spec.runtime
-        self.window_total = max(1, rt.qp_samples // rt.chunk_samples)
+        self.window_total = max(1, rt.qp_samples // ctx.chunk_samples)
 
     def run(self) -> None:
         quiet_since = time.monotonic()
@@ -140,7 +141,7 @@ class PreprocessorLoop:
             elif not self.streams and time.monotonic() - quiet_since > self.ctx.timeout_s:
                 raise WaitTimeout(f"timed out after {self.ctx.timeout_s:g} s waiting for a command from the coordinator")
             if busy:
-                sleeps = HOT.sleeps()
+                sleeps = waiting.HOT.sleeps()
             else:
                 time.sleep(next(sleeps))
 

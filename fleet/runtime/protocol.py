@@ -17,6 +17,11 @@ class Tag(int, Enum):
     REPORT = 14  # any rank -> coordinator
 
 
+INBOX_DEPTH = 2
+"""Chunks a master keeps receives posted for ahead of the one it takes; a switch chunk is
+chosen at least this far past what the preprocessors had made (see `Coordinator._on_paused`)."""
+
+
 def stream_tag(stream: int) -> int:
     """Tag of commands for a master's stream thread (one tag per stream, so a draining
     thread of an old stream never takes the messages of a new one on the same rank)."""
@@ -30,9 +35,8 @@ def stream_tag(stream: int) -> int:
 class StreamLayout:
     """Who moves one stream's chunks from a given chunk index on.
 
-    Chunk k is decoded by preprocessor `preprocessors[k % P]`, sent to its paired master
-    `owner(k)` (its Qp), which broadcasts it to all `masters` on the masters' communicator
-    of this layout version.
+    Chunk k is decoded by preprocessor `preprocessors[k % P]` and sent to its paired master
+    `owner(k)` (into its Qp), which passes it on to all other `masters`.
     """
 
     stream: int
@@ -45,10 +49,6 @@ class StreamLayout:
         j = chunk % len(self.preprocessors)
         return self.masters[j % len(self.masters)]
 
-    @property
-    def comm_tag(self) -> int:
-        """Tag for creating the masters' communicator of this version (unique per stream and version)."""
-        return 50_000 + (self.stream % 4096) * 64 + self.version % 64
 
 
 @dataclass(frozen=True)

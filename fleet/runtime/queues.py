@@ -155,10 +155,15 @@ class Batcher:
                 held += take
                 start += take
                 if held == self.batch_size and not (share.epoch_end and start == share.count):
-                    self._emit(Batch(np.concatenate(xs), np.concatenate(ys), False, False))
+                    self._emit(Batch(join(xs), join(ys), False, False))
                     xs, ys, held = [], [], 0
             if share.epoch_end:
-                x = np.concatenate(xs) if held > 1 else np.empty((0,) + share.x.shape[1:], np.float32)
-                y = np.concatenate(ys) if held > 1 else np.empty(0, np.int64)
+                x = join(xs) if held > 1 else np.empty((0,) + share.x.shape[1:], np.float32)
+                y = join(ys) if held > 1 else np.empty(0, np.int64)
                 self._emit(Batch(x, y, epoch_end=True, leave=False))
                 xs, ys, held = [], [], 0
+
+
+def join(parts: list[np.ndarray]) -> np.ndarray:
+    """One array from consecutive pieces; a single piece is passed on as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)

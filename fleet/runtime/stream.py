@@ -1,14 +1,22 @@
 """A trainer group's side of a stream, in a thread of its own beside the training loop.
 
 The master thread (`MasterStream`) keeps receives posted for the chunks its paired
-preprocessors send it (its Qp), takes part in the masters' broadcast of every chunk of the
-stream (as root for its own chunks), and hands the group its shares: its own into its Qt,
-the workers' by synchronous sends (so a slow worker slows the stream instead of filling
-memory). A worker thread (`WorkerShares`) moves its shares into its Qt.
+preprocessors send it (its Qp) and passes each of those on to the stream's other masters;
+it receives every other chunk from the master that holds it (the chunk's root); and it hands
+the group its shares: its own into its Qt, the workers' by synchronous sends (so a slow
+worker slows the stream instead of filling memory). A worker thread (`WorkerShares`) moves
+its shares into its Qt.
+
+The masters' broadcast is point-to-point on purpose: a non-blocking collective advances only
+while its ranks call into MPI, round by round (Open MPI's `Ibcast` of a 2 MB chunk, waited on
+by sleep-polling, moved 45 MB/s on a 16-core node), where a synchronous send needs one
+handshake. A root has at most `FANOUT_WINDOW` chunks in flight, so no master falls further
+behind than that. No communicator is ever created for the data, so membership changes
+cannot block on one.
 
 When the group leaves (converged, or checkpointed), the master stops forwarding, tells its
-workers, and keeps taking part in the broadcast until the switch chunk of the regroup that
-removes it. Each thread owns the communicator it is given (a Dup of the group's) and frees it.
+workers, and keeps taking its chunks until the switch chunk of the regroup that removes it.
+Each thread owns the communicator it is given (a Dup of the group's) and frees it.
 """
 
 from __future__ import annotations
@@ -16,22 +24,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
-from fleet.runtime.chunks import ChunkLayout, Field, Flag, chunk_tag, share_bounds, write_header
-from fleet.runtime.protocol import Regroup, StartMember, StreamLayout, stream_tag
+from fleet.runtime.chunks import HEADER_WORDS, ChunkLayout, Field, Flag, chunk_tag, share_bounds, write_header
+from fleet.runtime.protocol import INBOX_DEPTH, Regroup, StartMember, StreamLayout, stream_tag
 from fleet.runtime.queues import SampleQueue, Share
-from fleet.runtime.waiting import HOT, poll, recv_object, wait_request
+from fleet.runtime import waiting
+from fleet.runtime.waiting import poll, recv_object, wait_request, wait_requests
 
 SHARE_TAG = 31
-LOCKSTEP_CHUNKS = 4
-"""Masters meet at a barrier every this many chunks. A broadcast root does not wait for the
-other masters (small chunks go out eagerly and pile up in MPI's buffers), so without it a
-fast member could run arbitrarily far ahead of the stream's slowest member."""
+FANOUT_WINDOW = 4  # chunks a root may have in flight to the other masters
 
 
 class MemberClock:
@@ -48,20 +53,23 @@ class MemberClock:
         return False
 
 
-def create_masters_comm(parent: Any, layout: StreamLayout) -> Any:
-    """The masters' communicator of one layout version (collective over its masters only)."""
-    group = parent.Get_group().Incl(list(layout.masters))
-    try:
-        return parent.Create_group(group, tag=layout.comm_tag)
-    finally:
-        group.Free()
-
-
 @dataclass
 class Version:
     first: int
     layout: StreamLayout
-    comm: Any = None
+    _owned: dict = field(default_factory=dict)
+
+    def owned(self, rank: int) -> frozenset[int]:
+        """Indices j of the preprocessors paired with `rank` (it owns chunks k with k % P in them)."""
+        if rank not in self._owned:
+            masters, count = self.layout.masters, len(self.layout.preprocessors)
+            self._owned[rank] = frozenset(j for j in range(count) if masters and masters[j % len(masters)] == rank)
+        return self._owned[rank]
+
+    def owned_chunks(self, rank: int, start: int, stop: int):
+        """The chunks in [start, stop) whose root is `rank`."""
+        p, owned = len(self.layout.preprocessors), self.owned(rank)
+        return (k for k in range(start, stop) if k % p in owned)
 
 
 class StreamThread(threading.Thread):
@@ -98,13 +106,15 @@ class MasterStream(StreamThread):
     def __init__(self, ctx, start: StartMember, group_comm: Any, qt: SampleQueue, clock: MemberClock):
         super().__init__(f"stream-{start.layout.stream}", qt)
         self.ctx, self.start_cmd, self.group_comm, self.clock = ctx, start, group_comm, clock
+        self.rank = ctx.rank
         self.chunks = ChunkLayout(start.source.chunk_samples, ctx.input_shape)
         self.stream = start.layout.stream
         self.k = start.first_chunk
         self.versions: list[Version] = []
         self.qp: dict[int, tuple[Any, np.ndarray]] = {}
+        self.inbox: dict[int, tuple[Any, np.ndarray]] = {}
+        self.fanout: deque = deque()
         self.qp_chunks = max(1, ctx.spec.runtime.qp_samples // start.source.chunk_samples)
-        self.pool: list[np.ndarray] = []
         self.sends: deque = deque()
         self.send_window = max(2, ctx.spec.runtime.qt_samples // start.source.chunk_samples)
         self.forwarding = True
@@ -115,101 +125,118 @@ class MasterStream(StreamThread):
     def stream_loop(self) -> None:
         self._add_version(self.k, self.start_cmd.layout)
         while True:
-            self._take_regroups(block_for=None)
             version = self._version_at(self.k)
-            if self.ctx.rank not in version.layout.masters:
+            if self.rank not in version.layout.masters:
                 return
-            if version.comm is None:
-                version.comm = create_masters_comm(self.ctx.data_parent, version.layout)
             self._post_qp()
-            buffer = self._broadcast(version)
+            self._post_inbox()
+            buffer = self._take_chunk(version)
             notice = int(self.chunks.header(buffer)[Field.REGROUP_VERSION])
             if notice > self.versions[-1].layout.version and self._stays():
                 self._take_regroups(block_for=notice)
             self._forward(buffer)
-            self.pool.append(buffer)
             self.k += 1
             self.chunks_done += 1
-            if self.k % LOCKSTEP_CHUNKS == 0:
-                what = f"the other masters of stream {self.stream} to reach chunk {self.k}"
-                wait_request(version.comm.Ibarrier(), what, self.ctx.timeout_s)
 
     def _stays(self) -> bool:
         """True while the newest layout this thread knows still has it as a master: only then
         do later regroups concern it (a leaving master is not sent them)."""
-        return self.ctx.rank in self.versions[-1].layout.masters
+        return self.rank in self.versions[-1].layout.masters
 
     def _version_at(self, chunk: int) -> Version:
-        return [v for v in self.versions if v.first <= chunk][-1]
+        for version in reversed(self.versions):
+            if version.first <= chunk:
+                return version
+        raise LookupError(chunk)
 
     def _add_version(self, first: int, layout: StreamLayout) -> None:
-        """Record a layout; its communicator is created at its first chunk (see `stream_loop`):
-        creating it earlier could block this thread while another master still waits for a
-        chunk of the old layout that this thread is the root of."""
-        self.versions.append(Version(first, layout, None))
-
-    def _buffer(self) -> np.ndarray:
-        return self.pool.pop() if self.pool else self.chunks.new_buffer()
+        self.versions.append(Version(first, layout))
 
     # -- Qp: receives from the paired preprocessors -----------------------------------
 
     def _post_qp(self) -> None:
-        posted, chunk, limit = len(self.qp), self.k, self.k + 4 * self.qp_chunks * 8
-        while posted < self.qp_chunks and chunk < limit:
-            layout = self._version_at(chunk).layout
-            if chunk not in self.qp and layout.masters and layout.owner(chunk) == self.ctx.rank:
-                source = layout.preprocessors[chunk % len(layout.preprocessors)]
-                buffer = self._buffer()
-                request = self.ctx.data_parent.Irecv(buffer, source=source, tag=chunk_tag(self.stream, chunk))
-                self.qp[chunk] = (request, buffer)
-                posted += 1
-            chunk += 1
+        """Keep up to `qp_chunks` receives posted for the next chunks this master owns."""
+        if len(self.qp) >= self.qp_chunks:
+            return
+        version = self._version_at(self.k)
+        if not version.owned(self.rank):
+            return  # paired with no preprocessor in this layout
+        limit = self.k + self.qp_chunks * len(version.layout.preprocessors)
+        for chunk in version.owned_chunks(self.rank, self.k, limit):
+            if len(self.qp) >= self.qp_chunks:
+                return
+            if chunk in self.qp or self._version_at(chunk) is not version:
+                continue
+            source = version.layout.preprocessors[chunk % len(version.layout.preprocessors)]
+            buffer = self.chunks.new_buffer()
+            request = self.ctx.data_parent.Irecv(buffer, source=source, tag=chunk_tag(self.stream, chunk))
+            self.qp[chunk] = (request, buffer)
 
     def _cancel_qp(self, keep=lambda chunk: False) -> None:
         for chunk in [c for c in self.qp if not keep(c)]:
-            request, buffer = self.qp.pop(chunk)
+            request, _ = self.qp.pop(chunk)
             request.Cancel()
             wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
-            self.pool.append(buffer)
 
-    # -- the masters' broadcast ---------------------------------------------------------
+    # -- the masters' distribution ------------------------------------------------------
 
-    def _broadcast(self, version: Version) -> np.ndarray:
-        layout, chunk = version.layout, self.k
-        root = layout.masters.index(layout.owner(chunk))
-        timeout = self.ctx.timeout_s
-        if layout.owner(chunk) == self.ctx.rank:
-            request, buffer = self.qp.pop(chunk)
-            source = layout.preprocessors[chunk % len(layout.preprocessors)]
-            wait_request(request, f"chunk {chunk} of stream {self.stream} from preprocessor rank {source}", timeout)
-        else:
-            buffer = self._buffer()
-        request = version.comm.Ibcast(buffer, root=root)
-        wait_request(request, f"the broadcast of chunk {chunk} of stream {self.stream} from master rank {layout.masters[root]}", timeout)
+    def _post_inbox(self) -> None:
+        """Keep receives posted for the next `INBOX_DEPTH` chunks other masters are root of.
+
+        The coordinator puts every switch at least `INBOX_DEPTH` chunks past what any
+        preprocessor had made when it paused, so no receive posted here crosses a switch."""
+        for chunk in range(self.k, self.k + INBOX_DEPTH):
+            layout = self._version_at(chunk).layout
+            if chunk in self.inbox or self.rank not in layout.masters or layout.owner(chunk) == self.rank:
+                continue
+            root = layout.owner(chunk)
+            buffer = self.chunks.new_buffer()
+            request = self.ctx.data_parent.Irecv(buffer, source=root, tag=chunk_tag(self.stream, chunk))
+            self.inbox[chunk] = (request, buffer)
+
+    def _take_chunk(self, version: Version) -> np.ndarray:
+        """Chunk `k`: from its preprocessor and on to the other masters (root), or from its root."""
+        layout, chunk, timeout = version.layout, self.k, self.ctx.timeout_s
+        root = layout.owner(chunk)
+        if root != self.rank:
+            request, buffer = self.inbox.pop(chunk)
+            wait_request(request, f"chunk {chunk} of stream {self.stream} from master rank {root}", timeout)
+            return buffer
+        request, buffer = self.qp.pop(chunk)
+        source = layout.preprocessors[chunk % len(layout.preprocessors)]
+        wait_request(request, f"chunk {chunk} of stream {self.stream} from preprocessor rank {source}", timeout)
+        self._pass_on(layout, chunk, buffer)
         return buffer
+
+    def _pass_on(self, layout: StreamLayout, chunk: int, buffer: np.ndarray) -> None:
+        while len(self.fanout) >= FANOUT_WINDOW:
+            old_chunk, requests = self.fanout.popleft()
+            what = f"the other masters of stream {self.stream} to take chunk {old_chunk}"
+            wait_requests(requests, what, self.ctx.timeout_s)
+        tag = chunk_tag(self.stream, chunk)
+        others = [m for m in layout.masters if m != self.rank]
+        self.fanout.append((chunk, [self.ctx.data_parent.Issend(buffer, dest=m, tag=tag) for m in others]))
 
     # -- regroups -----------------------------------------------------------------------
 
-    def _take_regroups(self, block_for: int | None) -> None:
-        """Apply Regroup commands from the coordinator; with `block_for`, wait for that version."""
+    def _take_regroups(self, block_for: int) -> None:
+        """Apply the coordinator's Regroup commands up to version `block_for`.
+
+        A chunk's header names the newest regroup its preprocessor knew of, and a switch is
+        always past such a chunk, so a master that is still in the stream learns of every
+        regroup before it has to act on it; a master that has learnt it is leaving needs
+        no more of them (and is sent none)."""
         tag = stream_tag(self.stream)
-        while True:
-            newest = self.versions[-1].layout.version
-            if block_for is not None and newest < block_for:
-                what = f"regroup {block_for} of stream {self.stream} from the coordinator"
-                command = recv_object(self.ctx.ctrl, 0, tag, what, self.ctx.timeout_s, HOT)
-            else:
-                message = self.ctx.ctrl.improbe(source=0, tag=tag)
-                if message is None:
-                    return
-                command = message.recv()
-            if isinstance(command, Regroup) and command.layout.version > newest:
+        while self.versions[-1].layout.version < block_for:
+            what = f"regroup {block_for} of stream {self.stream} from the coordinator"
+            command = recv_object(self.ctx.ctrl, 0, tag, what, self.ctx.timeout_s, waiting.HOT)
+            if isinstance(command, Regroup) and command.layout.version > self.versions[-1].layout.version:
                 self._apply(command)
 
     def _apply(self, command: Regroup) -> None:
         self._add_version(command.switch_chunk, command.layout)
         new = command.layout
-        self._cancel_qp(keep=lambda c: c < command.switch_chunk or (bool(new.masters) and new.owner(c) == self.ctx.rank))
+        self._cancel_qp(keep=lambda c: c < command.switch_chunk or (bool(new.masters) and new.owner(c) == self.rank))
 
     # -- shares ---------------------------------------------------------------------------
 
@@ -227,21 +254,18 @@ class MasterStream(StreamThread):
         for worker, (lo, hi) in enumerate(bounds[1:], start=1):
             self._send_share(worker, int(header[Field.INDEX]), x[lo:hi], y[lo:hi], Flag.EPOCH_END if epoch_end else Flag.NONE)
         lo, hi = bounds[0]
-        share = Share(x[lo:hi].copy(), y[lo:hi].copy(), int(header[Field.INDEX]), epoch_end=epoch_end)
+        share = Share(x[lo:hi], y[lo:hi], int(header[Field.INDEX]), epoch_end=epoch_end)  # views: the buffer is this chunk's own
         self.qt.put(share, self.ctx.timeout_s)
 
     def _send_share(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int) -> None:
-        while len(self.sends) >= self.send_window * max(1, self.group_comm.size - 1):
-            request, buffer = self.sends.popleft()
+        """A header, then (if any) the labels and the rows, each straight from the chunk's buffer."""
+        while len(self.sends) >= 3 * self.send_window * max(1, self.group_comm.size - 1):
+            request, _ = self.sends.popleft()
             wait_request(request, f"worker {worker} of the group to take its share", self.ctx.timeout_s)
-            self.pool.append(buffer)
-        buffer = self._buffer()
-        write_header(self.chunks.header(buffer), chunk, 0, len(y), flags)
-        if len(y):
-            self.chunks.images(buffer)[: len(y)] = x
-            self.chunks.labels(buffer)[: len(y)] = y
-        request = self.group_comm.Issend(buffer[: self.chunks.used_bytes(len(y))], dest=worker, tag=SHARE_TAG)
-        self.sends.append((request, buffer))
+        header = np.zeros(HEADER_WORDS, np.int64)
+        write_header(header, chunk, 0, len(y), flags)
+        for part in (header, y, x) if len(y) else (header,):
+            self.sends.append((self.group_comm.Issend(part, dest=worker, tag=SHARE_TAG), part))
 
     def _stop_forwarding(self) -> None:
         """The group leaves: tell the workers, then only take part in the broadcast."""
@@ -255,13 +279,19 @@ class MasterStream(StreamThread):
             if self.forwarding and self.error is None:
                 self._stop_forwarding()
             self._cancel_qp()
+            self._cancel_inbox()
+            for chunk, requests in self.fanout:
+                wait_requests(requests, f"the other masters to take chunk {chunk}", self.ctx.timeout_s)
             for request, _ in self.sends:
                 wait_request(request, "the group's workers to take their last shares", self.ctx.timeout_s)
         finally:
-            for version in self.versions:
-                if version.comm is not None:
-                    version.comm.Free()
             self.group_comm.Free()
+
+    def _cancel_inbox(self) -> None:
+        for chunk, (request, _) in list(self.inbox.items()):
+            request.Cancel()
+            wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
+        self.inbox.clear()
 
 
 class WorkerShares(StreamThread):
@@ -270,26 +300,28 @@ class WorkerShares(StreamThread):
     def __init__(self, ctx, start: StartMember, group_comm: Any, qt: SampleQueue):
         super().__init__(f"shares-{start.layout.stream}", qt)
         self.ctx, self.group_comm = ctx, group_comm
-        self.chunks = ChunkLayout(start.source.chunk_samples, ctx.input_shape)
-        self.buffer = self.chunks.new_buffer()
+        self.sample_shape = ctx.input_shape
+
+    def _receive(self, buffer: np.ndarray) -> np.ndarray:
+        """The next message of the share protocol (header, labels or rows), into `buffer`."""
+        message = poll(
+            lambda: self.group_comm.Improbe(source=0, tag=SHARE_TAG),
+            "a share from the group's master", self.ctx.timeout_s,
+        )
+        message.Recv(buffer)
+        return buffer
 
     def stream_loop(self) -> None:
-        status = MPI.Status()
         while True:
-            message = poll(
-                lambda: self.group_comm.Improbe(source=0, tag=SHARE_TAG),
-                "a share from the group's master", self.ctx.timeout_s, HOT,
-            )
-            message.Recv(self.buffer, status=status)
-            header = self.chunks.header(self.buffer)
+            header = self._receive(np.empty(HEADER_WORDS, np.int64))
             flags, count = int(header[Field.FLAGS]), int(header[Field.COUNT])
             if flags & Flag.LEAVE:
                 return
-            if self.leave_requested.is_set():
-                continue
-            x = self.chunks.images(self.buffer)[:count].copy()
-            y = self.chunks.labels(self.buffer)[:count].copy()
-            self.qt.put(Share(x, y, int(header[Field.INDEX]), epoch_end=bool(flags & Flag.EPOCH_END)), self.ctx.timeout_s)
+            y = self._receive(np.empty(count, np.int64))
+            x = self._receive(np.empty((count, *self.sample_shape), np.float32))
+            if not self.leave_requested.is_set():
+                share = Share(x, y, int(header[Field.INDEX]), epoch_end=bool(flags & Flag.EPOCH_END))
+                self.qt.put(share, self.ctx.timeout_s)
 
     def cleanup(self) -> None:
         self.group_comm.Free()

@@ -10,6 +10,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from fleet.spec._base import Section
 
 POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous", "fleet-adaptive")
+AUTO_CHUNK_BYTES = 2 << 20  # a chunk this size amortises the per-chunk work of the data path
 
 
 class Source(str, Enum):
@@ -241,8 +242,16 @@ class RuntimeSpec(Section):
     """Queue sizes, timeouts and the gradient collective of the MPI runtime."""
 
     collective: Literal["auto", "mpi", "torch"] = "auto"
-    chunk_samples: PositiveInt = 64
+    poll: Literal["auto", "busy", "sleep"] = "auto"  # how data waits poll MPI; auto: busy if the node has the cores
+    chunk_samples: PositiveInt | Literal["auto"] = "auto"
     qp_samples: PositiveInt = 2048
     qt_samples: PositiveInt = 2048
     qd_batches: PositiveInt = 10
     timeout_s: PositiveFloat = 600.0
+
+    def chunk_size(self, sample_bytes: int) -> int:
+        """Samples per chunk: as given, or about `AUTO_CHUNK_BYTES` (8 to 512, a multiple of 8)."""
+        if self.chunk_samples != "auto":
+            return self.chunk_samples
+        samples = AUTO_CHUNK_BYTES // max(1, sample_bytes)
+        return max(8, min(512, samples // 8 * 8))

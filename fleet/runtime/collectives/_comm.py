@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.waiting import HOT, wait_request
+from fleet.runtime.waiting import wait_request
 
 TEXT_BYTES = 320  # a host name or address, a port, and room to spare
 
@@ -15,13 +15,13 @@ TEXT_BYTES = 320  # a host name or address, a port, and room to spare
 def dup_comm(comm: Any, what: str, timeout_s: float) -> Any:
     """A duplicate of `comm` that the caller owns (and frees)."""
     new_comm, request = comm.Idup()
-    wait_request(request, what, timeout_s, HOT)
+    wait_request(request, what, timeout_s)
     return new_comm
 
 
 def barrier(comm: Any, what: str, timeout_s: float) -> None:
     """Wait until every member of `comm` has arrived here."""
-    wait_request(comm.Ibarrier(), what, timeout_s, HOT)
+    wait_request(comm.Ibarrier(), what, timeout_s)
 
 
 def broadcast_text(comm: Any, text: str | None, root: int, what: str, timeout_s: float) -> str:
@@ -30,7 +30,7 @@ def broadcast_text(comm: Any, text: str | None, root: int, what: str, timeout_s:
     if comm.Get_rank() == root:
         raw = (text or "").encode()[: TEXT_BYTES - 1]
         buf[: len(raw)] = np.frombuffer(raw, np.uint8)
-    wait_request(comm.Ibcast(buf, root=root), what, timeout_s, HOT)
+    wait_request(comm.Ibcast(buf, root=root), what, timeout_s)
     return buf.tobytes().rstrip(b"\0").decode(errors="replace")
 
 
@@ -42,7 +42,7 @@ def all_on_one_host(comm: Any, what: str, timeout_s: float) -> bool:
     raw = MPI.Get_processor_name().encode()[: TEXT_BYTES - 1]
     mine[: len(raw)] = np.frombuffer(raw, np.uint8)
     names = np.zeros((comm.Get_size(), TEXT_BYTES), np.uint8)
-    wait_request(comm.Iallgather(mine, names), what, timeout_s, HOT)
+    wait_request(comm.Iallgather(mine, names), what, timeout_s)
     return bool((names == mine).all())
 
 

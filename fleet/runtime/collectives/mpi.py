@@ -8,7 +8,7 @@ import numpy as np
 
 from fleet.runtime.collectives._base import Collective, check_host_array, comm_label
 from fleet.runtime.collectives._comm import dup_comm
-from fleet.runtime.waiting import HOT, wait_request
+from fleet.runtime.waiting import wait_request
 
 
 class MPICollective(Collective):
@@ -40,14 +40,14 @@ class MPICollective(Collective):
         from mpi4py import MPI
 
         request = self._comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        wait_request(request, self._what(f"allreduce_sum of {buf.size} {buf.dtype}"), self.timeout_s, HOT)
+        wait_request(request, self._what(f"allreduce_sum of {buf.size} {buf.dtype}"), self.timeout_s)
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
         self._check_open("broadcast")
         check_host_array(buf, self._what("broadcast"))
         self._check_root(root, "broadcast")
         request = self._comm.Ibcast(buf, root=root)
-        wait_request(request, self._what(f"broadcast of {buf.size} {buf.dtype} from rank {root}"), self.timeout_s, HOT)
+        wait_request(request, self._what(f"broadcast of {buf.size} {buf.dtype} from rank {root}"), self.timeout_s)
 
     def _release(self) -> None:
         self._comm.Free()  # local in practice; operations still pending (after a timeout) finish or die with the job

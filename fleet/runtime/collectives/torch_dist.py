@@ -47,7 +47,7 @@ import torch.distributed as dist
 from fleet.runtime.collectives._base import Collective, CollectiveError, check_host_array, comm_label
 from fleet.runtime.collectives._comm import all_on_one_host, barrier, dup_comm, node_address
 from fleet.runtime.collectives._stores import STORE_KINDS, GroupStore, one_line
-from fleet.runtime.waiting import HOT, WaitTimeout, poll
+from fleet.runtime.waiting import WaitTimeout, poll
 
 LOOPBACK = "127.0.0.1"
 
@@ -199,7 +199,7 @@ class TorchCollective(Collective):
         start = time.monotonic()
         try:
             if self.name == "torch-nccl":
-                poll(work.is_completed, self._what(op), self.timeout_s, HOT)
+                poll(work.is_completed, self._what(op), self.timeout_s)
                 work.wait()  # orders the current stream after the collective; raises if it failed
             elif not work.wait(self._timeout):
                 raise WaitTimeout(f"timed out after {self.timeout_s:g} s waiting for {self._what(op)}")
