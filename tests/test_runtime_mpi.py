@@ -227,6 +227,65 @@ def test_resume_after_kill_continues_exactly(tmp_path):
     assert resumed, "the second start did not resume from the checkpoints"
 
 
+def rank_pids(run_dir: Path) -> list[int]:
+    """Pids of the `fleet train` rank processes of a run (not the launcher's)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if argv and argv[0].decode() == sys.executable and str(run_dir).encode() in argv and b"train" in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path):
+    """USR1 to every rank (as srun forwards it) mid-run: each running model is checkpointed at
+    its next step, every rank exits 75 and results.json says interrupted; the next start in the
+    same run directory finishes with every epoch trained exactly once."""
+    models = [{"family": "cnn", "name": n, "params": {"channels": [8, 16], "hidden": 32}} for n in ("x", "y", "z")]
+    data = {"source": "synthetic", "samples": 2400, "image_size": 16, "channels": 3, "val_fraction": 0.1}
+    cluster = {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}
+    train_cfg = {"batch_size": 32, "max_epochs": 4, "optimizer": "sgd", "lr": 0.05}
+    spec = write_spec(tmp_path / "s.yaml", models, cluster, "fleet-g", data=data, train=train_cfg)
+    run_dir = tmp_path / "run"
+    command = [*mpi_launcher(), "-n", "3", sys.executable, "-m", "fleet", "train", str(spec), "--run-dir",
+               str(run_dir), "--quiet"]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and job.poll() is None:
+            done = epochs_by_model(run_dir) if (run_dir / "events.jsonl").exists() else {}
+            if sum(len(v) for v in done.values()) >= 2:
+                break
+            time.sleep(0.02)
+        assert job.poll() is None, "the job finished before the signal"
+        time.sleep(0.3)  # into the next epoch: the checkpoint lands mid-epoch
+        for pid in rank_pids(run_dir):
+            os.kill(pid, signal.SIGUSR1)
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 75, output[-3000:]
+    assert "checkpoint signal" in output and "to resume" in output
+    first = results(run_dir)
+    assert first["interrupted"] is True
+    assert any(e["event"] == "interrupted" for e in events(run_dir))
+    saved = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "checkpoints").glob("*/latest.json")}
+    assert saved and any(info["epochs"] < 4 for info in saved.values()), saved
+    train(3, spec, run_dir)
+    final = results(run_dir)
+    assert final["interrupted"] is False
+    for model in final["models"]:
+        assert model["converged"] or model["epochs"] == 4
+        assert [h["epoch"] for h in model["history"]] == list(range(1, model["epochs"] + 1)), model["id"]
+    resumed = [e for e in events(run_dir) if e["event"] == "member_start" and e["resume"]]
+    assert resumed, "the second start did not resume from the checkpoints"
+
+
 def test_sixteen_emulated_trainers_match_the_simulator(tmp_path):
     """16 emulated trainers (2 virtual nodes x (8 + 1 preprocessor) = 18 ranks): FLEET-G's
     measured makespan is within 15% of the simulator's prediction for the same rates.

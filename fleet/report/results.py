@@ -40,6 +40,7 @@ class RunResult:
     overhead_s: dict[str, float]
     models: list[ModelResult] = field(default_factory=list)
     validation_samples_decoded: int = 0
+    interrupted: bool = False  # stopped by the checkpoint signal; run again to resume
 
 
 def _finite(value: float | None) -> float | None:

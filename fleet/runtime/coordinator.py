@@ -104,6 +104,8 @@ class Coordinator:
         self.checkpoint_s = 0.0
         self.val_decoded = 0
         self.last_keepalive = time.monotonic()
+        self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
+        self.interrupted = False
 
     @property
     def now(self) -> float:
@@ -113,9 +115,20 @@ class Coordinator:
 
     def run(self) -> None:
         self._decide(lambda view: self.policy.start(view))
-        while self.ledger.unfinished or self.streams or self.groups_open:
+        while (self.ledger.unfinished and not self.interrupted) or self.streams or self.groups_open:
             self._handle(self._next_report())
-        self._broadcast_command(Shutdown())
+        self._broadcast_command(Shutdown("checkpointed" if self.interrupted else "done"))
+
+    def _check_signal(self) -> None:
+        """On the checkpoint signal: checkpoint every running model and start nothing new."""
+        if self.interrupted or self.checkpoint_signal is None or not self.checkpoint_signal.is_set():
+            return
+        self.interrupted = True
+        running = self.ledger.ids_in(ModelState.RUNNING)
+        self.log.write("interrupted", at=self.now, running=running)
+        self.console.banner(f"checkpoint signal: checkpointing {len(running)} running model(s), then exiting")
+        for model in running:
+            self._checkpoint(model)
 
     def _next_report(self) -> Any:
         deadline = time.monotonic() + self.ctx.timeout_s
@@ -124,6 +137,7 @@ class Coordinator:
             message = self.ctx.ctrl.improbe(tag=Tag.REPORT)
             if message is not None:
                 return message.recv()
+            self._check_signal()
             self._keepalive()
             if time.monotonic() > deadline:
                 running = self.ledger.ids_in(ModelState.RUNNING, ModelState.CHECKPOINTING)
@@ -204,6 +218,8 @@ class Coordinator:
     # -- decisions -> commands --------------------------------------------------------------------
 
     def _decide(self, call) -> None:
+        if self.interrupted:
+            return  # winding down: the policy launches nothing more
         began = time.perf_counter()
         decision = call(self.ledger.view(self.now))
         self.planning_s += time.perf_counter() - began

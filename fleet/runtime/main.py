@@ -32,12 +32,16 @@ class TrainOptions:
 def train_entry(options: TrainOptions) -> int:
     from mpi4py import MPI
 
+    from fleet.runtime.signals import install_checkpoint_signals
+
     world = MPI.COMM_WORLD
     who = RankIdentity(world.rank)
     process_start = time.monotonic()
+    checkpoint_signal = install_checkpoint_signals()
     try:
         ctx = _start_or_exit(world, who, options)
         ctx.extras["process_start"] = process_start
+        ctx.extras["checkpoint_signal"] = checkpoint_signal
         _run_role(ctx, options)
         barrier(world, "every rank to finish", ctx.timeout_s)
     except SystemExit:
@@ -49,7 +53,7 @@ def train_entry(options: TrainOptions) -> int:
         if os.environ.get("FLEET_DEBUG"):
             traceback.print_exc()
         abort_job(world, who, detail, code=3)
-    return 0
+    return ctx.extras.get("exit_code", 0)
 
 
 def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
@@ -203,6 +207,7 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     from fleet.runtime.coordinator import Coordinator
     from fleet.runtime.events import EventLog
     from fleet.runtime.setup import write_run
+    from fleet.runtime.signals import EXIT_CHECKPOINTED
 
     spec, plan = ctx.spec, ctx.extras["plan"]
     run_dir = Path(ctx.run_dir)
@@ -223,8 +228,15 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     coordinator.run()
     makespan = time.monotonic() - started
     result = write_run(spec, run_dir, coordinator, makespan, startup_s)
-    log.write("run_end", makespan=makespan, rounds=result.rounds, samples_decoded=result.samples_decoded)
+    log.write("run_end", makespan=makespan, rounds=result.rounds, samples_decoded=result.samples_decoded,
+              interrupted=result.interrupted)
     log.close()
+    if result.interrupted:
+        console.banner(
+            f"checkpointed every model after {makespan:.1f} s on the checkpoint signal; run again with the same "
+            f"run directory ({run_dir}) to resume (exit code {EXIT_CHECKPOINTED})"
+        )
+        return
     console.banner(
         f"done in {makespan:.1f} s, {result.rounds} round(s), {result.samples_decoded:,} samples decoded; "
         f"results in {run_dir / 'results.json'}"

@@ -24,6 +24,7 @@ from fleet.runtime.chunks import ChunkLayout, StreamOrder, chunk_tag, write_head
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import KeepAlive, Pause, Paused, Regroup, Shutdown, StartStream, StreamDone, StreamLayout, Tag
 from fleet.runtime import waiting
+from fleet.runtime.signals import EXIT_CHECKPOINTED
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
 
@@ -152,6 +153,8 @@ class PreprocessorLoop:
             command = message.recv()
             handled = True
             if isinstance(command, Shutdown):
+                if command.reason == "checkpointed":
+                    self.ctx.extras["exit_code"] = EXIT_CHECKPOINTED
                 return None
             if not isinstance(command, KeepAlive):
                 self._handle(command)

@@ -29,6 +29,7 @@ from fleet.runtime.protocol import (
     Tag,
 )
 from fleet.runtime.queues import Batch, Batcher, SampleQueue
+from fleet.runtime.signals import EXIT_CHECKPOINTED
 from fleet.runtime.stop import StopReason, StopTracker
 from fleet.runtime.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
@@ -297,6 +298,8 @@ class TrainerLoop:
             command = self._next_command()
             if isinstance(command, Shutdown):
                 self._finish_draining()
+                if command.reason == "checkpointed":
+                    self.ctx.extras["exit_code"] = EXIT_CHECKPOINTED
                 return
             if isinstance(command, StartMember):
                 self._run_member(command)
