@@ -225,9 +225,9 @@ class MasterStream(StreamThread):
         A chunk's header names the newest regroup its preprocessor knew of, and a switch is
         always past such a chunk, so a master that is still in the stream learns of every
         regroup before it has to act on it; a master that has learnt it is leaving needs
-        no more of them (and is sent none)."""
+        no more of them (and is sent none), so it stops at the regroup that removes it."""
         tag = stream_tag(self.stream)
-        while self.versions[-1].layout.version < block_for:
+        while self.versions[-1].layout.version < block_for and self._stays():
             what = f"regroup {block_for} of stream {self.stream} from the coordinator"
             command = recv_object(self.ctx.ctrl, 0, tag, what, self.ctx.timeout_s, waiting.HOT)
             if isinstance(command, Regroup) and command.layout.version > self.versions[-1].layout.version:
