@@ -45,6 +45,26 @@ def create_group_comm(parent: Any, ranks: tuple[int, ...], uid: int) -> Any:
         group.Free()
 
 
+def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int | None = None):
+    """This trainer's replica of `model` on its device (the emulated device: with the run's rates)."""
+    from fleet.engines import create_engine
+
+    device = ctx.device
+    threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
+    extras = {}
+    if device == "emulated":
+        extras = {"rates": ctx.rates, "group_size": group_size, "epochs_to_converge": epoch_limit}
+    return create_engine(model, ctx.input_shape, ctx.num_classes, device=device, threads=threads, **extras)
+
+
+def build_collective(ctx: RunContext, group_comm: Any):
+    """The gradient collective of this trainer's group (`runtime.collective`)."""
+    from fleet.runtime.collectives import create_collective
+
+    device = "cpu" if ctx.device == "emulated" else ctx.device
+    return create_collective(ctx.spec.runtime.collective, group_comm, device, ctx.timeout_s)
+
+
 @dataclass
 class EpochTotals:
     """What the group did in the current epoch (the same on every trainer of the group)."""
@@ -69,9 +89,11 @@ class GroupTraining:
         self.tracker = StopTracker(self.model.train.stop, start.epoch_limit or self.model.train.max_epochs)
         self.history: list[dict] = []
         self.gpu_seconds = 0.0
+        self.resumed_totals = (0.0, 0.0)
+        self._epoch_sums = (0.0, 0.0)  # saved with a checkpoint taken mid-epoch
         epoch_samples = self._resume()
         self.collective.broadcast_engine(self.engine)
-        self.totals = EpochTotals(samples=epoch_samples)
+        self.totals = self._resumed_epoch(epoch_samples)
         self.stop_requested = False
         self.checkpoint_s = 0.0
         self.last_progress = time.monotonic()
@@ -79,20 +101,10 @@ class GroupTraining:
     # -- set-up ---------------------------------------------------------------------------
 
     def _build_engine(self):
-        from fleet.engines import create_engine
-
-        ctx, device = self.ctx, self.ctx.device
-        threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
-        extras = {}
-        if device == "emulated":
-            extras = {"rates": ctx.rates, "group_size": self.size, "epochs_to_converge": self.start.epoch_limit}
-        return create_engine(self.model, ctx.input_shape, ctx.num_classes, device=device, threads=threads, **extras)
+        return build_engine(self.ctx, self.model, self.size, self.start.epoch_limit)
 
     def _collective(self):
-        from fleet.runtime.collectives import create_collective
-
-        device = "cpu" if self.ctx.device == "emulated" else self.ctx.device
-        return create_collective(self.ctx.spec.runtime.collective, self.group_comm, device, self.ctx.timeout_s)
+        return build_collective(self.ctx, self.group_comm)
 
     def _resume(self) -> int:
         """Load the model's checkpoint when the command says so; returns the epoch's data position."""
@@ -106,7 +118,18 @@ class GroupTraining:
         self.tracker.max_epochs = self.start.epoch_limit or self.model.train.max_epochs
         self.history = list(checkpoint.history)
         self.gpu_seconds = checkpoint.gpu_seconds
+        self.resumed_totals = (float(checkpoint.meta.get("epoch_loss_sum", 0.0)),
+                               float(checkpoint.meta.get("epoch_compute_s", 0.0)))
         return checkpoint.epoch_samples
+
+    def _resumed_epoch(self, epoch_samples: int) -> EpochTotals:
+        """The epoch a checkpoint stopped in: its position, and (on the master, which saved
+        them) the loss sum and compute time so far, so that the epoch's loss and rate cover
+        all of it. The epoch's sums are allreduced, so workers start them at zero."""
+        if not epoch_samples or not self.is_master:
+            return EpochTotals(samples=epoch_samples)
+        loss_sum, compute_s = self.resumed_totals
+        return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * self.size)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -129,6 +152,7 @@ class GroupTraining:
             batcher.stop()
         self.gpu_seconds += (time.monotonic() - began) * self.size
         if not converged:
+            self._epoch_sums = self._group_epoch_sums()
             self._save_checkpoint()
         self.ctx.extras.setdefault("draining", []).append(stream)
         self.collective.close()
@@ -214,6 +238,13 @@ class GroupTraining:
         self.totals = EpochTotals()
         return decision[0] > 0
 
+    def _group_epoch_sums(self) -> tuple[float, float]:
+        """The group's loss sum and mean compute seconds of the epoch so far (every member calls it)."""
+        sums = np.array([self.totals.loss_sum, self.totals.compute_s])
+        if self.size > 1:
+            self.collective.allreduce_sum(sums)
+        return float(sums[0]), float(sums[1] / self.size)
+
     def _average_buffers(self) -> None:
         buffers = self.engine.flat_buffers()
         if buffers.size:
@@ -253,7 +284,8 @@ class GroupTraining:
             history=self.history, epochs=self.tracker.epochs, epoch_samples=self.totals.samples,
             gpu_seconds=self.gpu_seconds, converged=reason is not None,
             stop_reason=reason.value if reason else None,
-            meta={"round": self.start.round, "stream": self.start.layout.stream, "gpus": self.size},
+            meta={"round": self.start.round, "stream": self.start.layout.stream, "gpus": self.size,
+                  "epoch_loss_sum": self._epoch_sums[0], "epoch_compute_s": self._epoch_sums[1]},
         )
         self.store.save(checkpoint)
         self.checkpoint_s += time.monotonic() - started
