@@ -40,7 +40,7 @@ def write_spec(path: Path, models: list, cluster: dict, policy: str, **sections)
         "data": sections.pop("data", {"source": "digits", "val_fraction": 0.2}),
         "models": models,
         "train": sections.pop("train", {"batch_size": 32, "max_epochs": 3}),
-        "scheduler": {"policy": policy},
+        "scheduler": {"policy": policy, "profile": sections.pop("profile", False)},
         "cluster": cluster,
         "runtime": {"timeout_s": 90, "chunk_samples": 64, "qp_samples": 512, "qt_samples": 512,
                     **sections.pop("runtime", {})},

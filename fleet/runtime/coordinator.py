@@ -37,6 +37,8 @@ from fleet.runtime.protocol import (
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 from fleet.schedule import CheckpointCompleted, Decision, EpochCompleted, ModelConverged, ModelState, StreamPlan
 from fleet.schedule.ledger import Ledger
+from fleet.schedule.rates import RateTable
+from fleet.schedule.refine import RateRefiner, makespan_simulator, rate_changes, weigh_refinement
 
 
 @dataclass
@@ -87,11 +89,17 @@ class ModelRecord:
     gpu_seconds: float = 0.0
 
 
+def _subset(rates: RateTable, ids: list[str]) -> RateTable:
+    return RateTable(tuple(rates.profile(i) for i in ids), rates.gpus_per_node, rates.samples_per_epoch, rates.extra)
+
+
 class Coordinator:
     """See the module docstring. `run()` returns when every model has converged."""
 
-    def __init__(self, ctx: RunContext, policy: Any, ledger: Ledger, records: dict, log: EventLog, console: Console):
+    def __init__(self, ctx: RunContext, policy: Any, ledger: Ledger, records: dict, log: EventLog, console: Console,
+                 make_policy: Any = None):
         self.ctx, self.policy, self.ledger, self.records = ctx, policy, ledger, records
+        self.make_policy = make_policy or (lambda: policy)
         self.log, self.console = log, console
         self.topology = ctx.topology
         self.started = time.monotonic()
@@ -106,6 +114,9 @@ class Coordinator:
         self.last_keepalive = time.monotonic()
         self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
         self.interrupted = False
+        self.refiner = RateRefiner()
+        self.rejected: tuple = ()
+        self.checkpoints_taken = 0
 
     @property
     def now(self) -> float:
@@ -183,6 +194,9 @@ class Coordinator:
         self.console.epoch(report.model, report.epoch, report.train_loss, report.val_accuracy,
                            report.samples_per_s, report.stream_samples_per_s)
         self.log.write("epoch", **report.__dict__)
+        group_size = len(self.ledger.model(report.model).gpus)
+        if group_size:
+            self.refiner.observe(report.model, group_size, report.samples_per_s)
         self.ledger.epoch_done(report.model, report.epoch)
         if report.stop_reason is None:
             event = EpochCompleted(report.model, report.epoch, self.now, report.samples_per_s)
@@ -195,6 +209,7 @@ class Coordinator:
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
         event = ModelConverged(report.model, report.epoch, self.now, gpus, report.samples_per_s)
+        self._refine_rates()
         self._decide(lambda view: self.policy.on_event(event, view))
 
     def _on_left(self, report: MemberLeft) -> None:
@@ -207,13 +222,57 @@ class Coordinator:
         if report.converged:
             return
         self.checkpoint_s += report.checkpoint_s
+        self.checkpoints_taken += 1
         record.epochs = report.epochs
         self.ledger.epoch_done(report.model, report.epochs)
         gpus = self.ledger.release(report.model, ModelState.PAUSED)
         self.log.write("checkpoint", model=report.model, epochs=report.epochs, epoch_samples=report.epoch_samples)
         self.console.left(report.model, f"checkpointed at epoch {report.epochs} + {report.epoch_samples} samples")
         event = CheckpointCompleted(report.model, self.now, gpus)
+        self._refine_rates()
         self._decide(lambda view: self.policy.on_event(event, view))
+
+    # -- self-tuning rates ----------------------------------------------------------------------
+
+    def _refine_rates(self) -> None:
+        """Before the policy may plan: fold the measured rates in when the simulator predicts
+        a gain above the cost of the change (see `fleet.schedule.refine`)."""
+        if self.interrupted or not self.refiner.measured:
+            return
+        began = time.perf_counter()
+        current = self.ledger.rates
+        proposal = self.refiner.propose(current)
+        unfinished = [v for v in self.ledger.views if v.state is not ModelState.CONVERGED]
+        changes = rate_changes(current, proposal)
+        if not unfinished or not changes or changes == self.rejected:
+            return
+        ids = [v.id for v in unfinished]
+        remaining = [max(1.0, v.epochs_estimate - v.epochs_done) for v in unfinished]
+        simulate = makespan_simulator(self.make_policy, self.ledger.total_gpus)
+        verdict = weigh_refinement(_subset(current, ids), _subset(proposal, ids), remaining, simulate,
+                                   self._change_cost_s())
+        self.planning_s += time.perf_counter() - began
+        if verdict is None:
+            return
+        shown = [{"model": c.model, "gpus": c.m, "old": round(c.old, 1), "new": round(c.new, 1)} for c in changes]
+        self.log.write("rates_refined" if verdict.adopt else "rates_kept", changes=shown,
+                       predicted_keep_s=verdict.predicted_keep_s, predicted_new_s=verdict.predicted_new_s,
+                       gain_s=verdict.gain_s, cost_s=verdict.cost_s)
+        worst = max(changes, key=lambda c: abs(c.relative))
+        summary = (f"{len(changes)} rate(s) moved >= 10% (e.g. {worst.model} on {worst.m} GPU(s): {worst.old:,.0f} -> "
+                   f"{worst.new:,.0f} samples/s); predicted gain {verdict.gain_s:.1f} s vs cost {verdict.cost_s:.1f} s")
+        if verdict.adopt:
+            self.ledger.rates = proposal
+            self.rejected = ()
+            self.console.banner(f"rates refined: {summary}")
+        else:
+            self.rejected = changes
+            self.console.banner(f"rates kept: {summary}")
+
+    def _change_cost_s(self) -> float:
+        """A moved model pays a checkpoint and a restore: measured so far, else 1 s each."""
+        each = self.checkpoint_s / self.checkpoints_taken if self.checkpoints_taken else 1.0
+        return 2 * each
 
     # -- decisions -> commands --------------------------------------------------------------------
 
@@ -271,8 +330,12 @@ class Coordinator:
         source = self._source(stream_id, [g.model for g in groups])
         live = LiveStream(layout, source, self.ledger.round)
         self.streams[stream_id] = live
+        need = self._preprocessors_needed(groups)
         self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
-                       preprocessors=list(preprocessors), round=self.ledger.round)
+                       preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need)
+        if need is not None and need > len(preprocessors):
+            self.console.banner(f"stream {stream_id} needs about {need} preprocessor(s) to keep its pace and has "
+                                f"{len(preprocessors)}: its members may wait for data")
         for rank in preprocessors:
             self._send(StartStream(layout, source), rank, Tag.PREPROCESSOR)
         for group in groups:
@@ -318,6 +381,18 @@ class Coordinator:
         base = min(self.ledger.model(m).epochs_done for m in models)
         salt = zlib.crc32(",".join(sorted(models)).encode()) & 0x7FFFFFFF
         return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples)
+
+    def _preprocessors_needed(self, groups: list[Group]) -> int | None:
+        """Preprocessors that keep up with the stream's pace (its slowest member, at the current,
+        possibly refined, rates), from the profile's decode throughput; None without one."""
+        from profiler.document import decode_rates
+        from profiler.plan import needed_preprocessors
+
+        decode = decode_rates(self.ledger.rates.extra.get("preprocessing", {}))
+        if not decode:
+            return None
+        pace = min(self.ledger.rates.rate(g.model, len(g.gpus)) for g in groups)
+        return needed_preprocessors([pace], decode, nodes=1)
 
     def _pick_preprocessors(self, groups: list[Group], launching: int) -> tuple[int, ...]:
         """Least-loaded preprocessors, node-local first; a fair share of all of them.

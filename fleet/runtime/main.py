@@ -27,6 +27,8 @@ class TrainOptions:
     ranks_per_node: int | None = None
     device: str | None = None
     quiet: bool = False
+    profile_only: bool = False  # `fleet profile`: measure, report the plan, train nothing
+    what_if_gpus: tuple[int, ...] = ()
 
 
 def train_entry(options: TrainOptions) -> int:
@@ -42,7 +44,10 @@ def train_entry(options: TrainOptions) -> int:
         ctx = _start_or_exit(world, who, options)
         ctx.extras["process_start"] = process_start
         ctx.extras["checkpoint_signal"] = checkpoint_signal
-        _run_role(ctx, options)
+        if options.profile_only:
+            _dry_run_report(ctx, options)
+        else:
+            _run_role(ctx, options)
         barrier(world, "every rank to finish", ctx.timeout_s)
     except SystemExit:
         raise
@@ -87,6 +92,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     topology = build_topology(world, spec.cluster, env, options.ranks_per_node)
     placement = topology.placements[world.rank]
     who.role, who.node = placement.role.value, placement.node
+
     who.error_log = str(Path(spec.run_dir) / "fleet-errors.log")
     _choose_polling(spec, topology, placement.node)
     ctrl, data_parent, group_parent = world.Dup(), world.Dup(), world.Dup()
@@ -94,15 +100,60 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
         placement, spec.cluster, env, _visible_gpus(spec)
     )
     ctx = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
-    shared = bcast_object(world, _rank0_setup(ctx) if world.rank == 0 else None, 0, "the run's set-up from rank 0",
-                          spec.runtime.timeout_s)
-    if isinstance(shared, str):
-        raise SameOnEveryRank(shared)
-    ctx.rates = shared["rates"]
-    ctx.extras["epoch_limits"] = shared["epoch_limits"]
+    ctx.extras["profile_only"] = options.profile_only
+    rates = _from_rank0(ctx, _rank0_rates, "the rates decision from rank 0")
+    ctx.rates = rates["emulated"]
     _warm_up(ctx, placement.role.value)
     barrier(world, "every rank to finish starting up", spec.runtime.timeout_s)
+    if rates["measure"]:
+        _profile(ctx, options)
+    if options.profile_only:
+        return ctx
+    shared = _from_rank0(ctx, _rank0_setup, "the run's set-up from rank 0")
+    ctx.rates = rates["emulated"] or shared["rates"]
+    ctx.extras["epoch_limits"] = shared["epoch_limits"]
     return ctx
+
+
+def _from_rank0(ctx, make, what: str) -> Any:
+    """What rank 0's `make(ctx)` returns, on every rank; a user error there (a str) ends every rank."""
+    shared = bcast_object(ctx.world, make(ctx) if ctx.rank == 0 else None, 0, what, ctx.timeout_s)
+    if isinstance(shared, str):
+        raise SameOnEveryRank(shared)
+    return shared
+
+
+def _rank0_rates(ctx) -> dict | str:
+    """Whether to profile first, and the rates an emulated device's steps take."""
+    from fleet.runtime.setup import prepare_run_dir, rates_decision
+
+    try:
+        run_dir = prepare_run_dir(ctx.spec)
+        decision = rates_decision(ctx.spec, run_dir, ctx.extras.get("profile_only", False))
+    except UserError as exc:
+        return str(exc)
+    if decision.note:
+        print(f"fleet: {decision.note}", flush=True)
+    return {"measure": decision.measure, "emulated": decision.emulated_rates}
+
+
+def _profile(ctx, options: TrainOptions) -> None:
+    """Every rank takes part; rank 0 writes profile.json (and, for a dry run, the report)."""
+    from fleet.atomic import atomic_write_json
+    from profiler.job import run_profiling
+
+    say = (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
+    document = run_profiling(ctx, say)
+    if ctx.rank != 0:
+        return
+    path = Path(ctx.run_dir) / "profile.json"
+    atomic_write_json(path, document)
+    print(f"fleet: profiled {len(document['models'])} model(s) in {document['profiler']['seconds']:.1f} s; "
+          f"wrote {path}", flush=True)
+    for failure in document["failures"]:
+        print(f"fleet: warning: {failure['id']} on {failure['gpus']} GPU(s) failed to profile: {failure['reason']}; "
+              "it is left out of the plan", flush=True)
+    ctx.extras["profile_document"] = document
 
 
 def _warm_up(ctx, role: str) -> None:
@@ -144,16 +195,25 @@ def _visible_gpus(spec) -> int | None:
 
 
 def _rank0_setup(ctx) -> dict | str:
-    """Run directory and plan on rank 0; a user error becomes its message for every rank."""
-    from fleet.runtime.setup import epoch_limits, plan_run, prepare_run_dir
+    """The plan on rank 0; a user error becomes its message for every rank."""
+    from fleet.runtime.setup import epoch_limits, plan_run
 
     try:
-        run_dir = prepare_run_dir(ctx.spec)
-        plan = plan_run(ctx.spec, run_dir, len(ctx.train_idx))
+        plan = plan_run(ctx.spec, Path(ctx.run_dir), len(ctx.train_idx))
     except UserError as exc:
         return str(exc)
     ctx.extras["plan"] = plan
-    return {"rates": plan.rates, "epoch_limits": epoch_limits(ctx.spec, plan.rates)}
+    emulated = ctx.rates or plan.rates
+    return {"rates": plan.rates, "epoch_limits": epoch_limits(ctx.spec, emulated)}
+
+
+def _dry_run_report(ctx, options: TrainOptions) -> None:
+    """`fleet profile`: rank 0 prints the plan and the predicted makespans; nothing is trained."""
+    if ctx.rank != 0:
+        return
+    from profiler.report import dry_run
+
+    print(dry_run(ctx.spec, Path(ctx.run_dir), options.what_if_gpus), flush=True)
 
 
 def _run_role(ctx, options: TrainOptions) -> None:
@@ -224,7 +284,10 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         f"{spec.cluster.device.value} trainer(s), {len(ctx.topology.preprocessor_ranks())} preprocessor(s); "
         f"rates {plan.rates_source}"
     )
-    coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console)
+    from fleet.runtime.setup import policy_for
+
+    coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
+                              make_policy=lambda: policy_for(spec))
     coordinator.run()
     makespan = time.monotonic() - started
     result = write_run(spec, run_dir, coordinator, makespan, startup_s)

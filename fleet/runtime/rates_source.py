@@ -37,7 +37,8 @@ def load_run_profile(run_dir: str | Path, spec: Spec):
     if not path.exists():
         return None
     rates = load_profile(path)
-    missing = [m.id for m in spec.models if m.id not in set(rates.ids)]
+    failed = {f.get("id") for f in rates.extra.get("failures", []) if isinstance(f, dict)}
+    missing = [m.id for m in spec.models if m.id not in set(rates.ids) and m.id not in failed]
     if missing:
         raise UserError(f"{path}: has no rates for {len(missing)} model(s) of the spec, e.g. {missing[0]!r}")
     return rates

@@ -63,11 +63,63 @@ def prepare_run_dir(spec: Spec) -> Path:
     return run_dir
 
 
+@dataclass(frozen=True)
+class RatesDecision:
+    """Rank 0's choice before anything runs: profile first or not; an emulated device's rates."""
+
+    measure: bool
+    emulated_rates: RateTable | None
+    note: str = ""
+
+
+def rates_decision(spec: Spec, run_dir: Path, profile_only: bool) -> RatesDecision:
+    """Profile when asked to (`fleet profile`) or when the run directory has no profile.json
+    that matches the spec (unless `scheduler.profile` is false)."""
+    from fleet.schedule_io import load_profile
+    from profiler.document import reuse_verdict
+
+    path = run_dir / "profile.json"
+    document = _read_json(path) if path.exists() else None
+    emulated = None
+    if spec.cluster.device.value == "emulated":
+        if spec.cluster.emulated_profile:
+            emulated = load_profile(spec.cluster.emulated_profile)
+        elif profile_only:
+            raise UserError("cluster.emulated_profile: profiling an emulated device needs the rates its steps take")
+        else:
+            return RatesDecision(False, load_profile(path) if path.exists() else _no_emulated_rates(path))
+    if profile_only:
+        return RatesDecision(True, emulated, "profiling only (a dry run): nothing is trained")
+    if not spec.scheduler.profile:
+        return RatesDecision(False, emulated)
+    reuse, why = reuse_verdict(document, spec)
+    if reuse:
+        return RatesDecision(False, emulated, f"rates from {path}: {why}")
+    return RatesDecision(True, emulated, f"profiling first: {why}")
+
+
+def _no_emulated_rates(path: Path):
+    raise UserError(f"cluster.device: emulated needs {path} with rates for every model (or cluster.emulated_profile)")
+
+
+def _read_json(path: Path) -> dict | None:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read it: {exc}") from None
+
+
 def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateTable, str]:
     measured = load_run_profile(run_dir, spec)
     if measured is not None:
         return measured, f"measured ({run_dir / 'profile.json'})"
     if spec.cluster.device.value == "emulated":
+        if spec.cluster.emulated_profile:
+            from fleet.schedule_io import load_profile
+
+            return load_profile(spec.cluster.emulated_profile), f"the emulated device's ({spec.cluster.emulated_profile})"
         raise UserError(f"cluster.device: emulated needs {run_dir / 'profile.json'} with rates for every model")
     from fleet.inspect import describe_ensemble
 
@@ -95,6 +147,9 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
     resumed = [p.id for p in remaining if infos.get(p.id)]
     epochs_done = {i: int(infos[i]["epochs"]) for i in resumed}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
+    for failure in rates.extra.get("failures", []):
+        if failure.get("id") in records and failure["id"] not in set(rates.ids):
+            records[failure["id"]].stop_reason = f"not trained: profiling failed ({failure.get('reason')})"
     for model_id in converged + resumed:
         checkpoint = store.load(model_id)
         record = records[model_id]

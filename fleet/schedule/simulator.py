@@ -80,15 +80,20 @@ class Scenario:
         true_epochs: epochs each model really needs; only the simulator sees them.
         epochs_estimate: what the policy is told instead.
         cluster: the GPUs.
+        planning_rates: rates shown to the policy when they differ from the truth (the same
+            models in the same order); None: the policy sees `rates`.
     """
 
     rates: RateTable
     true_epochs: tuple[int, ...]
     epochs_estimate: tuple[float, ...]
     cluster: Cluster
+    planning_rates: RateTable | None = None
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)
+        if self.planning_rates is not None and self.planning_rates.ids != self.rates.ids:
+            raise ValueError("planning_rates must hold the same models as rates, in the same order")
         if len(self.true_epochs) != n or len(self.epochs_estimate) != n:
             raise ValueError("true_epochs and epochs_estimate need one entry per model")
         if any(e < 1 for e in self.true_epochs):
@@ -295,7 +300,7 @@ class _Run:
 
     def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads):
         self.policy, self.scenario, self.costs = policy, scenario, overheads
-        self.rates = scenario.rates
+        self.rates = scenario.rates if scenario.planning_rates is None else scenario.planning_rates  # what the policy sees
         self.cluster = scenario.cluster
         self.n = scenario.rates.samples_per_epoch
         self.rate_matrix = scenario.rates.matrix(self.cluster.total_gpus)

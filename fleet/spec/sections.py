@@ -203,6 +203,7 @@ class SchedulerSpec(Section):
     policy: Literal[POLICIES] = "fleet-g"  # type: ignore[valid-type]
     alpha: float = Field(0.8, gt=0.0, le=1.0)
     delta: PositiveFloat | None = None  # samples/s; None: 10% of the fastest model's rate
+    profile: bool = True  # measure rates first when the run directory has no matching profile.json
     profile_batches: PositiveInt = 48
     profile_timed: PositiveInt = 20
 
@@ -225,6 +226,7 @@ class ClusterSpec(Section):
     device: Device = Device.CPU
     virtual_nodes: bool = False
     threads_per_trainer: PositiveInt = 1
+    emulated_profile: str | None = None  # device: emulated: the rates its steps take (default: profile.json)
 
     @field_validator("preprocessors_per_node", mode="before")
     @classmethod

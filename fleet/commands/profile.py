@@ -1,0 +1,61 @@
+"""`fleet profile SPEC`: a dry run. Measure r_i(m) and preprocessing throughput, print the
+plan and the predicted makespan per policy, write profile.json, plan.json and a Gantt chart.
+
+Outside an MPI job it starts `mpiexec` itself (as `fleet run` does); under srun, jsrun or
+mpiexec each rank runs the profiling phase of `fleet train` and stops before training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from fleet.commands._args import positive_int, positive_int_list
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "profile",
+        help="dry run: measure rates, print the plan and predicted makespans, train nothing",
+        description="Profile every model of an ensemble (training rate on 1..M_t GPUs) and the preprocessors, "
+        "then print the plan and its predicted makespan per policy. Writes profile.json, plan.json and "
+        "plan-gantt.png into the run directory. Nothing is trained beyond the profiling batches.",
+    )
+    parser.add_argument("spec", help="ensemble YAML file")
+    parser.add_argument("--run-dir", help="run directory (default: the spec's run_dir, else runs/NAME)")
+    parser.add_argument("--gpus", type=positive_int_list, default=[],
+                        help="what-if GPU counts, e.g. 8,16,32: predicted makespan and GPU-hours for each")
+    parser.add_argument("--ranks-per-node", type=positive_int, help="treat every N consecutive ranks as one node")
+    parser.add_argument("--device", choices=["cpu", "cuda", "emulated"], help="override cluster.device")
+    parser.add_argument("--quiet", action="store_true", help="no per-wave lines")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleet.runtime.jobenv import read_job_env
+
+    env = read_job_env(os.environ)
+    if (env.size or 1) > 1:
+        from fleet.runtime.main import TrainOptions, train_entry
+
+        options = TrainOptions(args.spec, args.run_dir, args.ranks_per_node, args.device, args.quiet,
+                               profile_only=True, what_if_gpus=tuple(args.gpus))
+        return train_entry(options)
+    return _launch(args)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command
+    from fleet.spec import load_spec
+
+    spec = load_spec(args.spec, run_dir=args.run_dir)
+    command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
+    command[command.index("train")] = "profile"
+    if args.gpus:
+        command += ["--gpus", ",".join(str(g) for g in args.gpus)]
+    print(f"fleet: profiling on {command[command.index('-n') + 1]} ranks: {' '.join(command)}", flush=True)
+    return subprocess.call(command)

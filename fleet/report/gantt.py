@@ -1,0 +1,55 @@
+"""A Gantt chart of a plan: one row per GPU, one bar per model while it holds the GPU.
+
+Input is a ``plan.json`` dict as `fleet.schedule_io.plan_document` writes it (members with
+``gpus``, ``start``, ``end`` and ``outcome``); rounds are marked by dashed lines.
+"""
+
+from __future__ import annotations
+
+from fleet.errors import UserError
+
+
+def write_gantt(plan: dict, path: str, title: str = "") -> None:
+    """Write the chart to `path` (PNG).
+
+    Raises:
+        UserError: the file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpus = plan["total_gpus"]
+    members = [m for rnd in plan["rounds"] for m in rnd["members"]]
+    models = list(dict.fromkeys(m["model"] for m in members))
+    cmap = plt.get_cmap("tab20")
+    colors = {model: cmap(k % 20) for k, model in enumerate(models)}
+    fig, ax = plt.subplots(figsize=(12, max(2.5, 0.35 * gpus + 1.2)))
+    end = max((m["end"] for m in members), default=1.0)
+    for member in members:
+        width = member["end"] - member["start"]
+        for gpu in member["gpus"]:
+            ax.barh(gpu, width, left=member["start"], height=0.8, color=colors[member["model"]],
+                    edgecolor="white", linewidth=0.5, hatch="//" if member["outcome"] != "converged" else None)
+        if width > 0.04 * end:
+            middle = sum(member["gpus"]) / len(member["gpus"])
+            ax.text(member["start"] + width / 2, middle, member["model"], ha="center", va="center", fontsize=7)
+    for rnd in plan["rounds"][1:]:
+        ax.axvline(rnd["start"], color="black", linestyle="--", linewidth=0.8)
+    gpn = plan["gpus_per_node"]
+    for boundary in range(gpn, gpus, gpn):
+        ax.axhline(boundary - 0.5, color="grey", linewidth=0.6)
+    ax.set_ylim(gpus - 0.5, -0.5)
+    ax.set_xlim(0, end * 1.01)
+    ax.set_xlabel("seconds (predicted)")
+    ax.set_ylabel(f"GPU ({gpn} per node)")
+    ax.set_title(title or f"{plan['policy']}: predicted makespan {plan['makespan_s']:,.0f} s; "
+                 "hatched: checkpointed, not yet converged")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,135 @@
+"""``profile.json``: what the profiler writes, and whether a run may reuse it (pure).
+
+The rate part (``schema``, ``gpus_per_node``, ``samples_per_epoch``, ``models[].rates``) is
+what `fleet plan`, `fleet simulate` and the runtime read. The profiler adds, under a
+versioned ``profiler`` block: when and how it measured, a fingerprint of what the rates
+depend on (models, batch sizes, input shape, device, threads, collective), the hardware,
+per-measurement details, failures and the preprocessors' throughput.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PROFILER_VERSION = 1
+
+
+def fingerprint(spec) -> str:
+    """A digest of everything in `spec` the measured rates depend on."""
+    facts = {
+        "models": [m.model_dump(mode="json") for m in spec.models],
+        "data": {k: v for k, v in spec.data.model_dump(mode="json").items() if k not in ("path",)},
+        "preprocess": [op.model_dump(mode="json") if hasattr(op, "model_dump") else op for op in spec.preprocess],
+        "device": spec.cluster.device.value,
+        "gpus_per_node": spec.cluster.gpus_per_node,
+        "threads_per_trainer": spec.cluster.threads_per_trainer,
+        "collective": spec.runtime.collective,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def reuse_verdict(document: Mapping[str, Any] | None, spec) -> tuple[bool, str]:
+    """Whether a run of `spec` may plan with `document` (a loaded profile.json), and why.
+
+    A profile the profiler wrote is reused when its fingerprint matches; one without a
+    ``profiler`` block was written by hand (or by a simulation) and is taken as given.
+    """
+    if document is None:
+        return False, "no profile.json"
+    block = document.get("profiler")
+    if not isinstance(block, Mapping):
+        return True, "a profile.json written by hand (no 'profiler' block): used as given"
+    if block.get("fingerprint") != fingerprint(spec):
+        return False, "profile.json was measured for other models, data or hardware"
+    missing = {m.id for m in spec.models} - {m.get("id") for m in document.get("models", [])} - {
+        f.get("id") for f in document.get("failures", [])
+    }
+    if missing:
+        return False, f"profile.json lacks {len(missing)} model(s) of the spec"
+    return True, "measured for this ensemble"
+
+
+def model_rates(measured: Mapping[int, Mapping[str, Any]]) -> dict[str, float]:
+    """``{"1": r1, "2": r2, ...}`` from measurements by m, up to the first m that failed or is missing."""
+    rates: dict[str, float] = {}
+    m = 1
+    while m in measured and "rate" in measured[m]:
+        rates[str(m)] = float(measured[m]["rate"])
+        m += 1
+    return rates
+
+
+def build_document(
+    spec,
+    samples_per_epoch: int,
+    measured: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    preprocessing: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    timing: Mapping[str, Any],
+) -> dict:
+    """The profile.json dict.
+
+    Args:
+        measured: per model id, per m: ``{"rate", "step_s", "gpus"}`` or ``{"failed": reason, "gpus"}``.
+        preprocessing: the preprocessors' block (``samples_per_s`` by process count, ...).
+        hardware: device, device name, hosts, versions.
+        timing: started/finished timestamps, seconds, batches, timed, m_t.
+    """
+    models, failures = [], []
+    for model in spec.models:
+        by_m = measured.get(model.id, {})
+        rates = model_rates(by_m)
+        for m, entry in sorted(by_m.items()):
+            if "failed" in entry:
+                failures.append({"id": model.id, "gpus": m, "reason": entry["failed"]})
+        if not rates:
+            if not any(f["id"] == model.id for f in failures):
+                failures.append({"id": model.id, "gpus": 1, "reason": "not measured"})
+            continue
+        entry: dict[str, Any] = {
+            "id": model.id,
+            "rates": rates,
+            "batch_size": model.train.batch_size,
+            "step_s": {str(m): round(float(e["step_s"]), 6) for m, e in sorted(by_m.items()) if "step_s" in e},
+            "trainers": {str(m): e["gpus"] for m, e in sorted(by_m.items()) if "gpus" in e},
+        }
+        parameters = by_m.get(1, {}).get("parameters")
+        if parameters:
+            entry["param_bytes"] = 4 * int(parameters)  # float32
+        models.append(entry)
+    return {
+        "schema": 1,
+        "gpus_per_node": spec.cluster.gpus_per_node,
+        "samples_per_epoch": int(samples_per_epoch),
+        "models": models,
+        "failures": failures,
+        "preprocessing": dict(preprocessing),
+        "hardware": dict(hardware),
+        "profiler": {"version": PROFILER_VERSION, "fingerprint": fingerprint(spec), **dict(timing)},
+    }
+
+
+def stream_demand(plan: Mapping[str, Any], rate_of) -> list[float]:
+    """Per round of a plan document: samples/s its streams consume together (each stream at
+    its slowest member's rate, decoded once). `rate_of(model, m)` gives r_i(m)."""
+    demand = []
+    for rnd in plan.get("rounds", []):
+        streams: dict[Any, float] = {}
+        for member in rnd["members"]:
+            rate = rate_of(member["model"], len(member["gpus"]))
+            key = member.get("stream", member["model"])
+            streams[key] = min(streams.get(key, rate), rate)
+        demand.append(sum(streams.values()))
+    return demand
+
+
+def decode_rates(block: Mapping[str, Any]) -> dict[int, float]:
+    """``{k: samples/s}`` from a profile's preprocessing block."""
+    return {int(k): float(v) for k, v in block.get("samples_per_s", {}).items()}
+
+
+def summarize_failures(failures: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [f"{f['id']} on {f['gpus']} GPU(s): {f['reason']}" for f in failures]

@@ -1,0 +1,166 @@
+"""The profiling phase of a job: every rank takes part, rank 0 decides and writes profile.json.
+
+Rank 0 sends each step to every rank (a non-spinning broadcast) and gathers the results:
+``train`` steps time a wave of (model, m) measurements on disjoint trainer groups (all
+m = 1 first, then m = 2..M_t once M_t is known); ``decode`` steps time k = 1, 2, 4, ...
+preprocessor processes decoding at once; ``done`` ends the phase.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import time
+from typing import Any
+
+from profiler.document import build_document
+from profiler.measure import time_decoding, time_training
+from profiler.plan import Measurement, preprocessor_counts, threshold_gpus, waves
+from fleet.runtime.waiting import bcast_object, recv_object, send_object
+
+RESULT_TAG = 91
+DECODE_SECONDS = 1.0
+
+
+def run_profiling(ctx, say=print) -> dict | None:
+    """Profile the spec's models and preprocessing; profile.json's dict on rank 0, None elsewhere."""
+    if ctx.rank != 0:
+        _serve(ctx)
+        return None
+    return _Driver(ctx, say).run()
+
+
+def _serve(ctx) -> None:
+    while True:
+        step = bcast_object(ctx.world, None, 0, "the next profiling step from rank 0", ctx.timeout_s)
+        if step[0] == "done":
+            return
+        result = _execute(ctx, step)
+        send_object(ctx.world, result, 0, RESULT_TAG, "rank 0 to take a profiling result", ctx.timeout_s)
+
+
+def _execute(ctx, step: tuple) -> Any:
+    """This rank's part of one step: None when it has none."""
+    kind = step[0]
+    if kind == "train":
+        _, jobs, batches, timed = step
+        for model, ranks, uid in jobs:
+            if ctx.rank in ranks:
+                return _time_group(ctx, model, ranks, uid, batches, timed)
+        return None
+    if kind == "decode":
+        _, ranks, seconds = step
+        return time_decoding(ctx, seconds) if ctx.rank in ranks else None
+    raise ValueError(f"unknown profiling step {kind!r}")
+
+
+def _time_group(ctx, model: str, ranks: tuple[int, ...], uid: int, batches: int, timed: int) -> dict | None:
+    from fleet.runtime.trainer import create_group_comm
+
+    ctx.who.role = f"profiling {model} on {len(ranks)} trainer(s)"
+    comm = create_group_comm(ctx.group_parent, ranks, uid)
+    try:
+        result = time_training(ctx, model, comm, batches, timed)
+    finally:
+        comm.Free()
+        ctx.who.role = "trainer"
+    return result if ranks[0] == ctx.rank else None
+
+
+class _Driver:
+    """Rank 0's side: chooses the steps, takes part in them, gathers and writes up."""
+
+    def __init__(self, ctx, say):
+        self.ctx, self.say = ctx, say
+        self.spec = ctx.spec
+        self.topology = ctx.topology
+        self.gpus = self.spec.cluster.gpus
+        self.uid = 0
+        self.measured: dict[str, dict[int, dict]] = {m.id: {} for m in self.spec.models}
+
+    def run(self) -> dict:
+        started, began = dt.datetime.now(dt.timezone.utc), time.monotonic()
+        sched = self.spec.scheduler
+        ids = [m.id for m in self.spec.models]
+        self.say(f"profile: {len(ids)} models on {self.gpus} trainer(s): {sched.profile_batches} batches each, "
+                 f"timing the last {sched.profile_timed}")
+        self._measure([(model, 1) for model in ids])
+        single = {m: e[1]["rate"] for m, e in self.measured.items() if "rate" in e.get(1, {})}
+        m_t = threshold_gpus(single, self.spec.cluster.gpus_per_node, self.gpus)
+        self.say(f"profile: M_t = {m_t} (rates beyond it follow Eq. 5)")
+        self._measure([(model, m) for m in range(2, m_t + 1) for model in single])
+        preprocessing = self._measure_decoding()
+        self._step(("done",))
+        finished = dt.datetime.now(dt.timezone.utc)
+        timing = {
+            "started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
+            "seconds": round(time.monotonic() - began, 3), "batches": sched.profile_batches,
+            "timed": sched.profile_timed, "m_t": m_t,
+        }
+        return build_document(self.spec, len(self.ctx.train_idx), self.measured, preprocessing,
+                              self._hardware(), timing)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _step(self, step: tuple) -> list:
+        """Broadcast `step`, do rank 0's part, and gather every rank's result (by rank)."""
+        ctx = self.ctx
+        bcast_object(ctx.world, step, 0, "every rank to take a profiling step", ctx.timeout_s)
+        if step[0] == "done":
+            return []
+        results = [_execute(ctx, step)]
+        for rank in range(1, ctx.world.size):
+            results.append(recv_object(ctx.world, rank, RESULT_TAG, f"rank {rank}'s profiling result", ctx.timeout_s))
+        return results
+
+    def _measure(self, jobs: list[tuple[str, int]]) -> None:
+        sched = self.spec.scheduler
+        planned = waves(jobs, self.spec.cluster.gpus_per_node, self.gpus)
+        for k, wave in enumerate(planned, start=1):
+            began = time.monotonic()
+            step_jobs = [(job.model, self._ranks(job), self._next_uid()) for job in wave]
+            results = self._step(("train", step_jobs, sched.profile_batches, sched.profile_timed))
+            lines = []
+            for job, (_, ranks, _) in zip(wave, step_jobs):
+                result = dict(results[ranks[0]] or {"failed": "no result"}, gpus=list(job.gpus))
+                self.measured[job.model][job.m] = result
+                lines.append(f"{job.model}@{job.m}: " + (f"{result['rate']:,.0f}/s" if "rate" in result
+                                                         else f"FAILED ({result['failed']})"))
+            self.say(f"profile: wave {k}/{len(planned)} ({time.monotonic() - began:.1f} s): " + ", ".join(lines))
+
+    def _measure_decoding(self) -> dict:
+        ranks = list(self.topology.preprocessor_ranks())
+        rates: dict[str, float] = {}
+        for k in preprocessor_counts(len(ranks)):
+            results = self._step(("decode", tuple(ranks[:k]), DECODE_SECONDS))
+            rates[str(k)] = round(sum(results[r]["rate"] for r in ranks[:k]), 1)
+            self.say(f"profile: {k} preprocessor(s) decode {rates[str(k)]:,.0f} samples/s")
+        return {"samples_per_s": rates, "chunk_samples": self.ctx.chunk_samples,
+                "ranks": ranks, "per_node": len(self.topology.preprocessor_ranks(0))}
+
+    def _ranks(self, job: Measurement) -> tuple[int, ...]:
+        return tuple(self.topology.trainer_rank(g) for g in job.gpus)
+
+    def _next_uid(self) -> int:
+        self.uid += 1
+        return 30_000 + self.uid
+
+    def _hardware(self) -> dict:
+        from mpi4py import MPI
+
+        names = [e["device_name"] for by_m in self.measured.values() for e in by_m.values() if "device_name" in e]
+        name = names[0] if names else self.spec.cluster.device.value
+        try:
+            import torch
+
+            torch_version = torch.__version__
+        except ImportError:
+            torch_version = None
+        return {
+            "device": self.spec.cluster.device.value, "device_name": name, "host": platform.node(),
+            "nodes": self.spec.cluster.nodes, "trainers": self.gpus,
+            "preprocessors": len(self.topology.preprocessor_ranks()),
+            "threads_per_trainer": self.spec.cluster.threads_per_trainer, "cpu": platform.processor() or platform.machine(),
+            "python": platform.python_version(), "torch": torch_version,
+            "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
+        }

@@ -1,0 +1,147 @@
+"""Timing on one rank: a model trained by a trainer group, and preprocessing on a preprocessor.
+
+Training is timed the way it runs: the same engines and collective backends, a small control
+allreduce per step (as `GroupTraining` does), gradients summed across the group. A replica
+that cannot be built, or runs out of memory, is reported as a failure with its reason; the
+group agrees on it over MPI so that no member waits for one that has given up.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import numpy as np
+
+from fleet.runtime.waiting import IDLE, wait_request
+
+
+def profile_batch(ctx, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_size` training samples, decoded and augmented once per process and reused."""
+    cache = ctx.extras.setdefault("profile_batches", {})
+    if batch_size not in cache:
+        rng = np.random.default_rng(ctx.spec.seed)
+        train = ctx.train_idx
+        indices = np.sort(rng.choice(train, size=batch_size, replace=len(train) < batch_size))
+        raw = ctx.reader.read(indices)
+        cache[batch_size] = (ctx.pipeline(raw, rng, train=True), raw.labels)
+    return cache[batch_size]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line: why a model could not be profiled."""
+    name = type(exc).__name__
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else name
+    if name == "OutOfMemoryError" or isinstance(exc, MemoryError) or "out of memory" in text.lower():
+        return f"out of memory: {text[:200]}"
+    return f"{name}: {text[:200]}"
+
+
+def _group_failed(group_comm: Any, failed: bool, what: str, timeout_s: float, backoff=None) -> bool:
+    """True when any member of the group failed (an allreduce polled like the data plane's)."""
+    from mpi4py import MPI
+
+    if group_comm.size == 1:
+        return failed
+    flags = np.array([1.0 if failed else 0.0])
+    wait_request(group_comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.SUM), what, timeout_s, backoff)
+    return flags[0] > 0
+
+
+def device_name(device: str) -> str:
+    """What this trainer runs on: the GPU's name, or the processor's."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    import platform
+
+    return f"{device} ({platform.processor() or platform.machine()})"
+
+
+def _synchronize(device: str) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _release_memory(device: str) -> None:
+    gc.collect()
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int) -> dict:
+    """Train `model_id` on this group for `batches` steps, timing the last `timed`.
+
+    Every member calls it; every member returns the same ``{"rate": samples/s, "step_s": s}``
+    or ``{"failed": reason}`` (the first reason seen on this rank, else a member's).
+    """
+    from fleet.runtime.trainer import build_collective, build_engine
+
+    model = ctx.spec.model(model_id)
+    size, timeout = group_comm.size, ctx.timeout_s
+    engine = collective = None
+    reason = None
+    try:
+        engine = build_engine(ctx, model, size)
+        collective = build_collective(ctx, group_comm)
+        collective.broadcast_engine(engine)
+    except Exception as exc:  # a model that cannot be built is a result, not a crash
+        reason = describe_failure(exc)
+    if _group_failed(group_comm, reason is not None, f"the group building {model_id}", timeout, IDLE):
+        return _finish(engine, collective, ctx.device, reason or "another member of the group failed to build it")
+    x, y = profile_batch(ctx, model.train.batch_size)
+    started = None
+    for step in range(batches):
+        if step == batches - timed:
+            _synchronize(ctx.device)
+            started = time.perf_counter()
+        try:
+            engine.compute_gradients(x, y)
+        except Exception as exc:
+            reason = describe_failure(exc)
+        if _group_failed(group_comm, reason is not None, f"a step of {model_id}", timeout):
+            return _finish(engine, collective, ctx.device, reason or "another member of the group failed")
+        if size > 1:
+            collective.allreduce_gradients(engine)
+        engine.apply_gradients()
+    _synchronize(ctx.device)
+    elapsed = time.perf_counter() - started
+    result = {"rate": size * len(x) * timed / elapsed, "step_s": elapsed / timed,
+              "parameters": int(engine.num_parameters), "device_name": device_name(ctx.device)}
+    _finish(engine, collective, ctx.device, None)
+    return result
+
+
+def _finish(engine, collective, device: str, reason: str | None) -> dict:
+    if collective is not None:
+        collective.close()
+    del engine
+    _release_memory(device)
+    return {"failed": reason} if reason else {}
+
+
+def time_decoding(ctx, seconds: float) -> dict:
+    """Decode and augment chunks of the training split for about `seconds`; samples/s."""
+    from fleet.runtime.chunks import ChunkLayout
+
+    chunk = ctx.chunk_samples
+    layout = ChunkLayout(chunk, ctx.input_shape)
+    buffer = layout.new_buffer()
+    rng = np.random.default_rng([ctx.spec.seed, ctx.rank])
+    order = rng.permutation(ctx.train_idx)
+    samples, k = 0, 0
+    started = time.perf_counter()
+    while k < 2 or time.perf_counter() - started < seconds:
+        indices = np.sort(order[(k * chunk) % len(order):][:chunk])
+        raw = ctx.reader.read(indices)
+        ctx.pipeline(raw, rng, train=True, out=layout.images(buffer)[: len(indices)])
+        samples += len(indices)
+        k += 1
+    elapsed = time.perf_counter() - started
+    return {"samples": samples, "seconds": elapsed, "rate": samples / elapsed}

@@ -1,0 +1,117 @@
+"""What to measure and where: pure functions, no MPI or torch (tested in plain pytest).
+
+The FLEET paper's profiler trains each model for at most `profile_batches` batches on m GPUs
+and times the last `timed` of them, for m = 1..M_t with
+M_t = max(ceil(max_i r_i(1) / min_i r_i(1)), 2 * gpus_per_node), capped by the GPUs there
+are; Eq. 5 extrapolates beyond. Independent (model, m) measurements run at the same time on
+disjoint trainers: `waves` packs them, node-local whenever m fits on one node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One model timed on the trainers `gpus` (global trainer indices; node = gpu // g)."""
+
+    model: str
+    gpus: tuple[int, ...]
+
+    @property
+    def m(self) -> int:
+        return len(self.gpus)
+
+
+def threshold_gpus(single_rates: Mapping[str, float], gpus_per_node: int, total_gpus: int) -> int:
+    """The paper's M_t: the largest group size profiled (capped by `total_gpus`)."""
+    rates = [r for r in single_rates.values() if r > 0]
+    spread = math.ceil(max(rates) / min(rates)) if rates else 1
+    return max(1, min(total_gpus, max(spread, 2 * gpus_per_node)))
+
+
+def waves(jobs: Sequence[tuple[str, int]], gpus_per_node: int, total_gpus: int) -> list[list[Measurement]]:
+    """Pack `(model, m)` jobs into waves of measurements on disjoint trainers.
+
+    Larger groups go first (first fit decreasing). A group of m <= gpus_per_node trainers
+    lies on one node, in consecutive trainers; a larger one takes whole nodes (its first m
+    trainers). Within a wave, jobs keep their given order among equal m.
+
+    Raises:
+        ValueError: a job asks for more trainers than there are, or for m < 1.
+    """
+    for model, m in jobs:
+        if not 1 <= m <= total_gpus:
+            raise ValueError(f"{model}: cannot time {m} trainer(s) of {total_gpus}")
+    pending = sorted(jobs, key=lambda job: -job[1])
+    out: list[list[Measurement]] = []
+    while pending:
+        free = [True] * total_gpus
+        wave, rest = [], []
+        for model, m in pending:
+            gpus = _fit(free, m, gpus_per_node)
+            if gpus is None:
+                rest.append((model, m))
+                continue
+            for g in gpus:
+                free[g] = False
+            wave.append(Measurement(model, gpus))
+        out.append(wave)
+        pending = rest
+    return out
+
+
+def _fit(free: list[bool], m: int, gpn: int) -> tuple[int, ...] | None:
+    total = len(free)
+    if m <= gpn:
+        for node_start in range(0, total, gpn):
+            node = range(node_start, min(node_start + gpn, total))
+            for start in node:
+                run = range(start, start + m)
+                if run.stop <= node.stop and all(free[g] for g in run):
+                    return tuple(run)
+        return None
+    nodes_needed = math.ceil(m / gpn)
+    for first in range(0, total, gpn):
+        span = range(first, min(first + nodes_needed * gpn, total))
+        if len(span) >= m and all(free[g] for g in span):
+            return tuple(span[:m])
+    return None
+
+
+def preprocessor_counts(available: int) -> list[int]:
+    """1, 2, 4, ... up to `available` (which is included)."""
+    counts, k = [], 1
+    while k < available:
+        counts.append(k)
+        k *= 2
+    if available >= 1:
+        counts.append(available)
+    return counts
+
+
+def needed_preprocessors(
+    stream_rates: Sequence[float], decode_rates: Mapping[int, float], nodes: int
+) -> int:
+    """Preprocessors per node that keep up with the busiest moment of a plan.
+
+    Args:
+        stream_rates: per moment of the plan, the samples/s all its streams consume together
+            (each stream moves at its slowest member's rate and is decoded once).
+        decode_rates: measured samples/s of k preprocessor processes together, by k.
+        nodes: nodes the streams' decoding is spread over.
+
+    Returns the smallest measured k per node whose rate covers the need; beyond the largest
+    k measured, more processes at that k's rate per process.
+    """
+    if not decode_rates or not stream_rates:
+        return 1
+    need = max(stream_rates) / max(1, nodes)
+    for k in sorted(decode_rates):
+        if decode_rates[k] >= need:
+            return k
+    largest = max(decode_rates)
+    return max(largest, math.ceil(need / (decode_rates[largest] / largest)))

@@ -1,0 +1,103 @@
+"""The dry run's report: the plan, predicted makespans per policy, a what-if over GPU counts.
+
+Everything here is predicted by the simulator from ``profile.json`` (the measured rates)
+and each model's epochs (``max_epochs``, or the profile's ``epochs`` where a user put one).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from fleet.report.table import format_duration, format_table
+
+POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
+CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
+
+
+def _scenario(rates, spec, gpus: int):
+    from fleet.runtime.rates_source import epochs_estimate
+    from fleet.schedule import Cluster, Scenario
+
+    estimates = tuple(epochs_estimate(rates, spec))
+    truth = tuple(max(1, math.ceil(e - 1e-9)) for e in estimates)
+    return Scenario(rates, truth, estimates, Cluster(gpus, rates.gpus_per_node))
+
+
+def predict(rates, spec, gpus: int, policies=POLICIES) -> dict:
+    """Simulated runs of `policies` on `gpus` GPUs: ``{policy: SimResult}``."""
+    from fleet.schedule import Overheads, create_policy, simulate
+    from fleet.runtime.setup import policy_for
+
+    overheads = Overheads(latency_s=CHECKPOINT_LATENCY_S)
+    scenario = _scenario(rates, spec, gpus)
+    out = {}
+    for name in dict.fromkeys([*policies, spec.scheduler.policy]):
+        policy = policy_for(spec) if name == spec.scheduler.policy else create_policy(name, seed=spec.seed)
+        out[name] = simulate(policy, scenario, overheads)
+    return out
+
+
+def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
+    """Write plan.json and plan-gantt.png into `run_dir`; the report to print."""
+    from fleet.commands.plan import _render
+    from fleet.report.gantt import write_gantt
+    from fleet.schedule import lower_bounds
+    from fleet.schedule_io import load_profile, plan_document, write_json
+    from profiler.document import decode_rates, stream_demand, summarize_failures
+    from profiler.plan import needed_preprocessors
+
+    path = run_dir / "profile.json"
+    rates = load_profile(path)
+    gpus = spec.cluster.gpus
+    results = predict(rates, spec, gpus)
+    chosen = spec.scheduler.policy
+    scenario = _scenario(rates, spec, gpus)
+    lb2 = lower_bounds(rates, scenario.true_epochs, gpus).lb2
+    plan = plan_document(results[chosen], rates.gpus_per_node, "max-epochs", lb2)
+    write_json(run_dir / "plan.json", plan)
+    gantt = run_dir / "plan-gantt.png"
+    write_gantt(plan, str(gantt))
+    lines = [_render(plan, rates, "max-epochs", run_dir / "plan.json").replace(
+        "--max-epochs for every model", "each model's max_epochs")]
+    lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs (checkpoints modelled at "
+              f"{CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s):", _policy_table(results)]
+    failures = rates.extra.get("failures", [])
+    if failures:
+        lines += ["", "left out of the plan (profiling failed):"] + [f"  {f}" for f in summarize_failures(failures)]
+    block = rates.extra.get("preprocessing", {})
+    if decode_rates(block):
+        demand = stream_demand(plan, rates.rate)
+        need = needed_preprocessors(demand, decode_rates(block), spec.cluster.nodes)
+        have = block.get("per_node")
+        lines += ["", f"preprocessing: {_decode_line(block)}; the plan's busiest round consumes "
+                  f"{max(demand):,.0f} samples/s -> {need} preprocessor(s) per node needed (the spec has {have})"]
+    if what_if:
+        lines += ["", "what if (predicted makespan and GPU-hours per allocation size):", _what_if(rates, spec, what_if)]
+    return "\n".join(lines)
+
+
+def _decode_line(block: dict) -> str:
+    return ", ".join(f"{k} process(es) {float(v):,.0f}/s" for k, v in block["samples_per_s"].items())
+
+
+def _policy_table(results: dict) -> str:
+    baseline = results["baseline"].makespan
+    rows = [
+        [name, format_duration(r.makespan), f"{r.makespan:,.0f}", len(r.timeline.rounds),
+         f"{r.total_gpus * r.makespan / 3600:.2f}", f"{baseline / r.makespan:.2f}x"]
+        for name, r in results.items()
+    ]
+    return format_table(["policy", "makespan", "seconds", "rounds", "GPU-hours", "vs baseline"], rows)
+
+
+def _what_if(rates, spec, gpu_counts: tuple[int, ...]) -> str:
+    rows = []
+    for gpus in gpu_counts:
+        results = predict(rates, spec, gpus, policies=("fleet-g", "baseline"))
+        best = min(results.items(), key=lambda item: item[1].makespan)
+        rows.append([gpus, math.ceil(gpus / rates.gpus_per_node)]
+                    + [format_duration(results[p].makespan) for p in results]
+                    + [f"{gpus * best[1].makespan / 3600:.2f}", best[0]])
+    names = list(predict(rates, spec, gpu_counts[0], policies=("fleet-g", "baseline")))
+    return format_table(["GPUs", "nodes", *names, "GPU-hours (best)", "best"], rows)

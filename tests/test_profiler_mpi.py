@@ -1,0 +1,137 @@
+"""The profiler under a real mpiexec: a dry run trains nothing, emulated rates come back
+within 5%, a model that cannot be built is recorded and left out, and `fleet train` reuses
+a matching profile.json."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_mpi
+from fleet.schedule_io import load_profile
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+
+def write_spec(path: Path, models: list, cluster: dict, **sections) -> Path:
+    doc = {
+        "name": "prof", "seed": 3,
+        "data": {"source": "digits", "val_fraction": 0.2},
+        "models": models,
+        "train": {"batch_size": 32, "max_epochs": 1},
+        "scheduler": {"policy": "fleet-g", "profile_batches": 12, "profile_timed": 8,
+                      **sections.pop("scheduler", {})},
+        "cluster": cluster,
+        "runtime": sections.pop("runtime", {"timeout_s": 90}),
+    }
+    doc.update(sections)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_path):
+    """3 trainers + 1 preprocessor; one model asks for a 2**36-unit layer: it cannot be
+    allocated, is recorded with its reason and left out of the plan. Then `fleet train` in
+    the same run directory reuses the profile instead of measuring again."""
+    models = [{"family": "mlp", "name": "small", "params": {"hidden": [32]}},
+              {"family": "mlp", "name": "wide", "params": {"hidden": [128, 64]}},
+              {"family": "cnn", "name": "conv", "params": {"channels": [8], "hidden": 0}},
+              {"family": "mlp", "name": "huge", "params": {"hidden": [2**36]}}]
+    spec = write_spec(tmp_path / "s.yaml", models, {"nodes": 1, "gpus_per_node": 3, "preprocessors_per_node": 1})
+    run_dir = tmp_path / "run"
+    done = run_mpi(4, "profile", str(spec), "--run-dir", str(run_dir), "--gpus", "3,6", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rates = load_profile(run_dir / "profile.json")
+    assert set(rates.ids) == {"small", "wide", "conv"}
+    assert all(r > 0 for p in rates.models for r in p.rates) and len(rates.models[0].rates) == 3  # M_t = 3
+    document = json.loads((run_dir / "profile.json").read_text())
+    assert [f["id"] for f in document["failures"]] == ["huge"]
+    assert "memory" in document["failures"][0]["reason"] or "allocate" in document["failures"][0]["reason"]
+    assert document["preprocessing"]["samples_per_s"]["1"] > 0 and document["hardware"]["trainers"] == 3
+    assert {m["batch_size"] for m in document["models"]} == {32}
+    plan = json.loads((run_dir / "plan.json").read_text())
+    planned = {m["model"] for r in plan["rounds"] for m in r["members"]}
+    assert planned == {"small", "wide", "conv"}
+    assert (run_dir / "plan-gantt.png").stat().st_size > 1000
+    for policy in ("fleet-g", "fleet-l", "baseline", "homogeneous"):
+        assert policy in done.stdout
+    assert "what if" in done.stdout and "huge on 1 GPU(s)" in done.stdout
+    assert not list((run_dir / "checkpoints").glob("*/latest.json")) if (run_dir / "checkpoints").exists() else True
+    assert not [e for e in events(run_dir) if e["event"] == "epoch"]
+
+    finished = document["profiler"]["finished"]
+    done = run_mpi(4, "train", str(spec), "--run-dir", str(run_dir), "--quiet", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((run_dir / "profile.json").read_text())["profiler"]["finished"] == finished
+    assert "measured for this ensemble" in done.stdout
+    result = json.loads((run_dir / "results.json").read_text())
+    by_id = {m["id"]: m for m in result["models"]}
+    assert by_id["huge"]["epochs"] == 0 and "profiling failed" in by_id["huge"]["stop_reason"]
+    assert all(by_id[m]["epochs"] == 1 for m in ("small", "wide", "conv"))
+
+
+def test_emulated_rates_are_recovered_within_five_percent(tmp_path):
+    """The emulated device's steps take batch * m / r(m) seconds for known r; profiling on 5
+    ranks (4 trainers) measures them back for m = 1..4. Steps of 0.2-0.4 s keep the real
+    allreduces (a few ms among 5 ranks on 2 cores) below the tolerance."""
+    truth = {"e0": 100.0, "e1": 120.0, "e2": 140.0, "e3": 160.0}
+    scaling = 0.8
+    profile = {
+        "schema": 1, "gpus_per_node": 4, "samples_per_epoch": 1000,
+        "models": [{"id": m, "rates": {str(k): r * k**scaling for k in range(1, 5)}} for m, r in truth.items()],
+    }
+    (tmp_path / "truth.json").write_text(json.dumps(profile))
+    models = [{"family": "mlp", "name": m} for m in truth]
+    cluster = {"nodes": 1, "gpus_per_node": 4, "preprocessors_per_node": 1, "device": "emulated",
+               "emulated_profile": str(tmp_path / "truth.json")}
+    spec = write_spec(tmp_path / "s.yaml", models, cluster, scheduler={"profile_batches": 8, "profile_timed": 5})
+    run_dir = tmp_path / "run"
+    done = run_mpi(5, "profile", str(spec), "--run-dir", str(run_dir), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    measured = load_profile(run_dir / "profile.json")
+    errors = {}
+    for model, r1 in truth.items():
+        for m in range(1, 5):
+            expected = r1 * m**scaling
+            errors[f"{model}@{m}"] = measured.rate(model, m) / expected - 1
+    assert max(abs(e) for e in errors.values()) < 0.05, errors
+
+
+def test_measured_rates_refine_a_wrong_profile_between_rounds(tmp_path):
+    """The profile says four matched models (1600 samples/s); on the emulated device `a` really
+    trains at 400. Its epoch reports feed the rate table: when `b` converges (its stream is
+    held to a's pace by small queues), the coordinator logs the change and the predicted gain
+    of planning with it before the next launch."""
+    from test_runtime_mpi import digits_train_size
+
+    n = digits_train_size(0.2, 3)
+    truth = {"schema": 1, "gpus_per_node": 4, "samples_per_epoch": n, "models": [
+        {"id": m, "rates": {"1": r, "2": 1.8 * r}, "epochs": e}
+        for m, r, e in (("a", 400.0, 3), ("b", 1600.0, 2), ("c", 1600.0, 4), ("d", 1600.0, 4))]}
+    (tmp_path / "truth.json").write_text(json.dumps(truth))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    wrong = json.loads(json.dumps(truth))
+    wrong["models"][0]["rates"] = {"1": 1600.0, "2": 2880.0}
+    (run_dir / "profile.json").write_text(json.dumps(wrong))
+    models = [{"family": "mlp", "name": m} for m in "abcd"]
+    cluster = {"nodes": 1, "gpus_per_node": 4, "preprocessors_per_node": 1, "device": "emulated",
+               "emulated_profile": str(tmp_path / "truth.json")}
+    spec = write_spec(tmp_path / "s.yaml", models, cluster, train={"batch_size": 32, "max_epochs": 5},
+                      runtime={"timeout_s": 90, "qp_samples": 256, "qt_samples": 128, "qd_batches": 2})
+    done = run_mpi(5, "train", str(spec), "--run-dir", str(run_dir), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    weighed = [e for e in events(run_dir) if e["event"] in ("rates_refined", "rates_kept")]
+    assert weighed, [e["event"] for e in events(run_dir)]
+    change = next(c for c in weighed[0]["changes"] if c["model"] == "a" and c["gpus"] == 1)
+    assert change["old"] == 1600.0 and abs(change["new"] / 400.0 - 1) < 0.15, change
+    assert "predicted_keep_s" in weighed[0] and "cost_s" in weighed[0]
+    assert ("rates refined" in done.stdout) or ("rates kept" in done.stdout)
+    assert {m["id"]: m["epochs"] for m in json.loads((run_dir / "results.json").read_text())["models"]} == {
+        "a": 3, "b": 2, "c": 4, "d": 4}

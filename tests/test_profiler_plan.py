@@ -1,0 +1,121 @@
+"""The profiler's pure parts: M_t, packing measurements into waves, profile.json, preprocessors."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet.spec import parse_spec
+from profiler.document import build_document, model_rates, reuse_verdict, stream_demand
+from profiler.plan import needed_preprocessors, preprocessor_counts, threshold_gpus, waves
+
+
+def test_threshold_is_the_rate_spread_or_two_nodes_capped_by_the_gpus():
+    assert threshold_gpus({"a": 21.0, "b": 176.0}, 4, 160) == 9  # ceil(176 / 21)
+    assert threshold_gpus({"a": 100.0, "b": 150.0}, 4, 160) == 8  # 2 x gpus_per_node
+    assert threshold_gpus({"a": 21.0, "b": 176.0}, 4, 6) == 6
+
+
+def test_waves_worked_example():
+    """2 nodes x 2 GPUs; jobs a@1 b@1 c@1 a@2 b@2 a@3: the 3-GPU group spans both nodes first."""
+    jobs = [("a", 1), ("b", 1), ("c", 1), ("a", 2), ("b", 2), ("a", 3)]
+    got = [[(m.model, m.gpus) for m in wave] for wave in waves(jobs, 2, 4)]
+    assert got == [
+        [("a", (0, 1, 2)), ("a", (3,))],  # a@3 takes both nodes' first 3 GPUs; a@1 fits on GPU 3
+        [("a", (0, 1)), ("b", (2, 3))],  # the 2-GPU groups, one per node
+        [("b", (0,)), ("c", (1,))],
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gpn=st.integers(1, 4),
+    nodes=st.integers(1, 4),
+    sizes=st.lists(st.integers(1, 16), min_size=1, max_size=20),
+)
+def test_waves_use_disjoint_trainers_node_local_groups_and_every_job_once(gpn, nodes, sizes):
+    total = gpn * nodes
+    jobs = [(f"m{k}", min(m, total)) for k, m in enumerate(sizes)]
+    planned = waves(jobs, gpn, total)
+    seen = sorted((m.model, m.m) for wave in planned for m in wave)
+    assert seen == sorted(jobs)
+    for wave in planned:
+        used = [g for m in wave for g in m.gpus]
+        assert len(used) == len(set(used)) and all(0 <= g < total for g in used)
+        for m in wave:
+            if m.m <= gpn:
+                assert len({g // gpn for g in m.gpus}) == 1, m
+            assert list(m.gpus) == list(range(m.gpus[0], m.gpus[0] + m.m))
+
+
+def test_waves_reject_a_group_larger_than_the_machine():
+    with pytest.raises(ValueError, match="cannot time 5"):
+        waves([("a", 5)], 2, 4)
+
+
+def test_preprocessor_counts_double_up_to_what_there_is():
+    assert preprocessor_counts(1) == [1]
+    assert preprocessor_counts(6) == [1, 2, 4, 6]
+    assert preprocessor_counts(8) == [1, 2, 4, 8]
+
+
+def test_needed_preprocessors_covers_the_busiest_round_per_node():
+    decode = {1: 1000.0, 2: 1900.0, 4: 3600.0}
+    assert needed_preprocessors([500.0, 1800.0], decode, nodes=1) == 2
+    assert needed_preprocessors([3000.0], decode, nodes=2) == 2  # 1500 per node
+    assert needed_preprocessors([9000.0], decode, nodes=1) == 10  # beyond 4: 900/s per process
+
+
+def test_rates_stop_at_the_first_failed_group_size():
+    measured = {1: {"rate": 100.0}, 2: {"rate": 180.0}, 3: {"failed": "out of memory"}, 4: {"rate": 300.0}}
+    assert model_rates(measured) == {"1": 100.0, "2": 180.0}
+    assert model_rates({1: {"failed": "x"}}) == {}
+
+
+def spec(**cluster):
+    return parse_spec({
+        "name": "p", "data": {"source": "digits"},
+        "models": [{"family": "mlp", "name": "a"}, {"family": "mlp", "name": "b", "params": {"hidden": [16]}}],
+        "cluster": {"gpus_per_node": 2, **cluster},
+    })
+
+
+def test_document_lists_failures_and_leaves_them_out_of_the_rates():
+    s = spec()
+    measured = {"a": {1: {"rate": 100.0, "step_s": 0.3, "gpus": [0], "parameters": 10},
+                      2: {"rate": 150.0, "step_s": 0.4, "gpus": [0, 1]}},
+                "b": {1: {"failed": "out of memory: CUDA", "gpus": [1]}}}
+    doc = build_document(s, 1000, measured, {"samples_per_s": {"1": 5000.0}}, {"device": "cpu"},
+                         {"seconds": 1.0, "m_t": 2})
+    assert [m["id"] for m in doc["models"]] == ["a"]
+    assert doc["models"][0]["rates"] == {"1": 100.0, "2": 150.0} and doc["models"][0]["param_bytes"] == 40
+    assert doc["failures"] == [{"id": "b", "gpus": 1, "reason": "out of memory: CUDA"}]
+    from fleet.schedule.rates import RateTable
+
+    table = RateTable.from_dict(doc)
+    assert table.ids == ("a",) and table.rate("a", 4) > 0  # Eq. 5 beyond M_t
+    assert reuse_verdict(doc, s) == (True, "measured for this ensemble")
+    assert reuse_verdict(doc, spec(threads_per_trainer=2))[0] is False
+    assert reuse_verdict({"schema": 1, "models": []}, s)[0] is True  # written by hand: taken as given
+    assert reuse_verdict(None, s) == (False, "no profile.json")
+
+
+def test_stream_demand_counts_each_stream_once_at_its_slowest_member():
+    plan = {"rounds": [{"members": [{"model": "a", "gpus": [0], "stream": 0}, {"model": "b", "gpus": [1, 2], "stream": 0},
+                                    {"model": "c", "gpus": [3], "stream": 1}]}]}
+    rates = {("a", 1): 100.0, ("b", 2): 90.0, ("c", 1): 50.0}
+    assert stream_demand(plan, lambda model, m: rates[(model, m)]) == [140.0]
+
+
+@pytest.mark.parametrize("name", ["plan.py", "document.py", "report.py"])
+def test_planning_parts_import_neither_mpi_nor_torch(name):
+    import ast
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "profiler" / name
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    assert not roots & {"mpi4py", "torch"}, roots
