@@ -1,0 +1,73 @@
+"""`fleet submit SPEC --scheduler slurm|lsf`: write a batch script into the run directory and submit it."""
+
+from __future__ import annotations
+
+import argparse
+
+from fleet.commands._args import one_of, positive_int
+
+SCHEDULERS = ("slurm", "lsf")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "submit",
+        help="write a Slurm or LSF batch script for an ensemble and submit it",
+        description="Render a batch script from the spec (nodes, ranks per node = trainers + preprocessors, "
+        "GPUs, cores per rank, walltime), write it into the run directory and submit it with sbatch or bsub. "
+        "The job checkpoints on USR1 (sent 120 s before the walltime) and requeues itself to resume.",
+    )
+    parser.add_argument("spec", help="ensemble YAML file")
+    parser.add_argument("--scheduler", required=True, type=one_of(SCHEDULERS), metavar="slurm|lsf",
+                        help="the batch system")
+    parser.add_argument("--run-dir", metavar="DIR", help="run directory (default: the spec's run_dir, else runs/NAME)")
+    parser.add_argument("--dry-run", action="store_true", help="write the script, do not submit it")
+    parser.add_argument("--time", metavar="T", help="walltime: minutes, HH:MM:SS or D-HH:MM:SS (default: the site's)")
+    parser.add_argument("--account", metavar="NAME", help="account/project to charge (Slurm --account, LSF -P)")
+    parser.add_argument("--partition", "--queue", dest="partition", metavar="NAME", help="Slurm partition or LSF queue")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="KIND:VALUE",
+        help="prepare the job's shell, in order, repeatable: conda:NAME, venv:PATH or module:NAME[,NAME...] "
+        "(default: run fleet with this Python)",
+    )
+    parser.add_argument(
+        "--preprocessors", type=positive_int, metavar="N",
+        help="preprocessor ranks per node when the spec says preprocessors_per_node: auto (default 1)",
+    )
+    parser.add_argument(
+        "--cpus-per-task", type=positive_int, metavar="N", help="cores per rank (default: cluster.threads_per_trainer)"
+    )
+    parser.add_argument("--launcher-args", metavar="ARGS", help="extra srun/jsrun flags, e.g. '--smpiargs=\"-disable_gpu_hooks\"'")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+    from pathlib import Path
+
+    from fleet.atomic import atomic_write_text
+    from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
+    from fleet.batch.submit import require_submitter, submit
+    from fleet.spec import load_spec
+
+    system = BatchSystem(args.scheduler)
+    if not args.dry_run:
+        require_submitter(system)
+    spec = load_spec(args.spec, run_dir=args.run_dir)
+    options = SubmitOptions(
+        system, time=args.time, account=args.account, partition=args.partition, env=tuple(args.env),
+        preprocessors=args.preprocessors, cpus_per_task=args.cpus_per_task, launcher_args=args.launcher_args,
+    )
+    job = batch_job(spec, args.spec, options, os.getcwd(), sys.executable)
+    path = Path(script_path(job))
+    atomic_write_text(path, render(job))
+    path.chmod(0o755)
+    print(f"fleet: {job.name}: wrote {path}")
+    if args.dry_run:
+        print(f"fleet: dry run: submit it with: {'sbatch' if system is BatchSystem.SLURM else 'bsub <'} {path}")
+        return 0
+    job_id = submit(system, path)
+    print(f"fleet: submitted {system.value} job {job_id}; output in {job.run_dir}")
+    return 0

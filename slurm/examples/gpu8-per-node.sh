@@ -1,0 +1,56 @@
+#!/bin/bash
+## Example: 4 nodes with 8 GPUs each (DGX-like), 4 preprocessors per node to keep 8 GPUs fed.
+## Made with examples/fleet100.yaml and its cluster section set to
+##   cluster: {nodes: 4, gpus_per_node: 8, preprocessors_per_node: 4, device: cuda}
+## and: fleet submit examples/fleet100.yaml --scheduler slurm --dry-run --time 1-00:00:00 \
+##        --partition gpu --cpus-per-task 10 --env conda:fleet
+## 12 tasks x 10 cores = 120 cores per node; lower --cpus-per-task on smaller nodes.
+# fleet ensemble fleet100 as a Slurm batch job, written by `fleet submit`.
+# 4 nodes x (8 trainers + 4 preprocessors) = 48 ranks, 8 GPUs per node
+# Submit: sbatch /home/user/fleet/runs/fleet100/sbatch.sh
+# USR1 (120 s before the time limit, or `scancel --signal=USR1 --batch JOBID`) makes every
+# rank checkpoint at its next step; `fleet train` then exits 75 and the job requeues itself and
+# resumes in the same run directory. Exit 0: the ensemble is finished.
+#SBATCH --job-name=fleet100
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=12
+#SBATCH --cpus-per-task=10
+#SBATCH --gpus-per-node=8
+#SBATCH --time=1-00:00:00
+#SBATCH --partition=gpu
+#SBATCH --output=/home/user/fleet/runs/fleet100/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+
+set -u
+cd /home/user/fleet || exit 1
+eval "$(conda shell.bash hook)"
+conda activate fleet
+export PYTHONUNBUFFERED=1
+# MPICH (the PyPI wheel) speaks PMI-1 to srun's pmi2 plugin: leave MPIR_CVAR_PMI_VERSION unset.
+spec=/home/user/fleet/examples/fleet100.yaml
+run_dir=/home/user/fleet/runs/fleet100
+
+echo "fleet: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST} at $(date '+%F %T')"
+srun --mpi=pmi2 fleet train "$spec" --run-dir "$run_dir" &
+pid=$!
+
+caught=
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+while :; do
+    caught=
+    wait "$pid"; status=$?
+    [ -n "$caught" ] && [ "$status" -gt 128 ] || break  # a trapped signal ends `wait` early
+done
+
+case $status in
+0)  echo "fleet: ensemble finished: $run_dir/results.json" ;;
+75) echo "fleet: checkpointed, not finished: requeueing job ${SLURM_JOB_ID} to resume in $run_dir"
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+    echo "fleet: requeue failed; resume with: sbatch /home/user/fleet/runs/fleet100/sbatch.sh" ;;
+*)  echo "fleet: fleet train exited with status $status" ;;
+esac
+exit "$status"

@@ -1,0 +1,45 @@
+#!/bin/bash
+# fleet ensemble quickstart as an LSF job started with jsrun, written by `fleet submit`.
+# 2 nodes x (4 trainers + 1 preprocessor) = 10 ranks, CPU only
+# One jsrun resource set per node holds the node's ranks, cores and GPUs; on each node
+# the first rank is the preprocessor and the others are trainers (trainer i uses GPU i).
+# `#BSUB -nnodes` is CSM LSF's (Summit, Sierra); other LSF sites use -n and span[ptile=N].
+# Submit: bsub < /home/user/fleet/runs/quickstart/bsub.sh   (bsub reads the #BSUB lines from standard input)
+# USR1 (2 min before the run limit, or `bkill -s USR1 JOBID`) makes every rank
+# checkpoint at its next step; `fleet train` then exits 75 and the job requeues itself
+# (brequeue, else bsub -Q) and resumes in the same run directory. Exit 0: the ensemble is finished.
+#BSUB -J quickstart
+#BSUB -nnodes 2
+#BSUB -o /home/user/fleet/runs/quickstart/lsf-%J.out
+#BSUB -wa USR1
+#BSUB -wt 2
+#BSUB -Q "75"
+
+set -u
+cd /home/user/fleet || exit 1
+export PYTHONUNBUFFERED=1
+spec=/home/user/fleet/examples/quickstart.yaml
+run_dir=/home/user/fleet/runs/quickstart
+
+echo "fleet: job ${LSB_JOBID} on ${LSB_MCPU_HOSTS:-?} at $(date '+%F %T')"
+jsrun -n 2 -r 1 -a 5 -c 5 -g 0 --bind packed:1 -d packed /home/user/fleet/.venv/bin/python -m fleet train "$spec" --run-dir "$run_dir" &
+pid=$!
+
+caught=
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+while :; do
+    caught=
+    wait "$pid"; status=$?
+    [ -n "$caught" ] && [ "$status" -gt 128 ] || break  # a trapped signal ends `wait` early
+done
+
+case $status in
+0)  echo "fleet: ensemble finished: $run_dir/results.json" ;;
+75) echo "fleet: checkpointed, not finished: requeueing job ${LSB_JOBID} to resume in $run_dir"
+    brequeue "$LSB_JOBID" && exit 0
+    echo "fleet: brequeue failed; exiting 75 (bsub -Q requeues the job)" ;;
+*)  echo "fleet: fleet train exited with status $status" ;;
+esac
+exit "$status"

@@ -1,0 +1,51 @@
+#!/bin/bash
+# fleet ensemble fleet100 as a Slurm batch job, written by `fleet submit`.
+# 10 nodes x (4 trainers + 2 preprocessors) = 60 ranks, 4 GPUs per node
+# Submit: sbatch /home/user/fleet/runs/fleet100/sbatch.sh
+# USR1 (120 s before the time limit, or `scancel --signal=USR1 --batch JOBID`) makes every
+# rank checkpoint at its next step; `fleet train` then exits 75 and the job requeues itself and
+# resumes in the same run directory. Exit 0: the ensemble is finished.
+#SBATCH --job-name=fleet100
+#SBATCH --nodes=10
+#SBATCH --ntasks-per-node=6
+#SBATCH --cpus-per-task=8
+#SBATCH --gpus-per-node=4
+#SBATCH --time=06:00:00
+#SBATCH --account=abc123
+#SBATCH --partition=gpu
+#SBATCH --output=/home/user/fleet/runs/fleet100/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+
+set -u
+cd /home/user/fleet || exit 1
+module load cuda/12.4
+source /home/user/fleet/.venv/bin/activate
+export PYTHONUNBUFFERED=1
+# MPICH (the PyPI wheel) speaks PMI-1 to srun's pmi2 plugin: leave MPIR_CVAR_PMI_VERSION unset.
+spec=/home/user/fleet/examples/fleet100.yaml
+run_dir=/home/user/fleet/runs/fleet100
+
+echo "fleet: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST} at $(date '+%F %T')"
+srun --mpi=pmi2 fleet train "$spec" --run-dir "$run_dir" &
+pid=$!
+
+caught=
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+while :; do
+    caught=
+    wait "$pid"; status=$?
+    [ -n "$caught" ] && [ "$status" -gt 128 ] || break  # a trapped signal ends `wait` early
+done
+
+case $status in
+0)  echo "fleet: ensemble finished: $run_dir/results.json" ;;
+75) echo "fleet: checkpointed, not finished: requeueing job ${SLURM_JOB_ID} to resume in $run_dir"
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+    echo "fleet: requeue failed; resume with: sbatch /home/user/fleet/runs/fleet100/sbatch.sh" ;;
+*)  echo "fleet: fleet train exited with status $status" ;;
+esac
+exit "$status"

@@ -1,0 +1,185 @@
+"""The rendered batch scripts, run by bash.
+
+With stand-ins for srun/jsrun and scontrol/brequeue, the scripts' own logic: the checkpoint
+signal reaches the launcher, `wait` survives a trapped signal, exit 75 requeues the job.
+Then the LSF script for real, its jsrun line run through tests/shims/jsrun (jsrun -> mpiexec)
+on a tiny ensemble.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, mpi_launcher
+from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
+from fleet.batch.render import jsrun_flags
+from fleet.spec import load_spec
+
+SHIMS = REPO / "tests" / "shims"
+
+# A launcher stand-in: exits $FAKE_EXIT at once, or with FAKE_EXIT=wait waits for USR1/TERM,
+# records it, lingers $FAKE_LINGER seconds (a checkpoint), then exits 75.
+FAKE_LAUNCHER = """#!/usr/bin/env bash
+echo "$*" > "$FAKE_DIR/launcher.args"
+[ "$FAKE_EXIT" = wait ] || exit "$FAKE_EXIT"
+got=
+trap 'got="$got USR1"' USR1
+trap 'got="$got TERM"' TERM
+touch "$FAKE_DIR/ready"
+while [ -z "$got" ]; do sleep 0.05; done
+sleep "${FAKE_LINGER:-0}"
+echo $got > "$FAKE_DIR/launcher.signals"
+exit 75
+"""
+FAKE_REQUEUE = """#!/usr/bin/env bash
+echo "$*" > "$FAKE_DIR/requeue.args"
+exit "${FAKE_REQUEUE_EXIT:-0}"
+"""
+LAUNCHERS = {"slurm": ("srun", "scontrol"), "lsf": ("jsrun", "brequeue")}
+JOB_ENV = {"slurm": {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "n1"}, "lsf": {"LSB_JOBID": "1234"}}
+
+
+def write_spec(tmp_path: Path, epochs: int = 1) -> Path:
+    doc = {
+        "name": "tiny", "seed": 1, "data": {"source": "digits", "val_fraction": 0.2},
+        "models": [{"family": "mlp", "name": "a", "params": {"hidden": [16]}},
+                   {"family": "mlp", "name": "b", "params": {"hidden": [32]}}],
+        "train": {"batch_size": 32, "max_epochs": epochs, "optimizer": "adam", "lr": 0.01},
+        "scheduler": {"profile": False},  # rates from FLOPs: no profiling pass before training
+        "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"},
+        "runtime": {"timeout_s": 120},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def write_script(tmp_path: Path, system: str) -> Path:
+    spec_path = write_spec(tmp_path)
+    spec = load_spec(spec_path, run_dir=str(tmp_path / "run"))
+    job = batch_job(spec, str(spec_path), SubmitOptions(BatchSystem(system)), str(tmp_path), sys.executable)
+    path = Path(script_path(job))
+    path.parent.mkdir(parents=True)
+    path.write_text(render(job))
+    return path
+
+
+@pytest.fixture(params=["slurm", "lsf"])
+def scripted(request, tmp_path):
+    """(system, script, start(exit, **env) -> Popen, fake dir) with a stand-in launcher and requeue."""
+    system = request.param
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    launcher, requeue = LAUNCHERS[system]
+    for name, text in ((launcher, FAKE_LAUNCHER), (requeue, FAKE_REQUEUE)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    script = write_script(tmp_path, system)
+
+    def start(exit: str, **env: str) -> subprocess.Popen:
+        full = {"PATH": f"{fake}:/usr/bin:/bin", "FAKE_DIR": str(fake), "FAKE_EXIT": exit, **JOB_ENV[system], **env}
+        return subprocess.Popen(["bash", str(script)], env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+
+    return system, script, start, fake
+
+
+def wait_for(path: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def test_finished_ensemble_exits_0_without_requeue(scripted):
+    system, script, start, fake = scripted
+    proc = start("0")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "ensemble finished" in out, out
+    assert not (fake / "requeue.args").exists()
+    assert "train" in (fake / "launcher.args").read_text()
+
+
+def test_failure_is_passed_on_without_requeue(scripted):
+    system, script, start, fake = scripted
+    proc = start("3")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 3 and "exited with status 3" in out, out
+    assert not (fake / "requeue.args").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_checkpoint_signal_reaches_the_launcher_and_75_requeues(scripted, signum):
+    system, script, start, fake = scripted
+    proc = start("wait")
+    wait_for(fake / "ready")
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert (fake / "launcher.signals").read_text().split() == [signum.name.removeprefix("SIG")]
+    assert (fake / "requeue.args").read_text().split()[-1] == "1234"
+    assert "checkpointed, not finished" in out
+
+
+def test_wait_outlasts_a_second_signal_during_the_checkpoint(scripted):
+    system, script, start, fake = scripted
+    proc = start("wait", FAKE_LINGER="1.5")
+    wait_for(fake / "ready")
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # the walltime's TERM while the ranks still checkpoint
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert (fake / "requeue.args").exists(), out
+
+
+def test_failed_requeue_exits_75(scripted):
+    system, script, start, fake = scripted
+    proc = start("wait", FAKE_REQUEUE_EXIT="1")
+    wait_for(fake / "ready")
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 75, out
+    assert "failed" in out
+
+
+# --- the LSF script for real, through the jsrun shim ----------------------------------------------
+
+
+@pytest.mark.mpi
+def test_lsf_script_trains_through_the_jsrun_shim(tmp_path):
+    script = write_script(tmp_path, "lsf")
+    log = tmp_path / "jsrun.log"
+    env = {
+        **os.environ, "PATH": f"{SHIMS}:{os.environ['PATH']}", "LSB_JOBID": "42", "PYTHONUNBUFFERED": "1",
+        "JSRUN_SHIM_MPIEXEC": " ".join(mpi_launcher()), "JSRUN_SHIM_LOG": str(log),
+    }
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ensemble finished" in done.stdout
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert sorted((m["id"], m["epochs"]) for m in results["models"]) == [("a", 1), ("b", 1)]
+    spec = load_spec(tmp_path / "spec.yaml", run_dir=str(tmp_path / "run"))
+    job = batch_job(spec, "spec.yaml", SubmitOptions(BatchSystem.LSF), str(tmp_path), sys.executable)
+    flags = log.read_text().split()
+    assert flags[: len(jsrun_flags(job))] == jsrun_flags(job)
+    assert flags[len(jsrun_flags(job)):][:3] == [sys.executable, "-m", "fleet"]
+
+
+def test_jsrun_shim_runs_nrs_times_tasks_ranks(tmp_path):
+    probe = "from mpi4py import MPI; c = MPI.COMM_WORLD; r = c.gather(c.rank); c.rank or print(r, c.size)"
+    env = {**os.environ, "JSRUN_SHIM_MPIEXEC": " ".join(mpi_launcher())}
+    done = subprocess.run(
+        [str(SHIMS / "jsrun"), "-n", "2", "-r", "1", "-a", "2", "-c", "4", "-g", "0", "--bind", "packed:2",
+         "-d", "packed", "--smpiargs=-disable_gpu_hooks", sys.executable, "-c", probe],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0, 1, 2, 3] 4"
