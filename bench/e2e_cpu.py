@@ -1,0 +1,124 @@
+"""End to end on the CPU: FLEET-G, fleet-adaptive, Baseline and Homogeneous on the same ranks, one invocation.
+
+An ensemble of 8 heterogeneous CNNs (plain CNNs, ResNets and a DenseNet of different sizes)
+trains on a synthetic JPEG image folder, every model for exactly `--epochs` epochs (the stop
+rule is switched off), so each policy does the same training work. Each policy runs as its
+own `fleet run` on the same ranks (1 preprocessor + `--trainers` trainer slots); the bench
+prints makespan, the speedup of each policy over Baseline, and the samples each decoded.
+
+All policies plan with the same measured rates: `fleet profile` runs once first (its time is
+printed) and its profile.json is copied into every policy's run directory, which `fleet run`
+then reuses. On a CPU all trainer slots share the same cores, so the gain of sharing one
+decoded stream shows up as less decoding work; the GPU-side gains of rate-matched flotillas
+cannot.
+
+The JPEGs on disk are larger than what the models train on (96x96 resized to 24x24 by
+default), as with Caltech256's photos resized for the paper's nets: decoding is real work, the
+work that sharing a stream saves.
+
+Usage: .venv/bin/python bench/e2e_cpu.py [--trainers 4] [--epochs 2] [--samples 3000]
+       [--source-size 96] [--image-size 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+POLICIES = ("fleet-g", "fleet-adaptive", "baseline", "homogeneous")
+
+MODELS = [
+    {"family": "cnn", "name": "cnn-8", "params": {"channels": [8], "hidden": 0}},
+    {"family": "cnn", "name": "cnn-8-16", "params": {"channels": [8, 16], "hidden": 32}},
+    {"family": "cnn", "name": "cnn-16-32", "params": {"channels": [16, 32], "hidden": 64}},
+    {"family": "cnn", "name": "cnn-32-64", "params": {"channels": [32, 64], "hidden": 128}},
+    {"family": "cnn", "name": "cnn-8-16-32", "params": {"channels": [8, 16, 32], "hidden": 0}},
+    {"family": "resnet", "name": "resnet-w4", "params": {"blocks": [1, 1, 1, 1], "width": 4}},
+    {"family": "resnet", "name": "resnet-w8", "params": {"blocks": [1, 1, 1, 1], "width": 8}},
+    {"family": "densenet", "name": "densenet-g4", "params": {"blocks": [2, 2], "growth_rate": 4}},
+]
+
+
+def spec_for(policy: str, data: Path, args) -> dict:
+    return {
+        "name": f"e2e-{policy}", "seed": 11,
+        "data": {"source": "imagefolder", "path": str(data), "image_size": args.image_size, "channels": 3,
+                 "val_fraction": 0.1},
+        "preprocess": ["decode", {"resize": {"size": args.image_size + 2}}, {"random_crop": {"size": args.image_size}},
+                       {"flip": {"p": 0.5}},
+                       {"normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}],
+        "models": MODELS,
+        "train": {"batch_size": 32, "max_epochs": args.epochs, "optimizer": "sgd", "lr": 0.05,
+                  "stop": {"patience": 1000}},
+        "scheduler": {"policy": policy},
+        "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": 1, "device": "cpu"},
+    }
+
+
+def profile_once(data: Path, root: Path, args) -> tuple[Path, float]:
+    """`fleet profile` on the fleet-g spec; the profile.json path and the profiler's seconds."""
+    spec_path = root / "profile.yaml"
+    spec_path.write_text(yaml.safe_dump(spec_for("fleet-g", data, args)))
+    run_dir = root / "profile"
+    done = subprocess.run([sys.executable, "-m", "fleet", "profile", str(spec_path), "--run-dir", str(run_dir),
+                           "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=3600)
+    if done.returncode != 0:
+        sys.exit(f"profiling failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    path = run_dir / "profile.json"
+    return path, json.loads(path.read_text())["profiler"]["seconds"]
+
+
+def run_policy(policy: str, data: Path, root: Path, args, profile: Path) -> dict:
+    spec_path = root / f"{policy}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec_for(policy, data, args)))
+    run_dir = root / policy
+    run_dir.mkdir()
+    shutil.copy(profile, run_dir / "profile.json")
+    done = subprocess.run([sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(run_dir), "--quiet"],
+                          capture_output=True, text=True, cwd=REPO, timeout=3600)
+    if done.returncode != 0:
+        sys.exit(f"{policy} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trainers", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=3000)
+    parser.add_argument("--source-size", type=int, default=96, help="side of the JPEGs on disk")
+    parser.add_argument("--image-size", type=int, default=24, help="side the models train on")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from preprocess.make import make_synthetic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        data = root / "images"
+        make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=args.source_size, channels=3,
+                       progress=False)
+        profile, profile_s = profile_once(data, root, args)
+        results = {policy: run_policy(policy, data, root, args, profile) for policy in POLICIES}
+    base = results["baseline"]
+    print(f"{len(MODELS)} CNNs x {args.epochs} epochs on {args.samples} JPEGs ({args.source_size}x{args.source_size} "
+          f"on disk, {args.image_size}x{args.image_size} after resize and crop), "
+          f"1 preprocessor + {args.trainers} CPU trainer slots; profiled once in {profile_s:.1f} s")
+    print(f"{'policy':<14}{'makespan s':>11}{'vs baseline':>13}{'rounds':>8}{'decoded':>10}{'decoded/base':>14}"
+          f"{'mean best acc':>15}")
+    for policy, res in results.items():
+        accuracy = sum(m["best_val_accuracy"] for m in res["models"]) / len(res["models"])
+        print(f"{policy:<14}{res['makespan_s']:>11.1f}{base['makespan_s'] / res['makespan_s']:>12.2f}x"
+              f"{res['rounds']:>8}{res['samples_decoded']:>10,}{res['samples_decoded'] / base['samples_decoded']:>14.2f}"
+              f"{accuracy:>15.3f}")
+
+
+if __name__ == "__main__":
+    main()

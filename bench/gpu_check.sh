@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The CUDA path and the GPU figures of bench/RESULTS.md, on a machine with one NVIDIA GPU and
+# the packages of this workplace's GPU image (torch, mpi4py on Open MPI, h5py, ...); wheels of
+# what it lacks (pydantic) may lie in .whl/. Run from the repository root:
+#   bash bench/gpu_check.sh [OUT_DIR]
+set -uo pipefail
+out=${1:-${OUT:-/tmp/fleet-gpu}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi -L; nproc
+python3 - <<'PY'
+import torch, mpi4py
+from mpi4py import MPI
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0))
+print("mpi4py", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])
+PY
+
+echo "== 1. engine and collective tests on CUDA"
+python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_models.py 2>&1 | tail -3
+
+echo "== 2. quickstart on the GPU: fleet run, 1 trainer (the GPU) + 3 preprocessors"
+python3 -m fleet data make synthetic --format jpeg --out "$out/qs-data" --force --quiet \
+    --classes 10 --samples 2400 --image-size 20 --channels 3 --seed 0
+python3 - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+spec = yaml.safe_load(open("examples/quickstart.yaml"))
+spec["data"]["path"] = f"{out}/qs-data"
+spec["cluster"] = {"nodes": 1, "gpus_per_node": 1, "preprocessors_per_node": 3, "device": "cuda"}
+spec["train"]["batch_size"] = 128
+yaml.safe_dump(spec, open(f"{out}/quickstart-gpu.yaml", "w"))
+PY
+python3 -m fleet profile "$out/quickstart-gpu.yaml" --run-dir "$out/qs-dry" --gpus 1,2,4,8 --quiet 2>&1 | tail -22
+start=$(date +%s.%N)
+python3 -m fleet run "$out/quickstart-gpu.yaml" --run-dir "$out/qs-run" 2>&1 | tail -12
+end=$(date +%s.%N)
+python3 - "$out" "$start" "$end" <<'PY'
+import json, sys
+r = json.load(open(f"{sys.argv[1]}/qs-run/results.json"))
+p = json.load(open(f"{sys.argv[1]}/qs-run/profile.json"))
+wall = float(sys.argv[3]) - float(sys.argv[2])
+print(f"fleet run wall {wall:.1f} s: profiling {p['profiler']['seconds']:.1f} s "
+      f"({100 * p['profiler']['seconds'] / wall:.1f}% of the run), training makespan {r['makespan_s']:.1f} s")
+print(f"makespan {r['makespan_s']:.1f} s, rounds {r['rounds']}, decoded {r['samples_decoded']}")
+for m in r["models"]:
+    rate = max(h["samples_per_s"] for h in m["history"])
+    print(f"  {m['id']:<14} {m['parameters']:>8} params  best acc {m['best_val_accuracy']:.3f}  {rate:>9,.0f} samples/s")
+PY
+
+echo "== 3. the data path on a 16-core host (no oversubscription)"
+for chunk in 168 256; do python3 bench/pipeline.py --chunk "$chunk" 2>&1 | tail -5; done
+python3 bench/pipeline.py --chunk 168 --trainers 7 2>&1 | tail -5

@@ -1,0 +1,197 @@
+"""Throughput of fleet's data path beside a raw MPI broadcast of the same bytes, in one run.
+
+Path measured: the preprocessor's chunk -> its paired master (Qp) -> the masters' broadcast ->
+the scatter to the workers of a group -> each trainer's Qt -> batches (Qd) -> a trainer that
+only takes the batch (no step, no per-step allreduce; epoch ends, evaluation, checkpoints and
+reports are the real ones). Two models share one stream: A on all trainers but one (master
++ workers), B on the last. Decoding is not part of the path either: the preprocessor's decode
+is replaced by a copy of one chunk decoded in advance. Both replacements are patches this
+bench makes; fleet itself never does this.
+
+Raw baseline: rank 0 broadcasts the same number of chunks of the same size to all trainer
+ranks with blocking `MPI_Bcast`.
+
+Usage: .venv/bin/python bench/pipeline.py [--trainers 3] [--image-size 32] [--chunk 168]
+       [--epochs 4] [--samples 12000]
+Prints the medians of three measurements of each and their ratio (target: the path reaches
+>= 70% of the faster raw broadcast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+REPEATS = 3  # medians of three: this machine's timings are noisy
+sys.path.insert(0, str(REPO))
+
+
+def raw_bcast(chunk_bytes: int, chunks: int) -> None:
+    """Under mpiexec: rank 0 broadcasts `chunks` buffers of `chunk_bytes` to every rank, once
+    with blocking `MPI_Bcast` (MPI spins while it waits) and once with `MPI_Ibcast` waited
+    on the way fleet waits on this node (sleep-polling where ranks outnumber cores)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from fleet.runtime.waiting import busy_polling_fits, use_busy_polling, wait_request
+
+    world = MPI.COMM_WORLD
+    use_busy_polling(busy_polling_fits(2 * world.size))  # as fleet's runtime.poll: auto would
+    buffer = np.ones(chunk_bytes, np.uint8)
+    seconds: dict[str, list[float]] = {"blocking": [], "polled": []}
+    for _ in range(REPEATS):
+        for name in seconds:
+            world.Barrier()
+            started = time.perf_counter()
+            for _ in range(chunks):
+                if name == "blocking":
+                    world.Bcast(buffer, root=0)
+                else:
+                    wait_request(world.Ibcast(buffer, root=0), "a broadcast", 600)
+            world.Barrier()
+            seconds[name].append(time.perf_counter() - started)
+    if world.rank == 0:
+        print(json.dumps({name: statistics.median(times) for name, times in seconds.items()}))
+
+
+def patched_pipeline(spec: str, run_dir: str) -> None:
+    """Under mpiexec: `fleet train` with the preprocessor's decode replaced by a copy."""
+    import numpy as np
+
+    from fleet.runtime import preprocessor, trainer
+    from fleet.runtime.chunks import write_header
+    from fleet.runtime.main import TrainOptions, train_entry
+
+    ready: dict = {}
+
+    def copy_decoded(self, chunk: int, buffer) -> int:
+        count = len(self.order.indices(chunk))
+        if "images" not in ready:
+            raw = self.ctx.reader.read(np.sort(self.order.indices(0)))
+            ready["images"] = self.ctx.pipeline(raw, self.order.rng(0), train=True)
+            ready["labels"] = raw.labels
+        self.chunks.images(buffer)[:count] = ready["images"][:count]
+        self.chunks.labels(buffer)[:count] = ready["labels"][:count]
+        newest_first, newest = self.layouts[-1]
+        notice = (newest.version, newest_first) if newest_first > chunk else (0, 0)
+        write_header(self.chunks.header(buffer), chunk, self.order.epoch_of(chunk), count, regroup=notice)
+        return count
+
+    def consume_only(self, batcher, stream) -> bool:
+        while True:
+            batch = self._next_batch(batcher, stream)
+            if batch.epoch_end and self._end_epoch():
+                return True
+
+    preprocessor.StreamProducer._decode = copy_decoded
+    trainer.GroupTraining._train = consume_only
+    sys.exit(train_entry(TrainOptions(spec, run_dir, quiet=True)))
+
+
+def mpiexec(ranks: int) -> list[str]:
+    from fleet.runtime.launch import find_mpiexec, launcher_for
+
+    return [*launcher_for(find_mpiexec()), "-n", str(ranks), sys.executable]
+
+
+def setup(root: Path, args) -> tuple[Path, Path, int]:
+    """Data set, spec and profile for a stream of A (trainers - 1 GPUs) and B (1 GPU)."""
+    from preprocess.make import make_synthetic
+
+    data = root / "data.h5"
+    make_synthetic(data, "hdf5", classes=10, samples=args.samples, image_size=args.image_size, channels=3,
+                   progress=False)
+    train_size = int(args.samples * 0.95)
+    spec = {
+        "name": "pipeline", "seed": 0,
+        "data": {"source": "hdf5", "path": str(data), "image_size": args.image_size, "channels": 3,
+                 "val_fraction": 0.05},
+        "models": [{"family": "mlp", "name": "A"}, {"family": "mlp", "name": "B"}],
+        "train": {"batch_size": args.chunk, "max_epochs": args.epochs},
+        "scheduler": {"policy": "fleet-g"},
+        "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": 1, "device": "emulated"},
+        "runtime": {"chunk_samples": args.chunk, "collective": "mpi", "timeout_s": 120},
+    }
+    a_gpus = args.trainers - 1
+    fast = 1e9
+    profile = {"schema": 1, "gpus_per_node": args.trainers, "samples_per_epoch": train_size, "models": [
+        {"id": "A", "rates": {str(m): fast * m / a_gpus for m in range(1, args.trainers + 1)}, "epochs": args.epochs},
+        {"id": "B", "rates": {str(m): fast for m in range(1, args.trainers + 1)}, "epochs": args.epochs},
+    ]}
+    spec_path, run_dir = root / "spec.yaml", root / "run"
+    spec_path.write_text(yaml.safe_dump(spec))
+    run_dir.mkdir()
+    (run_dir / "profile.json").write_text(json.dumps(profile))
+    return spec_path, run_dir, train_size
+
+
+def steady_rate(run_dir: Path, train_size: int) -> tuple[float, list[list]]:
+    """Samples per second through the path: the median over the last `REPEATS` epochs of the
+    slower of the two members (the first epoch, which fills the queues, is left out)."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    epochs = [e for e in events if e["event"] == "epoch"]
+    last = max(e["epoch"] for e in epochs)
+    per_epoch = [min(train_size / e["epoch_s"] for e in epochs if e["epoch"] == k)
+                 for k in range(max(2, last - REPEATS + 1), last + 1)]
+    plan = json.loads((run_dir / "plan.json").read_text())["rounds"][0]["members"]
+    return statistics.median(per_epoch), [[m["model"], m["gpus"]] for m in plan]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trainers", type=int, default=3)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--chunk", type=int, default=168, help="samples per chunk (168: what auto picks here)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=12000)
+    parser.add_argument("--raw", nargs=2, type=int, metavar=("CHUNK_BYTES", "CHUNKS"), help=argparse.SUPPRESS)
+    parser.add_argument("--patched", nargs=2, metavar=("SPEC", "RUN_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.raw:
+        return raw_bcast(*args.raw)
+    if args.patched:
+        return patched_pipeline(*args.patched)
+
+    from fleet.runtime.chunks import ChunkLayout
+
+    ranks = args.trainers + 1
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, run_dir, train_size = setup(Path(tmp), args)
+        done = subprocess.run([*mpiexec(ranks), __file__, "--patched", str(spec), str(run_dir)],
+                              capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode != 0:
+            sys.exit(f"pipeline run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        path_rate, members = steady_rate(run_dir, train_size)
+        chunk_bytes = ChunkLayout(args.chunk, (3, args.image_size, args.image_size)).nbytes
+        chunks = max(50, train_size // args.chunk)
+        raw = subprocess.run([*mpiexec(ranks), __file__, "--raw", str(chunk_bytes), str(chunks)],
+                             capture_output=True, text=True, env=env, timeout=900)
+        if raw.returncode != 0:
+            sys.exit(f"raw broadcast failed:\n{raw.stderr[-2000:]}")
+        seconds = json.loads(raw.stdout.strip().splitlines()[-1])
+        raw_rates = {name: chunks * args.chunk / s for name, s in seconds.items()}
+    raw_rate = max(raw_rates.values())
+    mb = chunk_bytes / 1e6
+    print(f"ranks {ranks} (1 preprocessor + {args.trainers} trainers), stream members {members}")
+    print(f"chunk {args.chunk} samples of 3x{args.image_size}x{args.image_size} float32 = {mb:.2f} MB")
+    print(f"{'path':<44}{'samples/s':>12}{'MB/s':>10}")
+    print(f"{'fleet Qp->masters->scatter->Qd':<44}{path_rate:>12,.0f}{path_rate * mb / args.chunk:>10,.0f}")
+    for name, label in (("blocking", "raw MPI_Bcast (blocking)"), ("polled", "raw MPI_Ibcast (fleet's polling)")):
+        rate = raw_rates[name]
+        print(f"{label + ' of the same chunks':<44}{rate:>12,.0f}{rate * mb / args.chunk:>10,.0f}")
+    print(f"ratio fleet / the faster raw broadcast: {path_rate / raw_rate:.2f} (target >= 0.70)")
+
+
+if __name__ == "__main__":
+    main()
