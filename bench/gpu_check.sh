@@ -56,3 +56,13 @@ PY
 echo "== 3. the data path on a 16-core host (no oversubscription)"
 for chunk in 168 256; do python3 bench/pipeline.py --chunk "$chunk" 2>&1 | tail -5; done
 python3 bench/pipeline.py --chunk 168 --trainers 7 2>&1 | tail -5
+
+echo "== 4. a model that cannot fit on the GPU: recorded as a profiling failure, the rest profiled"
+python3 - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+spec = yaml.safe_load(open(f"{out}/quickstart-gpu.yaml"))
+spec["models"].append({"family": "mlp", "name": "too-big", "params": {"hidden": [2**31]}})
+yaml.safe_dump(spec, open(f"{out}/oom.yaml", "w"))
+PY
+python3 -m fleet profile "$out/oom.yaml" --run-dir "$out/oom-run" --quiet 2>&1 | grep -A2 "left out of the plan"

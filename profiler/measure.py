@@ -75,6 +75,54 @@ def _release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+TRAINING_STATE_FACTOR = 4  # weights, gradients and up to two optimizer buffers per parameter
+
+
+def parameter_bytes(ctx, model) -> int | None:
+    """Bytes of `model`'s parameters, counted on the meta device (nothing is allocated);
+    None when the model cannot be built there (then the real build decides)."""
+    import torch
+
+    from fleet.models import _build
+
+    try:
+        with torch.device("meta"):
+            module = _build(model.family, model.params, ctx.input_shape, ctx.num_classes)
+    except Exception:
+        return None
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def free_memory_bytes(ctx) -> int | None:
+    """Memory this trainer may use: free memory of its GPU, or its share of the node's
+    available host memory; None when unknown."""
+    if str(ctx.device).startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(ctx.device))[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    node = ctx.topology.node_of(ctx.rank)
+    return available // max(1, len(ctx.topology.trainer_ranks(node)))
+
+
+def does_not_fit(ctx, model) -> str | None:
+    """Why `model` cannot fit on this trainer, judged before building it (a model far too big
+    would otherwise be killed by the kernel's OOM killer, which no process can report)."""
+    if ctx.device == "emulated":
+        return None
+    size, free = parameter_bytes(ctx, model), free_memory_bytes(ctx)
+    if size is None or free is None or TRAINING_STATE_FACTOR * size <= free:
+        return None
+    gib = 2**30
+    return (f"out of memory: needs at least {TRAINING_STATE_FACTOR * size / gib:,.1f} GiB for parameters, "
+            f"gradients and optimizer state; {free / gib:,.1f} GiB free on {ctx.device}")
+
+
 def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int) -> dict:
     """Train `model_id` on this group for `batches` steps, timing the last `timed`.
 
@@ -86,13 +134,14 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
     model = ctx.spec.model(model_id)
     size, timeout = group_comm.size, ctx.timeout_s
     engine = collective = None
-    reason = None
-    try:
-        engine = build_engine(ctx, model, size)
-        collective = build_collective(ctx, group_comm)
-        collective.broadcast_engine(engine)
-    except Exception as exc:  # a model that cannot be built is a result, not a crash
-        reason = describe_failure(exc)
+    reason = does_not_fit(ctx, model)
+    if reason is None:
+        try:
+            engine = build_engine(ctx, model, size)
+            collective = build_collective(ctx, group_comm)
+            collective.broadcast_engine(engine)
+        except Exception as exc:  # a model that cannot be built is a result, not a crash
+            reason = describe_failure(exc)
     if _group_failed(group_comm, reason is not None, f"the group building {model_id}", timeout, IDLE):
         return _finish(engine, collective, ctx.device, reason or "another member of the group failed to build it")
     x, y = profile_batch(ctx, model.train.batch_size)

@@ -119,3 +119,22 @@ def test_planning_parts_import_neither_mpi_nor_torch(name):
         elif isinstance(node, ast.ImportFrom) and node.module:
             roots.add(node.module.split(".")[0])
     assert not roots & {"mpi4py", "torch"}, roots
+
+
+def test_a_model_far_too_big_is_judged_before_it_is_built():
+    """Counted on the meta device: nothing is allocated, so the kernel's OOM killer never
+    sees it; a small model passes."""
+    from types import SimpleNamespace
+
+    from profiler.measure import does_not_fit, parameter_bytes
+
+    s = parse_spec({"name": "p", "data": {"source": "digits"}, "models": [
+        {"family": "mlp", "name": "small", "params": {"hidden": [32]}},
+        {"family": "mlp", "name": "huge", "params": {"hidden": [2**36]}}]})
+    topology = SimpleNamespace(node_of=lambda rank: 0, trainer_ranks=lambda node: [0])
+    ctx = SimpleNamespace(device="cpu", input_shape=(1, 8, 8), num_classes=10, rank=0, topology=topology)
+    huge = s.model("huge")
+    assert parameter_bytes(ctx, huge) == 4 * (64 * 2**36 + 2**36 + 10 * 2**36 + 10)
+    assert does_not_fit(ctx, s.model("small")) is None
+    reason = does_not_fit(ctx, huge)
+    assert reason.startswith("out of memory: needs at least") and "GiB free on cpu" in reason
