@@ -246,6 +246,21 @@ def test_submit_without_the_submitter_says_so_in_one_line(fleet_cli, tiny_spec, 
     assert not (tmp_path / "r").exists()
 
 
+def test_submit_refuses_virtual_nodes_and_a_run_dir_of_another_ensemble(fleet_cli, tmp_path):
+    doc = {"name": "v", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
+           "cluster": {"nodes": 2, "gpus_per_node": 1, "virtual_nodes": True}}
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump(doc))
+    done = fleet_cli("submit", str(tmp_path / "v.yaml"), "--scheduler", "slurm", "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert done.returncode == 2 and "cluster.virtual_nodes" in done.stderr and done.stderr.count("\n") == 1
+    doc["cluster"] = {"nodes": 1, "gpus_per_node": 1}
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(doc))
+    done = fleet_cli("submit", str(tmp_path / "a.yaml"), "--scheduler", "slurm", "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "r" / "spec.yaml").write_text(yaml.safe_dump({**doc, "models": [{"family": "cnn"}], "run_dir": "x"}))
+    done = fleet_cli("submit", str(tmp_path / "a.yaml"), "--scheduler", "slurm", "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert done.returncode == 2 and "different ensemble" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--time", "2h"], "fleet submit: error: --time '2h': expected"),
     (["--env", "pip:x"], "fleet submit: error: --env 'pip:x': expected"),

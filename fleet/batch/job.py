@@ -115,6 +115,11 @@ def batch_job(spec: Spec, spec_path: str, options: SubmitOptions, cwd: str, pyth
     Raises:
         UserError: an option is invalid; the message names it.
     """
+    if spec.cluster.virtual_nodes and spec.cluster.nodes > 1:
+        raise UserError(
+            f"cluster.virtual_nodes: true runs {spec.cluster.nodes} nodes on one machine, but a batch job asks "
+            "for real nodes; set virtual_nodes: false (or nodes: 1) to submit it"
+        )
     env = tuple(parse_env(text, cwd) for text in options.env)
     return BatchJob(
         system=options.system,

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from fleet.atomic import atomic_write_text
     from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
     from fleet.batch.submit import require_submitter, submit
+    from fleet.runtime.setup import check_same_ensemble
     from fleet.spec import load_spec
 
     system = BatchSystem(args.scheduler)
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         preprocessors=args.preprocessors, cpus_per_task=args.cpus_per_task, launcher_args=args.launcher_args,
     )
     job = batch_job(spec, args.spec, options, os.getcwd(), sys.executable)
+    check_same_ensemble(Path(job.run_dir), spec)  # the job would refuse it only once it starts
     path = Path(script_path(job))
     atomic_write_text(path, render(job))
     path.chmod(0o755)
