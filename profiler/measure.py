@@ -83,11 +83,11 @@ def parameter_bytes(ctx, model) -> int | None:
     None when the model cannot be built there (then the real build decides)."""
     import torch
 
-    from fleet.models import _build
+    from fleet.models import build_model
 
     try:
         with torch.device("meta"):
-            module = _build(model.family, model.params, ctx.input_shape, ctx.num_classes)
+            module = build_model(model.family, model.params, ctx.input_shape, ctx.num_classes)
     except Exception:
         return None
     return sum(p.numel() * p.element_size() for p in module.parameters())

@@ -24,13 +24,12 @@ def _scenario(rates, spec, gpus: int):
     return Scenario(rates, truth, estimates, Cluster(gpus, rates.gpus_per_node))
 
 
-def predict(rates, spec, gpus: int, policies=POLICIES) -> dict:
-    """Simulated runs of `policies` on `gpus` GPUs: ``{policy: SimResult}``."""
+def predict(spec, scenario, policies=POLICIES) -> dict:
+    """Simulated runs of `policies` on `scenario`: ``{policy: SimResult}``."""
     from fleet.schedule import Overheads, create_policy, simulate
     from fleet.runtime.setup import policy_for
 
     overheads = Overheads(latency_s=CHECKPOINT_LATENCY_S)
-    scenario = _scenario(rates, spec, gpus)
     out = {}
     for name in dict.fromkeys([*policies, spec.scheduler.policy]):
         policy = policy_for(spec) if name == spec.scheduler.policy else create_policy(name, seed=spec.seed)
@@ -40,7 +39,7 @@ def predict(rates, spec, gpus: int, policies=POLICIES) -> dict:
 
 def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     """Write plan.json and plan-gantt.png into `run_dir`; the report to print."""
-    from fleet.commands.plan import _render
+    from fleet.commands.plan import render_plan
     from fleet.report.gantt import write_gantt
     from fleet.schedule import lower_bounds
     from fleet.schedule_io import load_profile, plan_document, write_json
@@ -50,15 +49,15 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     path = run_dir / "profile.json"
     rates = load_profile(path)
     gpus = spec.cluster.gpus
-    results = predict(rates, spec, gpus)
-    chosen = spec.scheduler.policy
     scenario = _scenario(rates, spec, gpus)
+    results = predict(spec, scenario)
+    chosen = spec.scheduler.policy
     lb2 = lower_bounds(rates, scenario.true_epochs, gpus).lb2
     plan = plan_document(results[chosen], rates.gpus_per_node, "max-epochs", lb2)
     write_json(run_dir / "plan.json", plan)
     gantt = run_dir / "plan-gantt.png"
     write_gantt(plan, str(gantt))
-    lines = [_render(plan, rates, "max-epochs", run_dir / "plan.json").replace(
+    lines = [render_plan(plan, rates, "max-epochs", run_dir / "plan.json").replace(
         "--max-epochs for every model", "each model's max_epochs")]
     lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs (checkpoints modelled at "
               f"{CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s):", _policy_table(results)]
@@ -92,12 +91,12 @@ def _policy_table(results: dict) -> str:
 
 
 def _what_if(rates, spec, gpu_counts: tuple[int, ...]) -> str:
-    rows = []
+    rows, names = [], []
     for gpus in gpu_counts:
-        results = predict(rates, spec, gpus, policies=("fleet-g", "baseline"))
+        results = predict(spec, _scenario(rates, spec, gpus), policies=("fleet-g", "baseline"))
+        names = list(results)
         best = min(results.items(), key=lambda item: item[1].makespan)
         rows.append([gpus, math.ceil(gpus / rates.gpus_per_node)]
                     + [format_duration(results[p].makespan) for p in results]
                     + [f"{gpus * best[1].makespan / 3600:.2f}", best[0]])
-    names = list(predict(rates, spec, gpu_counts[0], policies=("fleet-g", "baseline")))
     return format_table(["GPUs", "nodes", *names, "GPU-hours (best)", "best"], rows)

@@ -88,6 +88,7 @@ def _common(job: BatchJob) -> dict[str, str]:
         "env": "".join(line + "\n" for step in job.env for line in env_lines(step)),
         "fleet": shlex.join(job.fleet),
         "launcher_args": f"{job.launcher_args} " if job.launcher_args else "",
+        "forward_and_wait": templates.FORWARD_AND_WAIT,
     }
 
 

@@ -6,6 +6,20 @@ Both scripts start `fleet train` on every rank in the background, pass the check
 ("checkpointed, not finished"), so that the requeued job resumes in the same run directory.
 """
 
+FORWARD_AND_WAIT = """\
+caught=
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+while :; do
+    caught=
+    wait "$pid"; status=$?
+    [ -n "$caught" ] && [ "$status" -gt 128 ] || break  # a trapped signal ends `wait` early
+done
+"""
+"""Both scripts: pass the checkpoint signal on to the launcher in the background ($pid) and
+wait for it, again after each trapped signal (which ends `wait` early); leaves $status."""
+
 SLURM = """\
 #!/bin/bash
 # fleet ensemble {{name}} as a Slurm batch job, written by `fleet submit`.
@@ -34,16 +48,7 @@ echo "fleet: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_
 srun --mpi=pmi2 {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir" &
 pid=$!
 
-caught=
-forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
-while :; do
-    caught=
-    wait "$pid"; status=$?
-    [ -n "$caught" ] && [ "$status" -gt 128 ] || break  # a trapped signal ends `wait` early
-done
-
+{{forward_and_wait}}
 case $status in
 0)  echo "fleet: ensemble finished: $run_dir/results.json" ;;
 {{exit_checkpointed}}) echo "fleet: checkpointed, not finished: requeueing job ${SLURM_JOB_ID} to resume in $run_dir"
@@ -82,16 +87,7 @@ echo "fleet: job ${LSB_JOBID} on ${LSB_MCPU_HOSTS:-?} at $(date '+%F %T')"
 jsrun {{jsrun_flags}} {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir" &
 pid=$!
 
-caught=
-forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
-while :; do
-    caught=
-    wait "$pid"; status=$?
-    [ -n "$caught" ] && [ "$status" -gt 128 ] || break  # a trapped signal ends `wait` early
-done
-
+{{forward_and_wait}}
 case $status in
 0)  echo "fleet: ensemble finished: $run_dir/results.json" ;;
 {{exit_checkpointed}}) echo "fleet: checkpointed, not finished: requeueing job ${LSB_JOBID} to resume in $run_dir"

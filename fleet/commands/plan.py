@@ -52,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=1))
     else:
-        print(_render(document, rates, source, out))
+        print(render_plan(document, rates, source, out))
     return 0
 
 
-def _render(document: dict, rates, source: str, out: Path) -> str:
+def render_plan(document: dict, rates, source: str, out: Path) -> str:
+    """The plan as text: the header, then a table per round (also `fleet profile`'s report)."""
     from fleet.report.table import format_duration, format_gpus, format_table
 
     gpn, total = document["gpus_per_node"], document["total_gpus"]

@@ -86,8 +86,10 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool) -> RatesDecisi
             emulated = load_profile(spec.cluster.emulated_profile)
         elif profile_only:
             raise UserError("cluster.emulated_profile: profiling an emulated device needs the rates its steps take")
+        elif not path.exists():
+            raise UserError(_NO_EMULATED_RATES.format(path=path))
         else:
-            return RatesDecision(False, load_profile(path) if path.exists() else _no_emulated_rates(path))
+            return RatesDecision(False, load_profile(path))
     if profile_only:
         return RatesDecision(True, emulated, "profiling only (a dry run): nothing is trained")
     if not spec.scheduler.profile:
@@ -98,8 +100,7 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool) -> RatesDecisi
     return RatesDecision(True, emulated, f"profiling first: {why}")
 
 
-def _no_emulated_rates(path: Path):
-    raise UserError(f"cluster.device: emulated needs {path} with rates for every model (or cluster.emulated_profile)")
+_NO_EMULATED_RATES = "cluster.device: emulated needs {path} with rates for every model (or cluster.emulated_profile)"
 
 
 def _read_json(path: Path) -> dict | None:
@@ -120,7 +121,7 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
             from fleet.schedule_io import load_profile
 
             return load_profile(spec.cluster.emulated_profile), f"the emulated device's ({spec.cluster.emulated_profile})"
-        raise UserError(f"cluster.device: emulated needs {run_dir / 'profile.json'} with rates for every model")
+        raise UserError(_NO_EMULATED_RATES.format(path=run_dir / "profile.json"))
     from fleet.inspect import describe_ensemble
 
     flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}

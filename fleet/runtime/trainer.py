@@ -218,13 +218,12 @@ class GroupTraining:
 
     def _end_epoch(self) -> bool:
         """Close the epoch on every trainer of the group; True when the model converged."""
-        sums = np.array([self.totals.loss_sum, self.totals.compute_s])
+        loss_sum, compute_s = self._group_epoch_sums()
         if self.size > 1:
-            self.collective.allreduce_sum(sums)
             self._average_buffers()
         samples = max(1, self.totals.samples)
-        train_loss = sums[0] / samples
-        compute_rate = samples / max(1e-9, sums[1] / self.size)
+        train_loss = loss_sum / samples
+        compute_rate = samples / max(1e-9, compute_s)
         epoch_s = time.monotonic() - self.totals.started
         lr = self.engine.lr
         decision = np.zeros(1)
