@@ -5,6 +5,7 @@ A golden mismatch after a deliberate template change: run
 """
 
 import difflib
+import re
 import subprocess
 
 import pytest
@@ -12,7 +13,7 @@ import yaml
 
 from golden.cases import CASES, CWD, GOLDEN, PYTHON, REPO, render_case, without_commentary
 from fleet.batch import BatchSystem, EnvKind, EnvStep, SubmitOptions, batch_job, parse_env, parse_walltime, render
-from fleet.batch.render import fill, jsrun_flags, lsf_time, slurm_time
+from fleet.batch.render import SMT, fill, lsf_time, render_erf, slurm_time
 from fleet.batch.submit import parse_job_id
 from fleet.errors import UserError
 from fleet.spec import parse_spec
@@ -184,11 +185,49 @@ def test_lsf_script_asks_for_the_warning_action_and_requeues():
         assert line in text
 
 
-def test_jsrun_flags_give_each_node_one_resource_set():
-    job = job_of({"nodes": 2, "gpus_per_node": 6, "preprocessors_per_node": 1, "device": "cuda"}, "lsf",
-                 cpus_per_task=6)
-    assert jsrun_flags(job) == ["-n", "2", "-r", "1", "-a", "7", "-c", "42", "-g", "6", "--bind", "packed:6",
-                                "-d", "packed"]
+ERF_RANK = re.compile(r"rank: (\d+): \{ host: (\d+); cpu: \{(\d+)-(\d+)\}(?: ; gpu: \{(\d+)\})? \}")
+
+
+def erf_ranks(text: str) -> dict[int, tuple[int, range, int | None]]:
+    """rank -> (host, hardware threads, GPU or None) of every ``rank:`` line of an ERF."""
+    ranks = {}
+    for line in text.splitlines():
+        if line.startswith("rank:"):
+            rank, host, low, high, gpu = ERF_RANK.fullmatch(line).groups()
+            assert int(rank) not in ranks, f"rank {rank} twice"
+            ranks[int(rank)] = (int(host), range(int(low), int(high) + 1), None if gpu is None else int(gpu))
+    return ranks
+
+
+def test_erf_gives_each_rank_its_own_resource_set():
+    job = job_of({"nodes": 2, "gpus_per_node": 4, "preprocessors_per_node": 1, "device": "cuda"}, "lsf",
+                 cpus_per_task=3)
+    text = render_erf(job)
+    assert text.splitlines()[:2] == ["cpu_index_using: logical", "launch_distribution: packed"]
+    ranks = erf_ranks(text)
+    assert sorted(ranks) == list(range(10))
+    assert [ranks[r][0] for r in range(10)] == [1] * 5 + [2] * 5  # host 0 is the launch node
+    for host in (1, 2):
+        local = [ranks[r] for r in range(10) if ranks[r][0] == host]
+        assert [gpu for _, _, gpu in local] == [None, 0, 1, 2, 3]  # the preprocessor first, then trainers 0..3
+        threads = [t for _, cpus, _ in local for t in cpus]
+        assert all(len(cpus) == 3 * SMT for _, cpus, _ in local)
+        assert threads == list(range(5 * 3 * SMT))  # disjoint and packed in node-local order
+
+
+def test_erf_of_a_cpu_job_has_no_gpus():
+    job = job_of({"nodes": 2, "gpus_per_node": 2, "preprocessors_per_node": 2, "device": "cpu"}, "lsf")
+    text = render_erf(job)
+    assert "gpu" not in text
+    assert sorted(erf_ranks(text)) == list(range(8))
+
+
+def test_lsf_script_writes_the_erf_and_starts_jsrun_on_it():
+    job = job_of({"gpus_per_node": 2, "device": "cuda"}, "lsf")
+    text = render(job)
+    assert "#BSUB -alloc_flags smt4\n" in text
+    assert f"cat > \"$run_dir/jsrun.erf\" <<'ERF' || exit 1\n{render_erf(job)}ERF\n" in text
+    assert f'jsrun --erf_input "$run_dir/jsrun.erf" {PYTHON} -m fleet train "$spec" --run-dir "$run_dir" &' in text
 
 
 def test_launcher_args_go_before_the_program():

@@ -2,8 +2,8 @@
 
 With stand-ins for srun/jsrun and scontrol/brequeue, the scripts' own logic: the checkpoint
 signal reaches the launcher, `wait` survives a trapped signal, exit 75 requeues the job.
-Then the LSF script for real, its jsrun line run through tests/shims/jsrun (jsrun -> mpiexec)
-on a tiny ensemble.
+Then the LSF script for real, its jsrun line run through tests/shims/jsrun (an ERF -> one MPMD
+mpiexec section per rank) on a tiny ensemble.
 """
 
 import json
@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from conftest import REPO, mpi_launcher
-from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
-from fleet.batch.render import jsrun_flags
+from fleet.batch import BatchJob, BatchSystem, SubmitOptions, batch_job, render, script_path
+from fleet.batch.render import render_erf
 from fleet.spec import load_spec
 
 SHIMS = REPO / "tests" / "shims"
@@ -153,14 +153,16 @@ def test_failed_requeue_exits_75(scripted):
 # --- the LSF script for real, through the jsrun shim ----------------------------------------------
 
 
+def shim_env(**extra: str) -> dict:
+    return {**os.environ, "PATH": f"{SHIMS}:{os.environ['PATH']}", "JSRUN_SHIM_MPIEXEC": " ".join(mpi_launcher()),
+            **extra}
+
+
 @pytest.mark.mpi
 def test_lsf_script_trains_through_the_jsrun_shim(tmp_path):
     script = write_script(tmp_path, "lsf")
     log = tmp_path / "jsrun.log"
-    env = {
-        **os.environ, "PATH": f"{SHIMS}:{os.environ['PATH']}", "LSB_JOBID": "42", "PYTHONUNBUFFERED": "1",
-        "JSRUN_SHIM_MPIEXEC": " ".join(mpi_launcher()), "JSRUN_SHIM_LOG": str(log),
-    }
+    env = shim_env(LSB_JOBID="42", PYTHONUNBUFFERED="1", JSRUN_SHIM_LOG=str(log))
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ensemble finished" in done.stdout
@@ -168,18 +170,51 @@ def test_lsf_script_trains_through_the_jsrun_shim(tmp_path):
     assert sorted((m["id"], m["epochs"]) for m in results["models"]) == [("a", 1), ("b", 1)]
     spec = load_spec(tmp_path / "spec.yaml", run_dir=str(tmp_path / "run"))
     job = batch_job(spec, "spec.yaml", SubmitOptions(BatchSystem.LSF), str(tmp_path), sys.executable)
-    flags = log.read_text().split()
-    assert flags[: len(jsrun_flags(job))] == jsrun_flags(job)
-    assert flags[len(jsrun_flags(job)):][:3] == [sys.executable, "-m", "fleet"]
+    erf = tmp_path / "run" / "jsrun.erf"
+    assert erf.read_text() == render_erf(job)
+    args, *ranks = log.read_text().splitlines()
+    assert args.split()[:5] == ["--erf_input", str(erf), sys.executable, "-m", "fleet"]
+    # a CPU job: 1 preprocessor + 2 trainers on host 1, none with a GPU
+    assert ranks == [f"rank {r} host 1 local {r} gpu -" for r in range(3)]
 
 
-def test_jsrun_shim_runs_nrs_times_tasks_ranks(tmp_path):
-    probe = "from mpi4py import MPI; c = MPI.COMM_WORLD; r = c.gather(c.rank); c.rank or print(r, c.size)"
-    env = {**os.environ, "JSRUN_SHIM_MPIEXEC": " ".join(mpi_launcher())}
-    done = subprocess.run(
-        [str(SHIMS / "jsrun"), "-n", "2", "-r", "1", "-a", "2", "-c", "4", "-g", "0", "--bind", "packed:2",
-         "-d", "packed", "--smpiargs=-disable_gpu_hooks", sys.executable, "-c", probe],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
+# Each rank: its MPI rank, CUDA_VISIBLE_DEVICES and JSM_NAMESPACE_*; rank 0 prints them all.
+PROBE = """import json, os
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+seen = {"mpi": world.rank, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        **{k: os.environ.get(f"JSM_NAMESPACE_{k.upper()}") for k in ("rank", "size", "local_rank")}}
+every = world.gather(seen)
+world.rank or print(json.dumps(every))
+"""
+
+
+@pytest.mark.mpi
+def test_jsrun_shim_gives_each_erf_rank_its_gpu(tmp_path):
+    job = BatchJob(BatchSystem.LSF, "t", str(tmp_path / "s.yaml"), str(tmp_path), str(tmp_path), nodes=2,
+                   trainers_per_node=2, preprocessors_per_node=1, gpus_per_node=2, cpus_per_task=1)
+    erf = tmp_path / "jsrun.erf"
+    erf.write_text(render_erf(job))
+    command = [str(SHIMS / "jsrun"), "--erf_input", str(erf), "--smpiargs=-disable_gpu_hooks", sys.executable, "-c", PROBE]
+    done = subprocess.run(command, env=shim_env(CUDA_VISIBLE_DEVICES="0,1,2,3"), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[0, 1, 2, 3] 4"
+    seen = json.loads(done.stdout)
+    # per node: the preprocessor sees no GPU, trainers 0 and 1 their own; MPI ranks are the ERF's
+    assert [(s["mpi"], s["gpus"]) for s in seen] == [(0, ""), (1, "0"), (2, "1"), (3, ""), (4, "0"), (5, "1")]
+    assert [(s["rank"], s["size"], s["local_rank"]) for s in seen] == [
+        (str(r), "6", str(r % 3)) for r in range(6)
+    ]
+
+
+@pytest.mark.parametrize("lines, message", [
+    (["rank: 0: { host: 1; cpu: {0-3} }", "rank: 2: { host: 1; cpu: {4-7} }"], "rank 1 is missing"),
+    (["rank: 0: { host: 1; cpu: {0-3} }", "rank: 0: { host: 1; cpu: {4-7} }"], "rank 0 is listed twice"),
+    (["cpu_index_using: logical"], "no rank lines"),
+])
+def test_jsrun_shim_refuses_a_malformed_erf(tmp_path, lines, message):
+    erf = tmp_path / "jsrun.erf"
+    erf.write_text("".join(line + "\n" for line in lines))
+    done = subprocess.run([str(SHIMS / "jsrun"), "--erf_input", str(erf), "true"],
+                          env={**os.environ, "JSRUN_SHIM_MPIEXEC": "false"}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and message in done.stderr, done.stderr

@@ -41,7 +41,7 @@ def render_slurm(job: BatchJob) -> str:
 
 
 def render_lsf(job: BatchJob) -> str:
-    """The bsub script: one jsrun resource set per node starts `fleet train` on every rank."""
+    """The bsub script: jsrun starts `fleet train` with one resource set per rank (`render_erf`)."""
     resources = _directives("#BSUB", [
         f"-W {lsf_time(job.walltime_s)}" if job.walltime_s else None,
         f"-P {job.account}" if job.account else None,
@@ -50,8 +50,12 @@ def render_lsf(job: BatchJob) -> str:
     return fill(templates.LSF, {
         **_common(job),
         "preprocessors": _first_ranks(job.preprocessors_per_node),
+        "cores": _n(job.cpus_per_task, "core"),
+        "gpus": "trainer i gets GPU i only (its cuda:0), a preprocessor none." if job.gpus_per_node
+        else "no rank gets a GPU (CPU only).",
+        "smt": str(SMT),
         "warning_min": str(math.ceil(CHECKPOINT_WARNING_S / 60)),
-        "jsrun_flags": " ".join(jsrun_flags(job)),
+        "erf": render_erf(job),
         "resources": resources,
     })
 
@@ -62,13 +66,32 @@ def _first_ranks(preprocessors: int) -> str:
     return f"the first {preprocessors} ranks are preprocessors"
 
 
-def jsrun_flags(job: BatchJob) -> list[str]:
-    """One resource set per node with all its ranks, cores and GPUs; each rank bound to its cores."""
-    return [
-        "-n", str(job.nodes), "-r", "1", "-a", str(job.tasks_per_node),
-        "-c", str(job.tasks_per_node * job.cpus_per_task), "-g", str(job.gpus_per_node),
-        "--bind", f"packed:{job.cpus_per_task}", "-d", "packed",
-    ]
+SMT = 4
+"""Hardware threads per core of an LSF job: the script asks for ``-alloc_flags smt4`` and the
+ERF's logical CPU indices count threads at this level (Summit's default; a POWER9 core has 4)."""
+
+FIRST_COMPUTE_HOST = 1
+"""The ERF host number of the first compute node: on CSM LSF (Summit, Sierra) jsrun numbers
+the launch (batch) node 0 and the job's compute nodes 1..N."""
+
+
+def render_erf(job: BatchJob) -> str:
+    """jsrun's explicit resource file: one resource set per rank, world ranks node-major.
+
+    On each node the first ``preprocessors_per_node`` ranks are CPU-only preprocessors and the
+    next ``trainers_per_node`` are trainers, trainer i with ``gpu: {i}`` (none on a CPU job),
+    as `fleet.runtime.topology` assigns roles. Local rank k takes the hardware threads
+    ``k*c*SMT .. (k+1)*c*SMT - 1`` (c = cpus_per_task), packed in node-local order.
+    """
+    threads = job.cpus_per_task * SMT
+    lines = ["cpu_index_using: logical", "launch_distribution: packed"]
+    for rank in range(job.tasks):
+        node, local = divmod(rank, job.tasks_per_node)
+        trainer = local - job.preprocessors_per_node
+        gpu = f" ; gpu: {{{trainer}}}" if trainer >= 0 and job.gpus_per_node else ""
+        cpus = f"{local * threads}-{(local + 1) * threads - 1}"
+        lines.append(f"rank: {rank}: {{ host: {FIRST_COMPUTE_HOST + node}; cpu: {{{cpus}}}{gpu} }}")
+    return "".join(line + "\n" for line in lines)
 
 
 def _common(job: BatchJob) -> dict[str, str]:
@@ -94,14 +117,15 @@ def _common(job: BatchJob) -> dict[str, str]:
 
 def layout(job: BatchJob) -> str:
     """``2 nodes x (4 trainers + 1 preprocessor) = 10 ranks, 4 GPUs per node``."""
-    def n(count: int, noun: str) -> str:
-        return f"{count} {noun}{'' if count == 1 else 's'}"
-
-    gpus = f", {n(job.gpus_per_node, 'GPU')} per node" if job.gpus_per_node else ", CPU only"
+    gpus = f", {_n(job.gpus_per_node, 'GPU')} per node" if job.gpus_per_node else ", CPU only"
     return (
-        f"{n(job.nodes, 'node')} x ({n(job.trainers_per_node, 'trainer')} + "
-        f"{n(job.preprocessors_per_node, 'preprocessor')}) = {n(job.tasks, 'rank')}{gpus}"
+        f"{_n(job.nodes, 'node')} x ({_n(job.trainers_per_node, 'trainer')} + "
+        f"{_n(job.preprocessors_per_node, 'preprocessor')}) = {_n(job.tasks, 'rank')}{gpus}"
     )
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def env_lines(step: EnvStep) -> list[str]:

@@ -63,8 +63,10 @@ LSF = """\
 #!/bin/bash
 # fleet ensemble {{name}} as an LSF job started with jsrun, written by `fleet submit`.
 # {{layout}}
-# One jsrun resource set per node holds the node's ranks, cores and GPUs; on each node
-# {{preprocessors}} and the others are trainers (trainer i uses GPU i).
+# Every rank is a jsrun resource set of its own ({{cores}}), listed in an explicit resource
+# file (ERF) that the script writes to $run_dir/jsrun.erf below.
+# On each node {{preprocessors}} and the others are trainers;
+# {{gpus}}
 # `#BSUB -nnodes` is CSM LSF's (Summit, Sierra); other LSF sites use -n and span[ptile=N].
 # Submit: bsub < {{script}}   (bsub reads the #BSUB lines from standard input)
 # USR1 ({{warning_min}} min before the run limit, or `bkill -s USR1 JOBID`) makes every rank
@@ -72,6 +74,7 @@ LSF = """\
 # (brequeue, else bsub -Q) and resumes in the same run directory. Exit 0: the ensemble is finished.
 #BSUB -J {{name}}
 #BSUB -nnodes {{nodes}}
+#BSUB -alloc_flags smt{{smt}}
 {{resources}}#BSUB -o {{run_dir}}/lsf-%J.out
 #BSUB -wa USR1
 #BSUB -wt {{warning_min}}
@@ -84,7 +87,12 @@ spec={{spec_q}}
 run_dir={{run_dir_q}}
 
 echo "fleet: job ${LSB_JOBID} on ${LSB_MCPU_HOSTS:-?} at $(date '+%F %T')"
-jsrun {{jsrun_flags}} {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir" &
+# One resource set per rank, world ranks node by node. Host 1 is the first compute node: on CSM
+# LSF (Summit, Sierra) jsrun numbers the launch node 0 (see a site's numbering with
+# `jsrun --erf_output FILE ...`). cpu: hardware threads at SMT{{smt}} (-alloc_flags smt{{smt}}), packed.
+cat > "$run_dir/jsrun.erf" <<'ERF' || exit 1
+{{erf}}ERF
+jsrun --erf_input "$run_dir/jsrun.erf" {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir" &
 pid=$!
 
 {{forward_and_wait}}

@@ -1,8 +1,10 @@
 #!/bin/bash
 # fleet ensemble quickstart as an LSF job started with jsrun, written by `fleet submit`.
 # 2 nodes x (4 trainers + 1 preprocessor) = 10 ranks, CPU only
-# One jsrun resource set per node holds the node's ranks, cores and GPUs; on each node
-# the first rank is the preprocessor and the others are trainers (trainer i uses GPU i).
+# Every rank is a jsrun resource set of its own (1 core), listed in an explicit resource
+# file (ERF) that the script writes to $run_dir/jsrun.erf below.
+# On each node the first rank is the preprocessor and the others are trainers;
+# no rank gets a GPU (CPU only).
 # `#BSUB -nnodes` is CSM LSF's (Summit, Sierra); other LSF sites use -n and span[ptile=N].
 # Submit: bsub < /home/user/fleet/runs/quickstart/bsub.sh   (bsub reads the #BSUB lines from standard input)
 # USR1 (2 min before the run limit, or `bkill -s USR1 JOBID`) makes every rank
@@ -10,6 +12,7 @@
 # (brequeue, else bsub -Q) and resumes in the same run directory. Exit 0: the ensemble is finished.
 #BSUB -J quickstart
 #BSUB -nnodes 2
+#BSUB -alloc_flags smt4
 #BSUB -o /home/user/fleet/runs/quickstart/lsf-%J.out
 #BSUB -wa USR1
 #BSUB -wt 2
@@ -22,7 +25,24 @@ spec=/home/user/fleet/examples/quickstart.yaml
 run_dir=/home/user/fleet/runs/quickstart
 
 echo "fleet: job ${LSB_JOBID} on ${LSB_MCPU_HOSTS:-?} at $(date '+%F %T')"
-jsrun -n 2 -r 1 -a 5 -c 5 -g 0 --bind packed:1 -d packed /home/user/fleet/.venv/bin/python -m fleet train "$spec" --run-dir "$run_dir" &
+# One resource set per rank, world ranks node by node. Host 1 is the first compute node: on CSM
+# LSF (Summit, Sierra) jsrun numbers the launch node 0 (see a site's numbering with
+# `jsrun --erf_output FILE ...`). cpu: hardware threads at SMT4 (-alloc_flags smt4), packed.
+cat > "$run_dir/jsrun.erf" <<'ERF' || exit 1
+cpu_index_using: logical
+launch_distribution: packed
+rank: 0: { host: 1; cpu: {0-3} }
+rank: 1: { host: 1; cpu: {4-7} }
+rank: 2: { host: 1; cpu: {8-11} }
+rank: 3: { host: 1; cpu: {12-15} }
+rank: 4: { host: 1; cpu: {16-19} }
+rank: 5: { host: 2; cpu: {0-3} }
+rank: 6: { host: 2; cpu: {4-7} }
+rank: 7: { host: 2; cpu: {8-11} }
+rank: 8: { host: 2; cpu: {12-15} }
+rank: 9: { host: 2; cpu: {16-19} }
+ERF
+jsrun --erf_input "$run_dir/jsrun.erf" /home/user/fleet/.venv/bin/python -m fleet train "$spec" --run-dir "$run_dir" &
 pid=$!
 
 caught=
