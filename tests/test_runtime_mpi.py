@@ -165,6 +165,22 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
         assert all(len(s["members"]) == 1 for s in streams) and len(streams) == len(epochs)
 
 
+def test_a_chunk_smaller_than_the_group_gives_a_worker_an_empty_share(tmp_path):
+    """Each epoch ends with a chunk of one sample, split over a 2-trainer group: the worker's
+    share of it is empty but still carries the epoch end (a header with no rows message)."""
+    n = digits_train_size(0.2, 1)
+    spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp", "name": "a"}],
+                      {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "emulated"},
+                      "fleet-g", train={"batch_size": 32, "max_epochs": 3},
+                      runtime={"chunk_samples": n - 1, "qp_samples": 2 * n, "qt_samples": 2 * n})
+    run_dir = tmp_path / "run"
+    write_profile(run_dir, {"a": 3000.0}, {"a": 3}, 2, n, 2)
+    train(3, spec, run_dir)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [len(m["gpus"]) for m in plan["rounds"][0]["members"]] == [2]
+    assert epochs_by_model(run_dir) == {"a": [1, 2, 3]}
+
+
 def test_decode_once_for_all_models_of_a_stream(tmp_path):
     """Four models trained one epoch on one shared stream decode the data set about once,
     where four separate pipelines would decode it four times."""

@@ -4,7 +4,8 @@ The master thread (`MasterStream`) keeps receives posted for the chunks its pair
 preprocessors send it (its Qp) and passes each of those on to the stream's other masters;
 it receives every other chunk from the master that holds it (the chunk's root); and it hands
 the group its shares: its own into its Qt, the workers' by synchronous sends (so a slow
-worker slows the stream instead of filling memory). A worker thread (`WorkerShares`) moves
+worker slows the stream instead of filling memory), two messages a share: the header with
+the labels, then the rows. A worker thread (`WorkerShares`) moves
 its shares into its Qt.
 
 The masters' broadcast is point-to-point on purpose: a non-blocking collective advances only
@@ -258,13 +259,15 @@ class MasterStream(StreamThread):
         self.qt.put(share, self.ctx.timeout_s)
 
     def _send_share(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int) -> None:
-        """A header, then (if any) the labels and the rows, each straight from the chunk's buffer."""
-        while len(self.sends) >= 3 * self.send_window * max(1, self.group_comm.size - 1):
+        """Two messages: the header with the labels after it, then (if any) the rows straight
+        from the chunk's buffer."""
+        while len(self.sends) >= 2 * self.send_window * max(1, self.group_comm.size - 1):
             request, _ = self.sends.popleft()
             wait_request(request, f"worker {worker} of the group to take its share", self.ctx.timeout_s)
-        header = np.zeros(HEADER_WORDS, np.int64)
-        write_header(header, chunk, 0, len(y), flags)
-        for part in (header, y, x) if len(y) else (header,):
+        head = np.empty(HEADER_WORDS + len(y), np.int64)
+        write_header(head[:HEADER_WORDS], chunk, 0, len(y), flags)
+        head[HEADER_WORDS:] = y
+        for part in (head, x) if len(y) else (head,):
             self.sends.append((self.group_comm.Issend(part, dest=worker, tag=SHARE_TAG), part))
 
     def _stop_forwarding(self) -> None:
@@ -301,9 +304,10 @@ class WorkerShares(StreamThread):
         super().__init__(f"shares-{start.layout.stream}", qt)
         self.ctx, self.group_comm = ctx, group_comm
         self.sample_shape = ctx.input_shape
+        self.capacity = start.source.chunk_samples
 
     def _receive(self, buffer: np.ndarray) -> np.ndarray:
-        """The next message of the share protocol (header, labels or rows), into `buffer`."""
+        """The next message of the share protocol (header and labels, or rows), into `buffer`."""
         message = poll(
             lambda: self.group_comm.Improbe(source=0, tag=SHARE_TAG),
             "a share from the group's master", self.ctx.timeout_s,
@@ -313,14 +317,16 @@ class WorkerShares(StreamThread):
 
     def stream_loop(self) -> None:
         while True:
-            header = self._receive(np.empty(HEADER_WORDS, np.int64))
-            flags, count = int(header[Field.FLAGS]), int(header[Field.COUNT])
+            head = self._receive(np.empty(HEADER_WORDS + self.capacity, np.int64))
+            flags, count = int(head[Field.FLAGS]), int(head[Field.COUNT])
             if flags & Flag.LEAVE:
                 return
-            y = self._receive(np.empty(count, np.int64))
-            x = self._receive(np.empty((count, *self.sample_shape), np.float32))
+            y = head[HEADER_WORDS : HEADER_WORDS + count]
+            x = np.empty((count, *self.sample_shape), np.float32)
+            if count:  # an empty share (fewer rows than the group has trainers) has no rows message
+                self._receive(x)
             if not self.leave_requested.is_set():
-                share = Share(x, y, int(header[Field.INDEX]), epoch_end=bool(flags & Flag.EPOCH_END))
+                share = Share(x, y, int(head[Field.INDEX]), epoch_end=bool(flags & Flag.EPOCH_END))
                 self.qt.put(share, self.ctx.timeout_s)
 
     def cleanup(self) -> None:
