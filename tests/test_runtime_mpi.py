@@ -256,10 +256,12 @@ def rank_pids(run_dir: Path) -> list[int]:
     return pids
 
 
-def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path):
-    """USR1 to every rank (as srun forwards it) mid-run: each running model is checkpointed at
-    its next step, every rank exits 75 and results.json says interrupted; the next start in the
-    same run directory finishes with every epoch trained exactly once."""
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["usr1", "term"])
+def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path, signum):
+    """USR1 (the warning before the walltime) or TERM (the walltime itself) to every rank, as
+    srun and Slurm deliver them, mid-run: each running model is checkpointed at its next step,
+    every rank exits 75 and results.json says interrupted; the next start in the same run
+    directory finishes with every epoch trained exactly once."""
     models = [{"family": "cnn", "name": n, "params": {"channels": [8, 16], "hidden": 32}} for n in ("x", "y", "z")]
     data = {"source": "synthetic", "samples": 2400, "image_size": 16, "channels": 3, "val_fraction": 0.1}
     cluster = {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}
@@ -279,7 +281,7 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
         assert job.poll() is None, "the job finished before the signal"
         time.sleep(0.3)  # into the next epoch: the checkpoint lands mid-epoch
         for pid in rank_pids(run_dir):
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, signum)
         output, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
