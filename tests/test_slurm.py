@@ -5,7 +5,7 @@ Skipped, with the reason, when sbatch is missing or the cluster is not up; with
 FLEET_REQUIRE_SLURM=1 (CI) they fail instead. SLURM_CONF defaults to the local cluster's
 ($FLEET_SLURM_DIR/slurm.conf, /tmp/fleet-slurm by default) when that file exists.
 
-The checkpoint test needs the runtime's checkpoint signal (USR1 -> every rank exits 75).
+The checkpoint tests need the runtime's checkpoint signal (USR1 or TERM -> every rank exits 75).
 """
 
 import json
@@ -182,9 +182,16 @@ def test_submitted_job_trains_the_ensemble(slurm_env, jobs, tmp_path):
     assert "fleet: ensemble finished" in log
 
 
-def test_checkpoint_signal_requeues_and_the_job_resumes_without_losing_an_epoch(slurm_env, jobs, tmp_path):
-    """USR1 to the batch shell (as --signal=B:USR1@120 sends it) -> srun -> every rank; fleet
-    train checkpoints and exits 75; the script requeues the job; the requeued job resumes.
+# The checkpoint signal to the batch shell, which passes it on to srun as USR1 (and srun to
+# every rank): USR1 as --signal=B:USR1@120 sends it before the time limit; TERM as a site's
+# preemption may send it.
+CHECKPOINT_SIGNALS = {"usr1-warning": ["--signal=USR1", "--batch"], "term-to-batch-shell": ["--signal=TERM", "--batch"]}
+
+
+@pytest.mark.parametrize("delivery", CHECKPOINT_SIGNALS)
+def test_checkpoint_signal_requeues_and_the_job_resumes_without_losing_an_epoch(slurm_env, jobs, tmp_path, delivery):
+    """The checkpoint signal as Slurm sends it (see CHECKPOINT_SIGNALS); fleet train
+    checkpoints and exits 75; the script requeues the job; the requeued job resumes.
 
     Needs the runtime's checkpoint signal (fleet/runtime/signals.py)."""
     epochs = 12
@@ -196,7 +203,7 @@ def test_checkpoint_signal_requeues_and_the_job_resumes_without_losing_an_epoch(
     while not any_epoch_logged(run_dir):
         assert time.monotonic() < deadline and not finished(job_fields(slurm_env, job_id)), job_log(run_dir, job_id)[-4000:]
         time.sleep(0.2)
-    run(slurm_env, "scancel", "--signal=USR1", "--batch", job_id)
+    run(slurm_env, "scancel", *CHECKPOINT_SIGNALS[delivery], job_id)
 
     requeued = wait_job(slurm_env, job_id, lambda f: f["Restarts"] == "1" and f["JobState"] == "PENDING" or finished(f),
                         "requeue")
@@ -218,3 +225,39 @@ def test_checkpoint_signal_requeues_and_the_job_resumes_without_losing_an_epoch(
     assert {m["id"]: m["epochs"] for m in results["models"]} == {f"m{i}": epochs for i in range(3)}
     # every epoch once: none completed before the signal was lost or trained again
     assert epochs_logged(run_dir) == {f"m{i}": list(range(1, epochs + 1)) for i in range(3)}
+
+
+def test_walltime_kill_keeps_every_checkpointed_epoch_and_a_resubmitted_job_resumes(slurm_env, jobs, tmp_path):
+    """At the time limit Slurm sends TERM to the batch shell, to srun and to every task at
+    once (as `scancel --signal=TERM --full` does); srun answers TERM by killing the step, so
+    the ranks get no time to checkpoint then (that is what the USR1 warning before the limit
+    is for). Every epoch a model completed was checkpointed at its end: the same script
+    submitted again resumes each model from there and finishes, every epoch trained once."""
+    epochs = 12
+    spec = write_spec(tmp_path / "spec.yaml", epochs=epochs, models=3)
+    run_dir = tmp_path / "run"
+    job_id = submit(slurm_env, spec, run_dir, jobs)
+
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not any_epoch_logged(run_dir):
+        assert time.monotonic() < deadline and not finished(job_fields(slurm_env, job_id)), job_log(run_dir, job_id)[-4000:]
+        time.sleep(0.2)
+    run(slurm_env, "scancel", "--signal=TERM", "--full", job_id)
+    ended = wait_job(slurm_env, job_id, finished, "end")
+    log = job_log(run_dir, job_id)[-4000:]
+    assert ended["JobState"] != "COMPLETED" and ended["Restarts"] == "0", (ended, log)
+    saved = checkpointed_epochs(run_dir)
+    assert saved and all(e < epochs for e in saved.values()), (saved, log)  # killed mid-run
+
+    second = run(slurm_env, "sbatch", "--parsable", str(run_dir / "sbatch.sh")).strip().split(";")[0]
+    jobs.append(second)
+    fields = wait_job(slurm_env, second, finished, "end of the resubmitted job")
+    log = job_log(run_dir, second)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), log[-4000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert {m["id"]: m["epochs"] for m in results["models"]} == {f"m{i}": epochs for i in range(3)}
+    for model in results["models"]:  # the history comes from the checkpoints: each epoch once
+        assert [h["epoch"] for h in model["history"]] == list(range(1, epochs + 1)), model["id"]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    resumed = {e["model"] for e in events if e["event"] == "member_start" and e["resume"]}
+    assert resumed == {m for m, e in saved.items() if e > 0}, (resumed, saved)

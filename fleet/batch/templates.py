@@ -8,7 +8,8 @@ Both scripts start `fleet train` on every rank in the background, pass the check
 
 FORWARD_AND_WAIT = """\
 caught=
-forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+# USR1 on, whichever arrived: srun (and perhaps jsrun) ends the step at once on TERM.
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s USR1 "$pid" 2>/dev/null; }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 while :; do
@@ -17,8 +18,12 @@ while :; do
     [ -n "$caught" ] && [ "$status" -gt 128 ] || break  # a trapped signal ends `wait` early
 done
 """
-"""Both scripts: pass the checkpoint signal on to the launcher in the background ($pid) and
-wait for it, again after each trapped signal (which ends `wait` early); leaves $status."""
+"""Both scripts: pass the checkpoint signal on to the launcher in the background ($pid) as USR1
+and wait for it, again after each trapped signal (which ends `wait` early); leaves $status.
+
+A TERM to the batch shell (`scancel --signal=TERM --batch`, a site's preemption) goes on as
+USR1 too: srun takes TERM as "kill the step" (it SIGKILLs the tasks, "forcing job
+termination"), which would leave no time to checkpoint; USR1 it passes on to every task."""
 
 SLURM = """\
 #!/bin/bash

@@ -36,7 +36,8 @@ srun --mpi=pmi2 /home/user/fleet/.venv/bin/python -m fleet train "$spec" --run-d
 pid=$!
 
 caught=
-forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+# USR1 on, whichever arrived: srun (and perhaps jsrun) ends the step at once on TERM.
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s USR1 "$pid" 2>/dev/null; }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 while :; do

@@ -112,7 +112,8 @@ jsrun --erf_input "$run_dir/jsrun.erf" --smpiargs="-disable_gpu_hooks" fleet tra
 pid=$!
 
 caught=
-forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+# USR1 on, whichever arrived: srun (and perhaps jsrun) ends the step at once on TERM.
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s USR1 "$pid" 2>/dev/null; }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 while :; do

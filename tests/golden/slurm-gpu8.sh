@@ -31,7 +31,8 @@ srun --mpi=pmi2 fleet train "$spec" --run-dir "$run_dir" &
 pid=$!
 
 caught=
-forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s "$1" "$pid" 2>/dev/null; }
+# USR1 on, whichever arrived: srun (and perhaps jsrun) ends the step at once on TERM.
+forward() { caught=$1; echo "fleet: SIG$1: every rank checkpoints at its next step"; kill -s USR1 "$pid" 2>/dev/null; }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 while :; do
