@@ -153,6 +153,20 @@ def job_log(run_dir: Path, job_id: str) -> str:
     return path.read_text() if path.exists() else "(no job output)"
 
 
+def signal_after_the_first_epoch(env: dict, jobs: list, tmp_path: Path, epochs: int, scancel_args: list[str]):
+    """Submit 3 models for `epochs` epochs, wait for the first epoch event, then signal the
+    job with ``scancel SCANCEL_ARGS``; returns the run directory and the job id."""
+    spec = write_spec(tmp_path / "spec.yaml", epochs=epochs, models=3)
+    run_dir = tmp_path / "run"
+    job_id = submit(env, spec, run_dir, jobs)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not any_epoch_logged(run_dir):
+        assert time.monotonic() < deadline and not finished(job_fields(env, job_id)), job_log(run_dir, job_id)[-4000:]
+        time.sleep(0.2)
+    run(env, "scancel", *scancel_args, job_id)
+    return run_dir, job_id
+
+
 # ------------------------------------------------------------------------------------------
 
 
@@ -195,15 +209,7 @@ def test_checkpoint_signal_requeues_and_the_job_resumes_without_losing_an_epoch(
 
     Needs the runtime's checkpoint signal (fleet/runtime/signals.py)."""
     epochs = 12
-    spec = write_spec(tmp_path / "spec.yaml", epochs=epochs, models=3)
-    run_dir = tmp_path / "run"
-    job_id = submit(slurm_env, spec, run_dir, jobs)
-
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not any_epoch_logged(run_dir):
-        assert time.monotonic() < deadline and not finished(job_fields(slurm_env, job_id)), job_log(run_dir, job_id)[-4000:]
-        time.sleep(0.2)
-    run(slurm_env, "scancel", *CHECKPOINT_SIGNALS[delivery], job_id)
+    run_dir, job_id = signal_after_the_first_epoch(slurm_env, jobs, tmp_path, epochs, CHECKPOINT_SIGNALS[delivery])
 
     requeued = wait_job(slurm_env, job_id, lambda f: f["Restarts"] == "1" and f["JobState"] == "PENDING" or finished(f),
                         "requeue")
@@ -234,15 +240,7 @@ def test_walltime_kill_keeps_every_checkpointed_epoch_and_a_resubmitted_job_resu
     is for). Every epoch a model completed was checkpointed at its end: the same script
     submitted again resumes each model from there and finishes, every epoch trained once."""
     epochs = 12
-    spec = write_spec(tmp_path / "spec.yaml", epochs=epochs, models=3)
-    run_dir = tmp_path / "run"
-    job_id = submit(slurm_env, spec, run_dir, jobs)
-
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not any_epoch_logged(run_dir):
-        assert time.monotonic() < deadline and not finished(job_fields(slurm_env, job_id)), job_log(run_dir, job_id)[-4000:]
-        time.sleep(0.2)
-    run(slurm_env, "scancel", "--signal=TERM", "--full", job_id)
+    run_dir, job_id = signal_after_the_first_epoch(slurm_env, jobs, tmp_path, epochs, ["--signal=TERM", "--full"])
     ended = wait_job(slurm_env, job_id, finished, "end")
     log = job_log(run_dir, job_id)[-4000:]
     assert ended["JobState"] != "COMPLETED" and ended["Restarts"] == "0", (ended, log)
