@@ -4,9 +4,12 @@ Path measured: the preprocessor's chunk -> its paired master (Qp) -> the masters
 the scatter to the workers of a group -> each trainer's Qt -> batches (Qd) -> a trainer that
 only takes the batch (no step, no per-step allreduce; epoch ends, evaluation, checkpoints and
 reports are the real ones). Two models share one stream: A on all trainers but one (master
-+ workers), B on the last. Decoding is not part of the path either: the preprocessor's decode
-is replaced by a copy of one chunk decoded in advance. Both replacements are patches this
-bench makes; fleet itself never does this.
++ workers), B on the last. Decoding is not part of the path either: the path starts where a
+decoded chunk goes into Qp, so the preprocessor's decode is replaced by a copy of the rows of
+a chunk decoded in advance into the buffer, as a decode's output would be written (2 MB of
+memcpy a chunk on the preprocessor's core); with `--no-fill` it writes only the header and
+labels, and the rows hold whatever they held. Both replacements are patches this bench makes; fleet
+itself never does this.
 
 Raw baseline: rank 0 broadcasts the same number of chunks of the same size to all trainer
 ranks with blocking `MPI_Bcast`.
@@ -19,7 +22,7 @@ broadcast alone varies 1.5-2x between repetitions with how the OS schedules its 
 ranks, hence the medians; run nothing else meanwhile.
 
 Usage: .venv/bin/python bench/pipeline.py [--trainers 3] [--image-size 32] [--chunk 168]
-       [--epochs 4] [--samples 60000] [--rounds 3] [--runtime KEY=VALUE ...]
+       [--epochs 4] [--samples 60000] [--rounds 3] [--no-fill] [--runtime KEY=VALUE ...]
 Prints the medians and their ratio (target: the path reaches >= 70% of the faster raw
 broadcast).
 """
@@ -72,8 +75,9 @@ def raw_bcast(chunk_bytes: int, chunks: int) -> None:
         print(json.dumps(seconds))
 
 
-def patched_pipeline(spec: str, run_dir: str) -> None:
-    """Under mpiexec: `fleet train` with the preprocessor's decode replaced by a copy."""
+def patched_pipeline(spec: str, run_dir: str, fill: bool) -> None:
+    """Under mpiexec: `fleet train` with the preprocessor's decode replaced by writing the
+    chunk's header and labels (and, with `fill`, copying pre-decoded rows)."""
     import numpy as np
 
     from fleet.runtime import preprocessor, trainer
@@ -82,13 +86,14 @@ def patched_pipeline(spec: str, run_dir: str) -> None:
 
     ready: dict = {}
 
-    def copy_decoded(self, chunk: int, buffer) -> int:
+    def decoded_in_advance(self, chunk: int, buffer) -> int:
         count = len(self.order.indices(chunk))
         if "images" not in ready:
             raw = self.ctx.reader.read(np.sort(self.order.indices(0)))
             ready["images"] = self.ctx.pipeline(raw, self.order.rng(0), train=True)
             ready["labels"] = raw.labels
-        self.chunks.images(buffer)[:count] = ready["images"][:count]
+        if fill:
+            self.chunks.images(buffer)[:count] = ready["images"][:count]
         self.chunks.labels(buffer)[:count] = ready["labels"][:count]
         newest_first, newest = self.layouts[-1]
         notice = (newest.version, newest_first) if newest_first > chunk else (0, 0)
@@ -101,7 +106,7 @@ def patched_pipeline(spec: str, run_dir: str) -> None:
             if batch.epoch_end and self._end_epoch():
                 return True
 
-    preprocessor.StreamProducer._decode = copy_decoded
+    preprocessor.StreamProducer._decode = decoded_in_advance
     trainer.GroupTraining._train = consume_only
     sys.exit(train_entry(TrainOptions(spec, run_dir, quiet=True)))
 
@@ -170,13 +175,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating (path, raw) measurement pairs")
     parser.add_argument("--runtime", action="append", default=[], metavar="KEY=VALUE",
                         help="a runtime option of the spec, e.g. poll=busy (repeatable)")
+    parser.add_argument("--no-fill", dest="fill", action="store_false",
+                        help="write only each chunk's header and labels on the preprocessor, not its rows")
     parser.add_argument("--raw", nargs=2, type=int, metavar=("CHUNK_BYTES", "CHUNKS"), help=argparse.SUPPRESS)
     parser.add_argument("--patched", nargs=2, metavar=("SPEC", "RUN_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw:
         return raw_bcast(*args.raw)
     if args.patched:
-        return patched_pipeline(*args.patched)
+        return patched_pipeline(*args.patched, args.fill)
 
     from fleet.runtime.chunks import ChunkLayout
 
@@ -192,7 +199,8 @@ def main() -> None:
             run_dir = Path(tmp) / f"run{round_}"  # a fresh run each round, with the same profile
             run_dir.mkdir()
             shutil.copy(profile, run_dir / "profile.json")
-            done = subprocess.run([*mpiexec(ranks), __file__, "--patched", str(spec), str(run_dir)],
+            fill = [] if args.fill else ["--no-fill"]
+            done = subprocess.run([*mpiexec(ranks), __file__, "--patched", str(spec), str(run_dir), *fill],
                                   capture_output=True, text=True, env=env, timeout=900)
             if done.returncode != 0:
                 sys.exit(f"pipeline run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -212,6 +220,8 @@ def main() -> None:
     mb = chunk_bytes / 1e6
     print(f"ranks {ranks} (1 preprocessor + {args.trainers} trainers), stream members {members}")
     print(f"chunk {args.chunk} samples of 3x{args.image_size}x{args.image_size} float32 = {mb:.2f} MB")
+    print("preprocessor: pre-decoded rows copied into every chunk" if args.fill
+          else "preprocessor: header and labels written, rows not (--no-fill)")
     print(f"{'path':<44}{'samples/s':>12}{'MB/s':>10}")
     print(f"{'fleet Qp->masters->scatter->Qd':<44}{path_rate:>12,.0f}{path_rate * mb / args.chunk:>10,.0f}")
     for name, label in (("blocking", "raw MPI_Bcast (blocking)"), ("polled", "raw MPI_Ibcast (fleet's polling)")):
