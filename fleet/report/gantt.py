@@ -6,7 +6,7 @@ Input is a ``plan.json`` dict as `fleet.schedule_io.plan_document` writes it (me
 
 from __future__ import annotations
 
-from fleet.errors import UserError
+from fleet.report._figures import pyplot, save_png
 
 
 def write_gantt(plan: dict, path: str, title: str = "") -> None:
@@ -15,10 +15,7 @@ def write_gantt(plan: dict, path: str, title: str = "") -> None:
     Raises:
         UserError: the file cannot be written.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     gpus = plan["total_gpus"]
     members = [m for rnd in plan["rounds"] for m in rnd["members"]]
@@ -47,9 +44,4 @@ def write_gantt(plan: dict, path: str, title: str = "") -> None:
     ax.set_title(title or f"{plan['policy']}: predicted makespan {plan['makespan_s']:,.0f} s; "
                  "hatched: checkpointed, not yet converged")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
-    finally:
-        plt.close(fig)
+    save_png(fig, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleet.errors import UserError
+from fleet.report._figures import pyplot, save_png
 
 _COLORS = {"training": "#4c72b0", "pacing": "#dd8452", "overhead": "#c44e52", "idle": "#bbbbbb"}
 
@@ -21,10 +21,7 @@ def write_schedule_charts(summary: Sequence[dict], path: str, title: str = "") -
     Raises:
         UserError: the file cannot be written.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     _speedup_panel(axes[0], summary, "speedup_baseline", "speedup over Baseline")
@@ -33,12 +30,7 @@ def write_schedule_charts(summary: Sequence[dict], path: str, title: str = "") -
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise UserError(f"--chart: cannot write {path}: {exc.strerror}") from None
-    finally:
-        plt.close(fig)
+    save_png(fig, path, "--chart: ")
 
 
 def _speedup_panel(ax, summary: Sequence[dict], key: str, label: str) -> None:
