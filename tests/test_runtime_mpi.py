@@ -82,6 +82,24 @@ def epochs_by_model(run_dir: Path) -> dict[str, list[int]]:
     return out
 
 
+def start_train(ranks: int, spec: Path, run_dir: Path, **popen) -> subprocess.Popen:
+    """`fleet train` under mpiexec in the background, in a session of its own (for killpg)."""
+    command = [*mpi_launcher(), "-n", str(ranks), sys.executable, "-m", "fleet", "train", str(spec), "--run-dir",
+               str(run_dir), "--quiet"]
+    return subprocess.Popen(command, start_new_session=True, **popen)
+
+
+def wait_for_epochs(job: subprocess.Popen, run_dir: Path, count: int, before: str) -> None:
+    """Wait until the run has logged `count` epochs in all; the job must still be running."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and job.poll() is None:
+        done = epochs_by_model(run_dir) if (run_dir / "events.jsonl").exists() else {}
+        if sum(len(v) for v in done.values()) >= count:
+            break
+        time.sleep(0.02)
+    assert job.poll() is None, f"the job finished before {before}"
+
+
 # ------------------------------------------------------------------------------------------
 
 
@@ -214,17 +232,9 @@ def test_resume_after_kill_continues_exactly(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", models, cluster, "baseline", data=data, train=train_cfg)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     train(3, spec, whole)
-    command = [*mpi_launcher(), "-n", "3", sys.executable, "-m", "fleet", "train", str(spec), "--run-dir",
-               str(killed), "--quiet"]
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    job = start_train(3, spec, killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and job.poll() is None:
-            done = epochs_by_model(killed) if (killed / "events.jsonl").exists() else {}
-            if sum(len(v) for v in done.values()) >= 3:
-                break
-            time.sleep(0.02)
-        assert job.poll() is None, "the job finished before it could be killed"
+        wait_for_epochs(job, killed, 3, "it could be killed")
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
@@ -268,17 +278,9 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
     train_cfg = {"batch_size": 32, "max_epochs": 4, "optimizer": "sgd", "lr": 0.05}
     spec = write_spec(tmp_path / "s.yaml", models, cluster, "fleet-g", data=data, train=train_cfg)
     run_dir = tmp_path / "run"
-    command = [*mpi_launcher(), "-n", "3", sys.executable, "-m", "fleet", "train", str(spec), "--run-dir",
-               str(run_dir), "--quiet"]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job = start_train(3, spec, run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and job.poll() is None:
-            done = epochs_by_model(run_dir) if (run_dir / "events.jsonl").exists() else {}
-            if sum(len(v) for v in done.values()) >= 2:
-                break
-            time.sleep(0.02)
-        assert job.poll() is None, "the job finished before the signal"
+        wait_for_epochs(job, run_dir, 2, "the signal")
         time.sleep(0.3)  # into the next epoch: the checkpoint lands mid-epoch
         for pid in rank_pids(run_dir):
             os.kill(pid, signum)
