@@ -17,10 +17,10 @@ CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s pe
 
 def _scenario(rates, spec, gpus: int):
     from fleet.runtime.rates_source import epochs_estimate
-    from fleet.schedule import Cluster, Scenario
+    from fleet.schedule import Cluster, Scenario, whole_epochs
 
     estimates = tuple(epochs_estimate(rates, spec))
-    truth = tuple(max(1, math.ceil(e - 1e-9)) for e in estimates)
+    truth = whole_epochs(estimates)
     return Scenario(rates, truth, estimates, Cluster(gpus, rates.gpus_per_node))
 
 

@@ -36,13 +36,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.schedule import Cluster, Overheads, Scenario, create_policy, lower_bounds, simulate
+    from fleet.schedule import Cluster, Overheads, Scenario, create_policy, lower_bounds, simulate, whole_epochs
     from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, write_json
 
     gpus, seed = args.gpus, args.seed
     rates = load_profile(args.profile)
     estimates, source = epochs_from_profile(rates, args.max_epochs, args.profile)
-    truth = tuple(max(1, math.ceil(e - 1e-9)) for e in estimates)
+    truth = whole_epochs(estimates)
     scenario = Scenario(rates, truth, estimates, Cluster(gpus, rates.gpus_per_node))
     result = simulate(create_policy(args.policy, seed=seed), scenario, Overheads())
     lb2 = lower_bounds(rates, truth, gpus).lb2

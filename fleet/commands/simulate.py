@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from fleet.commands._args import fraction, names_of, positive_float, positive_int, positive_int_list
 from fleet.errors import UserError
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _scenarios(args: argparse.Namespace, noise: float):
     """``(gpus, seed) -> Scenario`` for the chosen input, and a label for it."""
-    from fleet.schedule import WORKLOADS, Cluster, Scenario, noisy_estimates
+    from fleet.schedule import WORKLOADS, Cluster, Scenario, noisy_estimates, whole_epochs
     from fleet.schedule_io import epochs_from_profile, load_profile
 
     if (args.profile is None) == (args.workload is None):
@@ -81,7 +80,7 @@ def _scenarios(args: argparse.Namespace, noise: float):
         return from_workload, f"workload {args.workload}"
     rates = load_profile(args.profile)
     epochs, source = epochs_from_profile(rates, args.max_epochs, args.profile)
-    truth = tuple(max(1, math.ceil(e - 1e-9)) for e in epochs)
+    truth = whole_epochs(epochs)
 
     def from_profile(gpus: int, seed: int) -> Scenario:
         estimates = noisy_estimates(epochs, seed, noise) if noise else epochs

@@ -35,7 +35,7 @@ from fleet.schedule.rates import (
     extrapolate_rate,
     threshold_gpus,
 )
-from fleet.schedule.simulator import Cluster, Scenario, SimResult, Timeline, simulate
+from fleet.schedule.simulator import Cluster, Scenario, SimResult, Timeline, simulate, whole_epochs
 from fleet.schedule.workloads import WORKLOADS, Workload, noisy_estimates, paper100
 
 __all__ = [
@@ -44,6 +44,6 @@ __all__ = [
     "StreamPlan", "StreamView", "Bounds", "lower_bounds", "malleable_bound", "simple_bound",
     "training_times", "Overheads", "Flotilla", "FlotillaMember", "create_flotilla", "node_count",
     "place", "PAPER_POLICIES", "POLICIES", "create_policy", "ModelProfile", "ProfileFormatError",
-    "RateTable", "extrapolate_rate", "threshold_gpus", "Cluster", "Scenario", "SimResult",
+    "RateTable", "extrapolate_rate", "threshold_gpus", "Cluster", "Scenario", "SimResult", "whole_epochs",
     "Timeline", "simulate", "WORKLOADS", "Workload", "noisy_estimates", "paper100",
 ]

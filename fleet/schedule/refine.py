@@ -119,13 +119,12 @@ def makespan_simulator(make_policy: Callable[[], object], total_gpus: int, overh
     """A `simulate_makespan` for `weigh_refinement`: a fresh policy from `make_policy` runs the
     remaining work in the simulator (epochs rounded up to whole epochs)."""
     from fleet.schedule.costs import Overheads
-    from fleet.schedule.simulator import Cluster, Scenario, simulate
+    from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
 
     costs = overheads or Overheads()
 
     def run(truth: RateTable, shown: RateTable, epochs: Sequence[float]) -> float:
-        whole = tuple(max(1, math.ceil(e - 1e-9)) for e in epochs)
-        scenario = Scenario(truth, whole, tuple(float(e) for e in epochs),
+        scenario = Scenario(truth, whole_epochs(epochs), tuple(float(e) for e in epochs),
                             Cluster(total_gpus, truth.gpus_per_node), planning_rates=shown)
         return simulate(make_policy(), scenario, costs).makespan
 

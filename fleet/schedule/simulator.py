@@ -58,6 +58,12 @@ _EPS = 1e-9
 _START, _CHECKPOINT_DONE, _BOUNDARY, _DEFERRED = range(4)
 
 
+def whole_epochs(epochs: Sequence[float]) -> tuple[int, ...]:
+    """Estimated epochs rounded up to whole epochs (at least one): the epochs a simulated
+    model really trains when the estimates are all there is."""
+    return tuple(max(1, math.ceil(e - 1e-9)) for e in epochs)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """The GPUs a run may use: GPU ``g`` is on node ``g // gpus_per_node``."""
