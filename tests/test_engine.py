@@ -11,6 +11,7 @@ import torch
 
 from fleet.engines import Engine, EnginePhase, TorchEngine, create_engine, learning_rate
 from fleet.errors import UserError
+from fleet.rows import Pieces
 from fleet.spec import LRSchedule, ModelSpec, TrainSpec
 
 MNIST_LIKE = (1, 8, 8)
@@ -54,6 +55,15 @@ def test_same_model_spec_gives_bit_identical_losses(family_params):
     a, b = (TorchEngine(model_spec(*family_params), MNIST_LIKE, CLASSES) for _ in range(2))
     assert np.array_equal(a.flat_parameters(), b.flat_parameters())
     assert [a.train_step(x, y) for x, y in data] == [b.train_step(x, y) for x, y in data]
+
+
+def test_a_batch_in_pieces_trains_as_the_joined_batch():
+    data = batches(3, size=12)
+    whole, pieces = (TorchEngine(model_spec(*CNN), MNIST_LIKE, CLASSES) for _ in range(2))
+    for x, y in data:
+        split = Pieces((x[:5], x[5:7], x[7:]))
+        assert whole.train_step(x, y) == pieces.train_step(split, y)
+    assert np.array_equal(whole.flat_parameters(), pieces.flat_parameters())
 
 
 def test_another_seed_gives_other_weights():

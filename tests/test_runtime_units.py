@@ -87,6 +87,21 @@ def test_batcher_never_crosses_an_epoch_end_and_drops_single_sample_batches():
     assert got == [(16, False), (16, False), (13, True), (16, False), (2, True)]
 
 
+def test_batcher_passes_the_rows_on_in_pieces_without_copying_them():
+    queue = SampleQueue(capacity=1000, name="Qt")
+    sent = shares([10, 10, 10], epoch_end_at=set())
+    for share in sent:
+        queue.put(share, timeout_s=1)
+    batcher = Batcher(queue, batch_size=16, depth=4, timeout_s=5, name="t")
+    batch = batcher.get()
+    batcher.stop()
+    assert [len(part) for part in batch.x.parts] == [10, 6]
+    assert all(np.shares_memory(part, share.x) for part, share in zip(batch.x.parts, sent))
+    expected = np.concatenate([sent[0].x, sent[1].x[:6]])
+    assert batch.x.shape == expected.shape and np.array_equal(np.asarray(batch.x), expected)
+    assert np.array_equal(batch.y, np.concatenate([sent[0].y, sent[1].y[:6]]))
+
+
 def test_batcher_drops_a_lone_last_sample():
     queue = SampleQueue(capacity=100, name="Qt")
     for share in shares([17], epoch_end_at={0}):

@@ -18,8 +18,12 @@ States (`EnginePhase`)
 
 Batches
     ``x`` is float32 ``(N, C, H, W)`` (`input_shape` per sample), ``y`` int64 ``(N,)`` class
-    indices; both are host numpy arrays that the engine copies to its device. The arrays are not
-    kept: the caller may reuse their memory as soon as a call returns.
+    indices; both are host numpy arrays that the engine copies to its device. ``x`` may also
+    be `fleet.rows.Pieces`: the rows in consecutive pieces, as the runtime's batches arrive
+    (views of the shares they came in); the engine joins them where it uses them (on CUDA
+    straight into the pinned buffer of the host-to-device copy, so a batch that spans shares
+    is copied once on the host, not twice). The arrays are not kept: the caller may reuse
+    their memory as soon as a call returns.
 
 Training, single replica
     `train_step(x, y)` is forward, backward and optimizer step; it returns the batch's mean

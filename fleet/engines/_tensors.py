@@ -7,6 +7,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from fleet.rows import Pieces, Rows, joined
+
 
 def total_numel(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() for t in tensors)
@@ -79,6 +81,18 @@ def host_tensor(array: np.ndarray, dtype: np.dtype) -> torch.Tensor:
     if not array.flags.writeable:
         array = array.copy()
     return torch.from_numpy(array)
+
+
+def rows_to_device(x: Rows, device: torch.device) -> torch.Tensor:
+    """A batch's rows as a float32 tensor on `device`: on the CPU over the joined rows (no copy
+    for one contiguous float32 piece); on CUDA the pieces are joined straight into pinned memory,
+    the one host copy the asynchronous transfer needs."""
+    if device.type != "cuda":
+        return host_tensor(joined(x), np.float32)
+    staging = torch.empty(tuple(x.shape), dtype=torch.float32, pin_memory=True)
+    parts = x.parts if isinstance(x, Pieces) else (x,)
+    np.concatenate(parts, out=staging.numpy(), casting="same_kind")
+    return staging.to(device, non_blocking=True)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

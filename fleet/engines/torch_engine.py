@@ -18,6 +18,7 @@ from fleet.engines._tensors import (
     flatten_to_host,
     host_tensor,
     is_same_memory,
+    rows_to_device,
     to_device,
     to_host,
     total_numel,
@@ -25,6 +26,7 @@ from fleet.engines._tensors import (
 from fleet.engines.schedule import learning_rate
 from fleet.errors import UserError
 from fleet.models import InputShape, build_model, set_dropout_generator
+from fleet.rows import Rows
 from fleet.spec.families import is_user_family
 from fleet.spec.search import ModelSpec
 from fleet.spec.sections import Optimizer, TrainSpec
@@ -261,14 +263,14 @@ class TorchEngine(Engine):
         for group in self._optimizer.param_groups:
             group["lr"] = lr
 
-    def _batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, x: Rows, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Check a batch's shapes and move it to the device."""
         if tuple(x.shape[1:]) != self.input_shape or x.ndim != 4 or len(y) != len(x):
             raise ValueError(
                 f"model {self.model_id!r}: expected x of shape (N, {', '.join(map(str, self.input_shape))}) "
                 f"and N labels, got x {tuple(x.shape)} and y {tuple(np.shape(y))}"
             )
-        inputs = to_device(host_tensor(x, np.float32), self.device)
+        inputs = rows_to_device(x, self.device)
         targets = to_device(host_tensor(y, np.int64), self.device)
         return inputs, targets
 

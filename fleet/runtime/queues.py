@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleet.rows import Pieces, Rows
 from fleet.runtime.waiting import WaitTimeout
 
 
@@ -77,7 +78,7 @@ class SampleQueue:
 
 @dataclass
 class Batch:
-    x: np.ndarray
+    x: Rows  # the rows as they arrived, in pieces: the engine joins them where it uses them
     y: np.ndarray
     epoch_end: bool
     leave: bool
@@ -155,10 +156,10 @@ class Batcher:
                 held += take
                 start += take
                 if held == self.batch_size and not (share.epoch_end and start == share.count):
-                    self._emit(Batch(join(xs), join(ys), False, False))
+                    self._emit(Batch(Pieces(tuple(xs)), join(ys), False, False))
                     xs, ys, held = [], [], 0
             if share.epoch_end:
-                x = join(xs) if held > 1 else np.empty((0,) + share.x.shape[1:], np.float32)
+                x = Pieces(tuple(xs)) if held > 1 else np.empty((0,) + share.x.shape[1:], np.float32)
                 y = join(ys) if held > 1 else np.empty(0, np.int64)
                 self._emit(Batch(x, y, epoch_end=True, leave=False))
                 xs, ys, held = [], [], 0
