@@ -3,7 +3,9 @@
 Path measured: the preprocessor's chunk -> its paired master (Qp) -> the masters' broadcast ->
 the scatter to the workers of a group -> each trainer's Qt -> batches (Qd) -> a trainer that
 only takes the batch (no step, no per-step allreduce; epoch ends, evaluation, checkpoints and
-reports are the real ones). Two models share one stream: A on all trainers but one (master
+reports are the real ones). A batch that spans shares holds the shares' rows in pieces; an
+engine joins them where it uses them (on CUDA into the pinned buffer of its host-to-device
+copy), which is past the end of this path. Two models share one stream: A on all trainers but one (master
 + workers), B on the last. Decoding is not part of the path either: the path starts where a
 decoded chunk goes into Qp, so the preprocessor's decode is replaced by a copy of the rows of
 a chunk decoded in advance into the buffer, as a decode's output would be written (2 MB of
