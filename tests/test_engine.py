@@ -57,9 +57,14 @@ def test_same_model_spec_gives_bit_identical_losses(family_params):
     assert [a.train_step(x, y) for x, y in data] == [b.train_step(x, y) for x, y in data]
 
 
-def test_a_batch_in_pieces_trains_as_the_joined_batch():
+ON_CUDA_TOO = ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", ON_CUDA_TOO)
+def test_a_batch_in_pieces_trains_as_the_joined_batch(device):
     data = batches(3, size=12)
-    whole, pieces = (TorchEngine(model_spec(*CNN), MNIST_LIKE, CLASSES) for _ in range(2))
+    whole, pieces = (TorchEngine(model_spec(*CNN), MNIST_LIKE, CLASSES, device=device, deterministic=True)
+                     for _ in range(2))
     for x, y in data:
         split = Pieces((x[:5], x[5:7], x[7:]))
         assert whole.train_step(x, y) == pieces.train_step(split, y)
