@@ -102,6 +102,18 @@ def test_batcher_passes_the_rows_on_in_pieces_without_copying_them():
     assert np.array_equal(batch.y, np.concatenate([sent[0].y, sent[1].y[:6]]))
 
 
+def test_batcher_joins_a_batch_that_spans_many_shares():
+    queue = SampleQueue(capacity=1000, name="Qt")
+    sent = shares([2] * 8, epoch_end_at=set())
+    for share in sent:
+        queue.put(share, timeout_s=1)
+    batcher = Batcher(queue, batch_size=16, depth=4, timeout_s=5, name="t")
+    batch = batcher.get()
+    batcher.stop()
+    assert isinstance(batch.x, np.ndarray) and not any(np.shares_memory(batch.x, s.x) for s in sent)
+    assert np.array_equal(batch.x, np.concatenate([s.x for s in sent]))
+
+
 def test_batcher_drops_a_lone_last_sample():
     queue = SampleQueue(capacity=100, name="Qt")
     for share in shares([17], epoch_end_at={0}):

@@ -17,6 +17,9 @@ from fleet.rows import Pieces, Rows
 from fleet.runtime.waiting import WaitTimeout
 
 
+MAX_PIECES = 4  # shares a batch may span before the batcher joins its rows
+
+
 @dataclass
 class Share:
     """Rows of one chunk for one trainer, with the in-band markers."""
@@ -94,6 +97,10 @@ class Batcher:
     A batch never crosses an epoch end: the last batch of an epoch may be short, and one
     with a single sample is dropped (BatchNorm cannot train on one sample). A LEAVE marker
     ends the stream of batches.
+
+    A batch's rows stay in the pieces they came in (the engine joins them where it uses them),
+    unless they span more than `MAX_PIECES` shares: a piece may keep a whole chunk's buffer
+    alive, so those are joined here and Qd holds at most `MAX_PIECES` chunks a batch.
     """
 
     def __init__(self, qt: SampleQueue, batch_size: int, depth: int, timeout_s: float, name: str):
@@ -156,13 +163,18 @@ class Batcher:
                 held += take
                 start += take
                 if held == self.batch_size and not (share.epoch_end and start == share.count):
-                    self._emit(Batch(Pieces(tuple(xs)), join(ys), False, False))
+                    self._emit(Batch(rows(xs), join(ys), False, False))
                     xs, ys, held = [], [], 0
             if share.epoch_end:
-                x = Pieces(tuple(xs)) if held > 1 else np.empty((0,) + share.x.shape[1:], np.float32)
+                x = rows(xs) if held > 1 else np.empty((0,) + share.x.shape[1:], np.float32)
                 y = join(ys) if held > 1 else np.empty(0, np.int64)
                 self._emit(Batch(x, y, epoch_end=True, leave=False))
                 xs, ys, held = [], [], 0
+
+
+def rows(parts: list[np.ndarray]) -> Rows:
+    """A batch's rows: the pieces as they came, or one array when there are too many."""
+    return Pieces(tuple(parts)) if len(parts) <= MAX_PIECES else np.concatenate(parts)
 
 
 def join(parts: list[np.ndarray]) -> np.ndarray:
