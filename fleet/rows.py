@@ -39,8 +39,12 @@ class Pieces:
             return self.parts[0]
         return np.concatenate(self.parts, out=out, casting="same_kind")
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if copy is False and len(self.parts) > 1:
+            raise ValueError("joining the pieces of a batch needs a copy")
         joined = self.join()
+        if copy:
+            return np.array(joined, dtype=dtype, copy=True)
         return joined if dtype is None else joined.astype(dtype, copy=False)
 
 
