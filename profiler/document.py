@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from profiler.plan import decode_capacity
+
 PROFILER_VERSION = 1
 
 
@@ -129,6 +131,15 @@ def stream_demand(plan: Mapping[str, Any], rate_of) -> list[float]:
 def decode_rates(block: Mapping[str, Any]) -> dict[int, float]:
     """``{k: samples/s}`` from a profile's preprocessing block."""
     return {int(k): float(v) for k, v in block.get("samples_per_s", {}).items()}
+
+
+def decode_limit(extra: Mapping[str, Any], nodes: int, per_node: int | None = None) -> float | None:
+    """Samples/s a run's preprocessors decode together, from a profile's extra fields
+    (`RateTable.extra`): `per_node` processes (default: as profiled) on each of `nodes`.
+    None when the profile measured no decoding."""
+    block = extra.get("preprocessing", {})
+    count = per_node if per_node is not None else int(block.get("per_node", 0) or 0)
+    return decode_capacity(decode_rates(block), count, nodes)
 
 
 def summarize_failures(failures: Sequence[Mapping[str, Any]]) -> list[str]:

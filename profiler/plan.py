@@ -115,3 +115,19 @@ def needed_preprocessors(
             return k
     largest = max(decode_rates)
     return max(largest, math.ceil(need / (decode_rates[largest] / largest)))
+
+
+def decode_capacity(decode_rates: Mapping[int, float], per_node: int, nodes: int) -> float | None:
+    """Samples/s that `per_node` preprocessors on each of `nodes` nodes decode together.
+
+    The measured rate of `per_node` processes; for a count not measured, the rate per
+    process of the largest count measured below it (or of the smallest measured) times
+    `per_node`. None when nothing was measured (decoding is then taken to keep up).
+    """
+    if not decode_rates or per_node < 1 or nodes < 1:
+        return None
+    if per_node in decode_rates:
+        return decode_rates[per_node] * nodes
+    below = [k for k in decode_rates if k < per_node]
+    k = max(below) if below else min(decode_rates)
+    return decode_rates[k] / k * per_node * nodes

@@ -16,12 +16,18 @@ CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s pe
 
 
 def _scenario(rates, spec, gpus: int):
+    """The run to predict: the spec's epochs, and decoding limited to what the spec's
+    preprocessors were measured to decode (when the profile measured it)."""
     from fleet.runtime.rates_source import epochs_estimate
     from fleet.schedule import Cluster, Scenario, whole_epochs
+    from profiler.document import decode_limit
 
     estimates = tuple(epochs_estimate(rates, spec))
     truth = whole_epochs(estimates)
-    return Scenario(rates, truth, estimates, Cluster(gpus, rates.gpus_per_node))
+    cluster = Cluster(gpus, rates.gpus_per_node)
+    per_node = spec.cluster.preprocessors_per_node
+    limit = decode_limit(rates.extra, cluster.nodes, per_node if isinstance(per_node, int) else None)
+    return Scenario(rates, truth, estimates, cluster, decode_rate=limit)
 
 
 def predict(spec, scenario, policies=POLICIES) -> dict:
@@ -71,9 +77,16 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
         have = block.get("per_node")
         lines += ["", f"preprocessing: {_decode_line(block)}; the plan's busiest round consumes "
                   f"{max(demand):,.0f} samples/s -> {need} preprocessor(s) per node needed (the spec has {have})"]
+    if scenario.decode_rate is not None:
+        lines += [decode_limit_line(scenario.decode_rate)]
     if what_if:
         lines += ["", "what if (predicted makespan and GPU-hours per allocation size):", _what_if(rates, spec, what_if)]
     return "\n".join(lines)
+
+
+def decode_limit_line(decode_rate: float) -> str:
+    return (f"predictions take decoding as measured: at most {decode_rate:,.0f} samples/s for all running "
+            "streams together")
 
 
 def _decode_line(block: dict) -> str:

@@ -62,6 +62,7 @@ def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_pa
     for policy in ("fleet-g", "fleet-l", "baseline", "homogeneous"):
         assert policy in done.stdout
     assert "what if" in done.stdout and "huge on 1 GPU(s)" in done.stdout
+    assert "predictions take decoding as measured: at most" in done.stdout
     assert not list((run_dir / "checkpoints").glob("*/latest.json")) if (run_dir / "checkpoints").exists() else True
     assert not [e for e in events(run_dir) if e["event"] == "epoch"]
 

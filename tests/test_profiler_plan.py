@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from fleet.spec import parse_spec
 from profiler.document import build_document, model_rates, reuse_verdict, stream_demand
-from profiler.plan import needed_preprocessors, preprocessor_counts, threshold_gpus, waves
+from profiler.plan import decode_capacity, needed_preprocessors, preprocessor_counts, threshold_gpus, waves
 
 
 def test_threshold_is_the_rate_spread_or_two_nodes_capped_by_the_gpus():
@@ -63,6 +63,16 @@ def test_needed_preprocessors_covers_the_busiest_round_per_node():
     assert needed_preprocessors([500.0, 1800.0], decode, nodes=1) == 2
     assert needed_preprocessors([3000.0], decode, nodes=2) == 2  # 1500 per node
     assert needed_preprocessors([9000.0], decode, nodes=1) == 10  # beyond 4: 900/s per process
+
+
+def test_decode_capacity_is_the_measured_count_or_its_rate_per_process_times_nodes():
+    decode = {1: 1000.0, 2: 1900.0, 4: 3600.0}
+    assert decode_capacity(decode, per_node=2, nodes=1) == 1900.0
+    assert decode_capacity(decode, per_node=4, nodes=3) == 3 * 3600.0
+    assert decode_capacity(decode, per_node=3, nodes=1) == pytest.approx(3 * 950.0)  # from 2's rate per process
+    assert decode_capacity(decode, per_node=8, nodes=1) == pytest.approx(8 * 900.0)
+    assert decode_capacity({2: 1900.0}, per_node=1, nodes=1) == pytest.approx(950.0)
+    assert decode_capacity({}, per_node=1, nodes=1) is None
 
 
 def test_rates_stop_at_the_first_failed_group_size():

@@ -42,6 +42,19 @@ def test_plan_writes_plan_json(profile, tmp_path, fleet_cli):
     assert seen == {"fast", "mid", "slow", "tiny"}
 
 
+def test_plan_takes_the_measured_decoding_as_a_limit(profile, tmp_path, fleet_cli):
+    # Baseline on 2 GPUs (1 node): one preprocessor decoding 40 samples/s in all, where the
+    # models alone would consume 60 + 30 samples/s: every prediction gets longer, and says why.
+    free = fleet_cli("plan", str(profile), "--gpus", "2", "--policy", "baseline", "--json", cwd=tmp_path)
+    data = dict(PROFILE, preprocessing={"samples_per_s": {"1": 40.0}, "per_node": 1})
+    profile.write_text(json.dumps(data))
+    limited = fleet_cli("plan", str(profile), "--gpus", "2", "--policy", "baseline", "--json", cwd=tmp_path)
+    assert free.returncode == 0 and limited.returncode == 0, limited.stderr
+    assert json.loads(limited.stdout)["makespan_s"] > 1.2 * json.loads(free.stdout)["makespan_s"]
+    table = fleet_cli("plan", str(profile), "--gpus", "2", "--policy", "baseline", cwd=tmp_path)
+    assert "at most 40 samples/s for all running streams together" in table.stdout
+
+
 def test_plan_json_output_and_max_epochs(profile, tmp_path, fleet_cli):
     data = dict(PROFILE, models=[{k: v for k, v in m.items() if k != "epochs"} for m in PROFILE["models"]])
     profile.write_text(json.dumps(data))

@@ -54,6 +54,34 @@ def test_shared_stream_moves_at_the_slowest_member_by_hand():
     assert result.gpu_time.pacing == pytest.approx(8)
 
 
+def test_a_decode_limit_is_shared_by_the_running_streams_by_hand():
+    # Baseline with decoding at 20 samples/s in all. Max-min fair: X needs 6 < 10, so Y gets
+    # 20 - 6 = 14 (not its 30): Y's 60 samples take 60/14 s, X's 10 s; X is unaffected.
+    limited = Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=20.0)
+    result = simulate(create_policy("baseline"), limited, FREE)
+    assert result.makespan == pytest.approx(10)
+    y = next(m for m in result.timeline.members if m.model == "Y")
+    assert y.end - y.start == pytest.approx(60 / 14)
+    # at 8 samples/s: 4 each while both run (Y needs 60/4 = 15 s, X 10 s would need 6):
+    # X at 4 for 15 s = 60 samples -> X ends at 15 too, both at 4 samples/s
+    slow = Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=8.0)
+    assert simulate(create_policy("baseline"), slow, FREE).makespan == pytest.approx(15)
+
+
+def test_a_shared_stream_under_a_decode_limit_decodes_once_at_the_limit():
+    # Homogeneous, one stream of X (6) and Y (30), decoding at 3: the stream moves at 3,
+    # X's one epoch takes 20 s, then Y's second epoch 60/3 = 20 s more.
+    limited = Scenario(TINY, (1, 2), (1.0, 2.0), Cluster(2, 2), decode_rate=3.0)
+    result = simulate(create_policy("homogeneous"), limited, FREE)
+    assert result.makespan == pytest.approx(40)
+    assert result.samples_decoded == pytest.approx(120)
+
+
+def test_decode_rate_must_be_positive():
+    with pytest.raises(ValueError, match="decode_rate"):
+        Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=0.0)
+
+
 class CheckpointOnce(Policy):
     """Fake policy: run X, end the round after its first epoch, run it again."""
 

@@ -38,12 +38,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fleet.schedule import Cluster, Overheads, Scenario, create_policy, lower_bounds, simulate, whole_epochs
     from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, write_json
+    from profiler.document import decode_limit
+    from profiler.report import decode_limit_line
 
     gpus, seed = args.gpus, args.seed
     rates = load_profile(args.profile)
     estimates, source = epochs_from_profile(rates, args.max_epochs, args.profile)
     truth = whole_epochs(estimates)
-    scenario = Scenario(rates, truth, estimates, Cluster(gpus, rates.gpus_per_node))
+    cluster = Cluster(gpus, rates.gpus_per_node)
+    scenario = Scenario(rates, truth, estimates, cluster, decode_rate=decode_limit(rates.extra, cluster.nodes))
     result = simulate(create_policy(args.policy, seed=seed), scenario, Overheads())
     lb2 = lower_bounds(rates, truth, gpus).lb2
     document = plan_document(result, rates.gpus_per_node, source, lb2)
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=1))
     else:
         print(render_plan(document, rates, source, out))
+        if scenario.decode_rate is not None:
+            print(decode_limit_line(scenario.decode_rate))
     return 0
 
 

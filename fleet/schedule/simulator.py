@@ -11,6 +11,10 @@ Model of a run
       frees its GPUs at once; the stream speeds up if it was the slowest.
     * A stream decodes each sample once for all its members: its decoded samples are the
       samples it moved while at least one member was training.
+    * With a `Scenario.decode_rate` (what the run's preprocessors decode together), no stream
+      moves faster than decoding: the running streams share it max-min fairly (a stream
+      whose members need less than an equal share leaves the rest to the others). Without
+      one, decoding keeps up, the paper's assumption.
     * Launching costs ``planning_s`` (fixed, or measured around the policy call); a member
       resumed from a checkpoint also waits ``restore_s``. A new stream starts when all its
       members are ready; a member joining a running stream starts when it is ready.
@@ -64,6 +68,18 @@ def whole_epochs(epochs: Sequence[float]) -> tuple[int, ...]:
     return tuple(max(1, math.ceil(e - 1e-9)) for e in epochs)
 
 
+def decode_shares(demands: dict[int, float], capacity: float) -> dict[int, float]:
+    """Max-min fair shares of `capacity` samples/s for streams that could move at `demands`:
+    a stream needing less than an equal share of what is left gets what it needs."""
+    shares: dict[int, float] = {}
+    left, count = capacity, len(demands)
+    for stream_id, demand in sorted(demands.items(), key=lambda item: item[1]):
+        shares[stream_id] = min(demand, left / count)
+        left -= shares[stream_id]
+        count -= 1
+    return shares
+
+
 @dataclass(frozen=True)
 class Cluster:
     """The GPUs a run may use: GPU ``g`` is on node ``g // gpus_per_node``."""
@@ -88,6 +104,8 @@ class Scenario:
         cluster: the GPUs.
         planning_rates: rates shown to the policy when they differ from the truth (the same
             models in the same order); None: the policy sees `rates`.
+        decode_rate: samples/s all the run's preprocessors decode together, shared by the
+            running streams; None: decoding keeps up with every stream.
     """
 
     rates: RateTable
@@ -95,6 +113,7 @@ class Scenario:
     epochs_estimate: tuple[float, ...]
     cluster: Cluster
     planning_rates: RateTable | None = None
+    decode_rate: float | None = None
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)
@@ -104,6 +123,8 @@ class Scenario:
             raise ValueError("true_epochs and epochs_estimate need one entry per model")
         if any(e < 1 for e in self.true_epochs):
             raise ValueError("every model needs at least one epoch")
+        if self.decode_rate is not None and not self.decode_rate > 0:
+            raise ValueError("decode_rate must be positive (or None)")
 
 
 class Outcome(enum.Enum):
@@ -290,11 +311,16 @@ class _Stream:
             self.slack += self.slack_rate * dt
         self.synced_at = now
 
-    def repace(self) -> None:
+    @property
+    def demand(self) -> float:
+        """The pace its members allow: the slowest running member's rate."""
+        return min(m.own_rate for m in self.active.values())
+
+    def repace(self, decode_share: float = math.inf) -> None:
         if not self.active:
             self.pace = self.slack_rate = 0.0
             return
-        self.pace = min(m.own_rate for m in self.active.values())
+        self.pace = min(self.demand, decode_share)
         self.slack_rate = sum(len(m.gpus) * (1 - self.pace / m.own_rate) for m in self.active.values())
 
     def progress(self, model: _Model) -> float:
@@ -472,8 +498,20 @@ class _Run:
         heapq.heappush(stream.boundaries, (pos, model.index, model.generation, model.epochs_done + 1))
 
     def _repace(self, stream: _Stream) -> None:
+        """New pace for `stream` after a change; with a decode limit, for every running stream
+        (their shares of decoding move together)."""
+        if self.scenario.decode_rate is None:
+            self._repace_one(stream, math.inf)
+            return
+        shares = decode_shares({s.id: s.demand for s in self.streams.values() if s.active}, self.scenario.decode_rate)
+        self._repace_one(stream, shares.get(stream.id, math.inf))
+        for other in self.streams.values():
+            if other is not stream and other.active:
+                self._repace_one(other, shares[other.id])
+
+    def _repace_one(self, stream: _Stream, decode_share: float) -> None:
         stream.sync(self.now)
-        stream.repace()
+        stream.repace(decode_share)
         stream.version += 1
         self._drop_stale(stream)
         if stream.active and stream.boundaries:
