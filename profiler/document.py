@@ -133,12 +133,12 @@ def decode_rates(block: Mapping[str, Any]) -> dict[int, float]:
     return {int(k): float(v) for k, v in block.get("samples_per_s", {}).items()}
 
 
-def decode_limit(extra: Mapping[str, Any], nodes: int, per_node: int | None = None) -> float | None:
+def decode_limit(extra: Mapping[str, Any], nodes: int, per_node: int | str | None = None) -> float | None:
     """Samples/s a run's preprocessors decode together, from a profile's extra fields
-    (`RateTable.extra`): `per_node` processes (default: as profiled) on each of `nodes`.
-    None when the profile measured no decoding."""
+    (`RateTable.extra`): `per_node` processes on each of `nodes` (as profiled when it is not
+    a number: None, or the spec's "auto"). None when the profile measured no decoding."""
     block = extra.get("preprocessing", {})
-    count = per_node if per_node is not None else int(block.get("per_node", 0) or 0)
+    count = per_node if isinstance(per_node, int) else int(block.get("per_node", 0) or 0)
     return decode_capacity(decode_rates(block), count, nodes)
 
 

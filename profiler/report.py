@@ -25,8 +25,7 @@ def _scenario(rates, spec, gpus: int):
     estimates = tuple(epochs_estimate(rates, spec))
     truth = whole_epochs(estimates)
     cluster = Cluster(gpus, rates.gpus_per_node)
-    per_node = spec.cluster.preprocessors_per_node
-    limit = decode_limit(rates.extra, cluster.nodes, per_node if isinstance(per_node, int) else None)
+    limit = decode_limit(rates.extra, cluster.nodes, spec.cluster.preprocessors_per_node)
     return Scenario(rates, truth, estimates, cluster, decode_rate=limit)
 
 

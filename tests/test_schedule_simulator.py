@@ -77,6 +77,29 @@ def test_a_shared_stream_under_a_decode_limit_decodes_once_at_the_limit():
     assert result.samples_decoded == pytest.approx(120)
 
 
+# one GPU each (a second adds nothing), rates too far apart to share a stream
+SPREAD = RateTable(tuple(ModelProfile(f"m{r}", (float(r), float(r))) for r in (10, 15, 100)), 3, 200)
+
+
+def streams_at_start(result):
+    return {m.stream for m in result.timeline.members if m.start == 0}
+
+
+def test_fleet_adaptive_opens_no_stream_past_the_decoding_there_is():
+    # Rates 10, 15, 100 on one GPU each: without a decoding limit, one stream each. Decoding
+    # at 22: m100 is planned at 22; streams of pace 10 and 15 take 25 > 22 already, so m100
+    # joins the closer one (15) instead of opening a third.
+    free = Scenario(SPREAD, (2,) * 3, (2.0,) * 3, Cluster(3, 3))
+    limited = Scenario(SPREAD, (2,) * 3, (2.0,) * 3, Cluster(3, 3), decode_rate=22.0)
+    assert len(streams_at_start(simulate(create_policy("fleet-adaptive"), free, FREE))) == 3
+    result = simulate(create_policy("fleet-adaptive"), limited, FREE)
+    assert len(streams_at_start(result)) == 2
+    stream_of = {m.model: m.stream for m in result.timeline.members}
+    assert stream_of["m100"] == stream_of["m15"]
+    baseline = simulate(create_policy("baseline"), limited, FREE)
+    assert result.makespan < baseline.makespan and result.samples_decoded < baseline.samples_decoded
+
+
 def test_decode_rate_must_be_positive():
     with pytest.raises(ValueError, match="decode_rate"):
         Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=0.0)

@@ -157,8 +157,11 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
         record.epochs, record.history = checkpoint.epochs, list(checkpoint.history)
         record.converged, record.stop_reason = checkpoint.converged, checkpoint.stop_reason
         record.gpu_seconds = checkpoint.gpu_seconds
+    from profiler.document import decode_limit
+
+    decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
     ledger = Ledger(todo, epochs_estimate(todo, spec), spec.cluster.gpus, spec.cluster.gpus_per_node,
-                    epochs_done, paused=resumed)
+                    epochs_done, paused=resumed, decode_rate=decode_rate)
     return RunPlan(todo, source, policy_for(spec), ledger, records, resumed, converged)
 
 

@@ -131,6 +131,8 @@ class ClusterView:
         models: one view per model, in rate-table order.
         streams: the running streams.
         free_gpus: GPUs no model holds, ascending.
+        decode_rate: samples/s the run's preprocessors decode together, where the profile
+            measured it; None: decoding is taken to keep up (the paper's assumption).
     """
 
     time: float
@@ -141,6 +143,7 @@ class ClusterView:
     models: tuple[ModelView, ...]
     streams: tuple[StreamView, ...]
     free_gpus: tuple[int, ...]
+    decode_rate: float | None = None
 
     def ids_in(self, *states: ModelState) -> list[str]:
         """Ids of the models in any of ``states``, in rate-table order."""

@@ -59,8 +59,10 @@ class Ledger:
         gpus_per_node: int,
         epochs_done: Mapping[str, int] | None = None,
         paused: Iterable[str] = (),
+        decode_rate: float | None = None,
     ):
         self.rates, self.total_gpus, self.gpus_per_node = rates, total_gpus, gpus_per_node
+        self.decode_rate = decode_rate
         done = epochs_done or {}
         paused = set(paused)
         self.views = [
@@ -100,7 +102,8 @@ class Ledger:
     def view(self, now: float) -> ClusterView:
         streams = tuple(StreamView(s, tuple(m), self.paces.get(s, 0.0)) for s, m in self.streams.items())
         return ClusterView(
-            now, self.total_gpus, self.gpus_per_node, self.round, self.rates, tuple(self.views), streams, self.free_gpus
+            now, self.total_gpus, self.gpus_per_node, self.round, self.rates, tuple(self.views), streams, self.free_gpus,
+            self.decode_rate,
         )
 
     # -- decisions --------------------------------------------------------------------------

@@ -654,7 +654,7 @@ class _Run:
         streams, free = self._cached
         return ClusterView(
             self.now, self.cluster.total_gpus, self.cluster.gpus_per_node, self.round,
-            self.rates, tuple(self.views), streams, free,
+            self.rates, tuple(self.views), streams, free, self.scenario.decode_rate,
         )
 
     def _drained(self) -> bool:

@@ -28,6 +28,12 @@ busy:
 Estimates are refined as the run goes: a model that outlives its epoch estimate is assumed to
 need one more epoch at a time, and each model's rate curve is rescaled by the ratio of its
 measured to its profiled rate after every epoch.
+
+Decoding. Where the view gives the preprocessors' measured throughput (``decode_rate``), no
+model is planned faster than it (its rates are capped there: more GPUs than reach it are not
+useful, and models faster than decoding all match), and once the drafted streams' paces add
+up to it, no new stream is opened: a model joins the stream it matches best, whatever the
+tolerance, since another stream would only split the decoding between them.
 """
 
 from __future__ import annotations
@@ -130,7 +136,7 @@ class FleetAdaptive(Policy):
             i = view.rates.index(event.model)
             gpus = len(view.model(event.model).gpus)
             profiled = view.rates.matrix(view.total_gpus)[i]
-            self.rates[i] = profiled * (event.samples_per_s / profiled[gpus - 1])
+            self.rates[i] = self._capped(view, profiled * (event.samples_per_s / profiled[gpus - 1]))
         return NO_DECISION
 
     def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
@@ -153,7 +159,7 @@ class FleetAdaptive(Policy):
     def _plan(self, view: ClusterView) -> None:
         """Target makespan, GPU count per model and the LPT queue."""
         total = view.total_gpus
-        self.rates = view.rates.matrix(total).copy()
+        self.rates = self._capped(view, view.rates.matrix(total).copy())
         times = self._work(view)[:, None] / self.rates
         target = malleable_bound(times) * self.target_factor
         self.target = target
@@ -163,6 +169,11 @@ class FleetAdaptive(Policy):
             self.counts[model.id] = int(fits[0]) + 1 if fits.size else int(np.argmin(times[i])) + 1
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
+
+    @staticmethod
+    def _capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:
+        """Rates no faster than decoding, where the view knows its throughput."""
+        return rates if view.decode_rate is None else np.minimum(rates, view.decode_rate)
 
     def _work(self, view: ClusterView) -> np.ndarray:
         """Estimated samples each model still needs (at least one epoch)."""
@@ -210,8 +221,10 @@ class FleetAdaptive(Policy):
         stream's pace better; the score adds the log-rate mismatch, the scaling loss of the
         extra GPUs and a small penalty for skipping ahead in the queue.
         """
-        crowded = self._crowded(view, drafts)
-        limit = self.hard_tolerance if crowded else self.tolerance
+        if self._decoding_used_up(view, drafts):
+            limit = math.inf
+        else:
+            limit = self.hard_tolerance if self._crowded(view, drafts) else self.tolerance
         best = None
         for rank, model in enumerate(self._candidates(free)):
             for gpus in self._count_options(view, model, free):
@@ -226,6 +239,12 @@ class FleetAdaptive(Policy):
             return best[1:]
         head = self.queue[0]
         return head, min(self.counts[head], free), None
+
+    @staticmethod
+    def _decoding_used_up(view: ClusterView, drafts: list[_Draft]) -> bool:
+        """True when the drafted streams' paces already take all the decoding there is."""
+        paces = sum(min(d.rates) for d in drafts if d.rates)
+        return view.decode_rate is not None and paces >= view.decode_rate * (1 - 1e-9)
 
     def _crowded(self, view: ClusterView, drafts: list[_Draft]) -> bool:
         """True when one more stream would leave fewer than ``min_members`` per stream."""
