@@ -156,6 +156,8 @@ def test_ledger_tracks_streams_gpus_and_rounds():
         ledger.reserve(member.model, member.gpus, stream)
     view = ledger.view(1.0)
     assert view.free_gpus == (3,) and view.streams[0].members == ("a", "c") and view.round == 0
+    rates = rates3()
+    assert view.streams[0].pace == min(rates.rate("a", 1), rates.rate("c", 2)) > 0  # planned from the profile
     with pytest.raises(PolicyError, match="GPU 2 for b is not free"):
         ledger.check_launch([StreamPlan((Member("b", (2,)),))], "p")
     with pytest.raises(PolicyError, match="cannot launch a"):

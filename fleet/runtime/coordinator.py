@@ -432,10 +432,17 @@ class Coordinator:
         self._regroup(live, switch)
 
     def _regroup(self, live: LiveStream, switch: int) -> None:
+        """Apply the pending leaves and joins at chunk `switch`. A group joining on a rank
+        that is the master of a group leaving now joins at the next regroup: a rank is a
+        stream's master once per layout (its leaving stream thread still takes the chunks
+        before the switch, and would take the joining group's)."""
         old = live.layout
+        leaving_masters = {live.groups[m].ranks[0] for m in live.leaving if m in live.groups}
         for model in live.leaving:
             live.groups.pop(model, None)
-        joining, live.joining, live.leaving = live.joining, [], set()
+        joining = [g for g in live.joining if g.ranks[0] not in leaving_masters]
+        live.joining = [g for g in live.joining if g.ranks[0] in leaving_masters]
+        live.leaving = set()
         for group in joining:
             live.groups[group.model] = group
         masters = tuple(g.ranks[0] for g in live.groups.values())

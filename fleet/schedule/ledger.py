@@ -71,7 +71,6 @@ class Ledger:
         ]
         self.owner = [""] * total_gpus
         self.streams: dict[int, list[str]] = {}
-        self.paces: dict[int, float] = {}
         self.next_stream = 0
         self.round = 0
         self.launches = 0
@@ -99,8 +98,18 @@ class Ledger:
     def unfinished(self) -> int:
         return sum(v.state is not ModelState.CONVERGED for v in self.views)
 
+    def pace(self, stream: int) -> float:
+        """The pace a stream is planned to move at: its slowest member's profiled rate, no
+        faster than decoding (the coordinator launches a stream at once, so it has one from
+        its launch; 0 for a stream with no members)."""
+        members = self.streams.get(stream, [])
+        if not members:
+            return 0.0
+        pace = min(self.rates.rate(m, len(self.model(m).gpus)) for m in members)
+        return pace if self.decode_rate is None else min(pace, self.decode_rate)
+
     def view(self, now: float) -> ClusterView:
-        streams = tuple(StreamView(s, tuple(m), self.paces.get(s, 0.0)) for s, m in self.streams.items())
+        streams = tuple(StreamView(s, tuple(m), self.pace(s)) for s, m in self.streams.items())
         return ClusterView(
             now, self.total_gpus, self.gpus_per_node, self.round, self.rates, tuple(self.views), streams, self.free_gpus,
             self.decode_rate,
@@ -166,7 +175,6 @@ class Ledger:
         members.remove(model_id)
         if not members:
             del self.streams[stream]
-            self.paces.pop(stream, None)
 
     def _set(self, model_id: str, **fields) -> None:
         index = self.rates.index(model_id)
