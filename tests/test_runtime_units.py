@@ -7,7 +7,7 @@ from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, share_bounds, 
 from fleet.runtime.launch import local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import StreamLayout, StreamSource
 from fleet.runtime.queues import Batcher, SampleQueue, Share
-from fleet.runtime.stream import MemberClock
+from fleet.runtime.stream import MemberClock, own_rows
 from fleet.runtime.waiting import Backoff, WaitTimeout, poll
 from fleet.schedule import Member, ModelState, PolicyError, RateTable, StreamPlan
 from fleet.schedule.ledger import Ledger
@@ -112,6 +112,15 @@ def test_batcher_joins_a_batch_that_spans_many_shares():
     batcher.stop()
     assert isinstance(batch.x, np.ndarray) and not any(np.shares_memory(batch.x, s.x) for s in sent)
     assert np.array_equal(batch.x, np.concatenate([s.x for s in sent]))
+
+
+def test_a_master_keeps_views_of_half_a_chunk_and_copies_of_less():
+    x, y = np.arange(8 * 4, dtype=np.float32).reshape(8, 1, 2, 2), np.arange(8)
+    half_x, half_y = own_rows(x, y, 0, 4)  # a group of 2
+    assert np.shares_memory(half_x, x) and np.shares_memory(half_y, y)
+    quarter_x, quarter_y = own_rows(x, y, 0, 2)  # a group of 4: the chunk's buffer can go
+    assert not np.shares_memory(quarter_x, x) and not np.shares_memory(quarter_y, y)
+    assert np.array_equal(quarter_x, x[:2]) and np.array_equal(quarter_y, y[:2])
 
 
 def test_batcher_drops_a_lone_last_sample():

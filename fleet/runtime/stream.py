@@ -254,9 +254,8 @@ class MasterStream(StreamThread):
         bounds = share_bounds(count, self.group_comm.size)
         for worker, (lo, hi) in enumerate(bounds[1:], start=1):
             self._send_share(worker, int(header[Field.INDEX]), x[lo:hi], y[lo:hi], Flag.EPOCH_END if epoch_end else Flag.NONE)
-        lo, hi = bounds[0]
-        share = Share(x[lo:hi], y[lo:hi], int(header[Field.INDEX]), epoch_end=epoch_end)  # views: the buffer is this chunk's own
-        self.qt.put(share, self.ctx.timeout_s)
+        own_x, own_y = own_rows(x, y, *bounds[0])
+        self.qt.put(Share(own_x, own_y, int(header[Field.INDEX]), epoch_end=epoch_end), self.ctx.timeout_s)
 
     def _send_share(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int) -> None:
         """Two messages: the header with the labels after it, then (if any) the rows straight
@@ -331,6 +330,16 @@ class WorkerShares(StreamThread):
 
     def cleanup(self) -> None:
         self.group_comm.Free()
+
+
+def own_rows(x: np.ndarray, y: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """The master's own rows of a chunk's buffer (`x`, `y`: all its rows): views (the buffer is
+    this chunk's own), or a copy when they fill less than half of it, so that Qt, bounded in
+    samples, does not keep a whole buffer alive per share (a group of 8 would hold 8x the
+    bytes of its samples)."""
+    if 2 * (hi - lo) < len(y):
+        return x[lo:hi].copy(), y[lo:hi].copy()
+    return x[lo:hi], y[lo:hi]
 
 
 def wait_thread(thread: threading.Thread, what: str, timeout_s: float) -> None:
