@@ -177,8 +177,6 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     res = results(run_dir)
     assert {m["id"]: m["epochs"] for m in res["models"]} == epochs
     assert epochs_by_model(run_dir) == {m: list(range(1, e + 1)) for m, e in epochs.items()}
-    if policy == "fleet-adaptive":  # models join running streams (here one takes a converged model's GPUs)
-        assert any(e["event"] == "regroup" and e["joined"] for e in events(run_dir))
     if policy == "baseline":  # every model has its own stream: the data set is decoded per model
         assert res["samples_decoded"] >= sum(epochs.values()) * n
         streams = [e for e in events(run_dir) if e["event"] == "stream_start"]
