@@ -7,6 +7,7 @@ into one array; the engine joins them where it uses them (see `fleet.engines._ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -35,8 +36,8 @@ class Pieces:
 
     def join(self, out: np.ndarray | None = None) -> np.ndarray:
         """One array of the rows (a single piece as it is, unless `out` is given)."""
-        if out is None and len(self.parts) == 1:
-            return self.parts[0]
+        if out is None:
+            return join(self.parts)
         return np.concatenate(self.parts, out=out, casting="same_kind")
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -49,6 +50,11 @@ class Pieces:
 
 
 Rows = Union[np.ndarray, Pieces]
+
+
+def join(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """One array from consecutive pieces; a single piece is passed on as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def joined(x: Rows) -> np.ndarray:

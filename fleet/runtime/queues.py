@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet.rows import Pieces, Rows
+from fleet.rows import Pieces, Rows, join
 from fleet.runtime.waiting import WaitTimeout
 
 
@@ -174,9 +174,4 @@ class Batcher:
 
 def rows(parts: list[np.ndarray]) -> Rows:
     """A batch's rows: the pieces as they came, or one array when there are too many."""
-    return Pieces(tuple(parts)) if len(parts) <= MAX_PIECES else np.concatenate(parts)
-
-
-def join(parts: list[np.ndarray]) -> np.ndarray:
-    """One array from consecutive pieces; a single piece is passed on as it is (no copy)."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return Pieces(tuple(parts)) if len(parts) <= MAX_PIECES else join(parts)
