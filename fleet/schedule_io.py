@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
 from fleet.schedule.rates import ProfileFormatError, RateTable
-from fleet.schedule.simulator import SimResult
+from fleet.schedule.simulator import Cluster, Scenario, SimResult
 
 PLAN_SCHEMA = 1
 
@@ -40,6 +41,19 @@ def load_profile(path: str | os.PathLike) -> RateTable:
 def save_profile(rates: RateTable, path: str | os.PathLike) -> None:
     """Write ``rates`` as ``profile.json`` (extra fields it was loaded with are kept)."""
     write_json(path, rates.to_dict())
+
+
+def profile_scenario(
+    rates: RateTable, truth: Sequence[int], estimates: Sequence[float], gpus: int,
+    preprocessors_per_node: int | str | None = None,
+) -> Scenario:
+    """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
+    measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled)."""
+    from profiler.document import decode_limit
+
+    cluster = Cluster(gpus, rates.gpus_per_node)
+    limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
+    return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit)
 
 
 def epochs_from_profile(

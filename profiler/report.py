@@ -19,14 +19,11 @@ def _scenario(rates, spec, gpus: int):
     """The run to predict: the spec's epochs, and decoding limited to what the spec's
     preprocessors were measured to decode (when the profile measured it)."""
     from fleet.runtime.rates_source import epochs_estimate
-    from fleet.schedule import Cluster, Scenario, whole_epochs
-    from profiler.document import decode_limit
+    from fleet.schedule import whole_epochs
+    from fleet.schedule_io import profile_scenario
 
     estimates = tuple(epochs_estimate(rates, spec))
-    truth = whole_epochs(estimates)
-    cluster = Cluster(gpus, rates.gpus_per_node)
-    limit = decode_limit(rates.extra, cluster.nodes, spec.cluster.preprocessors_per_node)
-    return Scenario(rates, truth, estimates, cluster, decode_rate=limit)
+    return profile_scenario(rates, whole_epochs(estimates), estimates, gpus, spec.cluster.preprocessors_per_node)
 
 
 def predict(spec, scenario, policies=POLICIES) -> dict:

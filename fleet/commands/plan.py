@@ -36,17 +36,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.schedule import Cluster, Overheads, Scenario, create_policy, lower_bounds, simulate, whole_epochs
-    from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, write_json
-    from profiler.document import decode_limit
+    from fleet.schedule import Overheads, create_policy, lower_bounds, simulate, whole_epochs
+    from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
     from profiler.report import decode_limit_line
 
     gpus, seed = args.gpus, args.seed
     rates = load_profile(args.profile)
     estimates, source = epochs_from_profile(rates, args.max_epochs, args.profile)
     truth = whole_epochs(estimates)
-    cluster = Cluster(gpus, rates.gpus_per_node)
-    scenario = Scenario(rates, truth, estimates, cluster, decode_rate=decode_limit(rates.extra, cluster.nodes))
+    scenario = profile_scenario(rates, truth, estimates, gpus)
     result = simulate(create_policy(args.policy, seed=seed), scenario, Overheads())
     lb2 = lower_bounds(rates, truth, gpus).lb2
     document = plan_document(result, rates.gpus_per_node, source, lb2)

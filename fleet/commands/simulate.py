@@ -62,9 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _scenarios(args: argparse.Namespace, noise: float):
     """``(gpus, seed) -> Scenario`` for the chosen input, and a label for it."""
-    from fleet.schedule import WORKLOADS, Cluster, Scenario, noisy_estimates, whole_epochs
-    from fleet.schedule_io import epochs_from_profile, load_profile
-    from profiler.document import decode_limit
+    from fleet.schedule import WORKLOADS, Scenario, noisy_estimates, whole_epochs
+    from fleet.schedule_io import epochs_from_profile, load_profile, profile_scenario
 
     if (args.profile is None) == (args.workload is None):
         raise UserError("simulate: give either a profile.json or --workload NAME (not both)")
@@ -85,8 +84,7 @@ def _scenarios(args: argparse.Namespace, noise: float):
 
     def from_profile(gpus: int, seed: int) -> Scenario:
         estimates = noisy_estimates(epochs, seed, noise) if noise else epochs
-        cluster = Cluster(gpus, rates.gpus_per_node)
-        return Scenario(rates, truth, tuple(estimates), cluster, decode_rate=decode_limit(rates.extra, cluster.nodes))
+        return profile_scenario(rates, truth, estimates, gpus)
 
     return from_profile, f"{args.profile} (epochs from {source})"
 
