@@ -3,7 +3,7 @@
 An ensemble of 8 heterogeneous CNNs (plain CNNs, ResNets and a DenseNet of different sizes)
 trains on a synthetic JPEG image folder, every model for exactly `--epochs` epochs (the stop
 rule is switched off), so each policy does the same training work. Each policy runs as its
-own `fleet run` on the same ranks (1 preprocessor + `--trainers` trainer slots); the bench
+own `fleet run` on the same ranks (`--preprocessors` + `--trainers` trainer slots); the bench
 prints makespan, the speedup of each policy over Baseline, and the samples each decoded.
 
 All policies plan with the same measured rates: `fleet profile` runs once first (its time is
@@ -17,7 +17,7 @@ default), as with Caltech256's photos resized for the paper's nets: decoding is 
 work that sharing a stream saves.
 
 Usage: .venv/bin/python bench/e2e_cpu.py [--trainers 4] [--epochs 2] [--samples 3000]
-       [--source-size 96] [--image-size 24]
+       [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1]
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def spec_for(policy: str, data: Path, args) -> dict:
         "train": {"batch_size": 32, "max_epochs": args.epochs, "optimizer": "sgd", "lr": 0.05,
                   "stop": {"patience": 1000}},
         "scheduler": {"policy": policy},
-        "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": 1, "device": "cpu"},
+        "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": args.preprocessors,
+                    "threads_per_trainer": args.threads, "device": "cpu"},
     }
 
 
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--source-size", type=int, default=96, help="side of the JPEGs on disk")
     parser.add_argument("--image-size", type=int, default=24, help="side the models train on")
+    parser.add_argument("--preprocessors", type=int, default=1, help="preprocessor ranks")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per trainer slot")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from preprocess.make import make_synthetic
@@ -110,7 +113,8 @@ def main() -> None:
     base = results["baseline"]
     print(f"{len(MODELS)} CNNs x {args.epochs} epochs on {args.samples} JPEGs ({args.source_size}x{args.source_size} "
           f"on disk, {args.image_size}x{args.image_size} after resize and crop), "
-          f"1 preprocessor + {args.trainers} CPU trainer slots; profiled once in {profile_s:.1f} s")
+          f"{args.preprocessors} preprocessor(s) + {args.trainers} CPU trainer slots of {args.threads} thread(s); "
+          f"profiled once in {profile_s:.1f} s")
     print(f"{'policy':<14}{'makespan s':>11}{'vs baseline':>13}{'rounds':>8}{'decoded':>10}{'decoded/base':>14}"
           f"{'mean best acc':>15}")
     for policy, res in results.items():

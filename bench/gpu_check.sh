@@ -2,9 +2,12 @@
 # The CUDA path and the GPU figures of bench/RESULTS.md, on a machine with one NVIDIA GPU and
 # the packages of this workplace's GPU image (torch, mpi4py on Open MPI, h5py, ...); wheels of
 # what it lacks (pydantic) may lie in .whl/. Run from the repository root:
-#   bash bench/gpu_check.sh [OUT_DIR]
+#   bash bench/gpu_check.sh [OUT_DIR [STEP...]]   (all steps by default; step 4 uses step 2's spec)
 set -uo pipefail
 out=${1:-${OUT:-/tmp/fleet-gpu}}
+steps=" ${*:2} "
+[ "$steps" = "  " ] && steps=" 1 2 3 4 5 "
+want() { [[ "$steps" == *" $1 "* ]]; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -21,9 +24,12 @@ print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.
 print("mpi4py", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])
 PY
 
+if want 1; then
 echo "== 1. engine and collective tests on CUDA"
 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_models.py 2>&1 | tail -3
+fi
 
+if want 2; then
 echo "== 2. quickstart on the GPU: fleet run, 1 trainer (the GPU) + 3 preprocessors"
 python3 -m fleet data make synthetic --format jpeg --out "$out/qs-data" --force --quiet \
     --classes 10 --samples 2400 --image-size 20 --channels 3 --seed 0
@@ -52,11 +58,15 @@ for m in r["models"]:
     rate = max(h["samples_per_s"] for h in m["history"])
     print(f"  {m['id']:<14} {m['parameters']:>8} params  best acc {m['best_val_accuracy']:.3f}  {rate:>9,.0f} samples/s")
 PY
+fi
 
+if want 3; then
 echo "== 3. the data path on a 16-core host (no oversubscription)"
 for chunk in 168 256; do python3 bench/pipeline.py --chunk "$chunk" 2>&1 | tail -5; done
 python3 bench/pipeline.py --chunk 168 --trainers 7 2>&1 | tail -5
+fi
 
+if want 4; then
 echo "== 4. a model that cannot fit on the GPU: recorded as a profiling failure, the rest profiled"
 python3 - "$out" <<'PY'
 import sys, yaml
@@ -66,3 +76,9 @@ spec["models"].append({"family": "mlp", "name": "too-big", "params": {"hidden": 
 yaml.safe_dump(spec, open(f"{out}/oom.yaml", "w"))
 PY
 python3 -m fleet profile "$out/oom.yaml" --run-dir "$out/oom-run" --quiet 2>&1 | grep -A2 "left out of the plan"
+fi
+
+if want 5; then
+echo "== 5. end to end on 16 cores: FLEET-G against Baseline with trainer slots that do not share cores"
+python3 bench/e2e_cpu.py --trainers 8 --preprocessors 6 --source-size 256 --image-size 24 2>&1 | tail -7
+fi
