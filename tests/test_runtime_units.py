@@ -1,9 +1,10 @@
-"""The runtime's pure pieces, without processes: chunks, stream order, queues, books, launch."""
+"""The runtime's pure pieces, without processes: chunks, stream order, queues, books, regroups, launch."""
 
 import numpy as np
 import pytest
 
 from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, share_bounds, write_header
+from fleet.runtime.coordinator import Coordinator, Group, LiveStream
 from fleet.runtime.launch import local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import StreamLayout, StreamSource
 from fleet.runtime.queues import Batcher, SampleQueue, Share
@@ -187,3 +188,39 @@ def test_mpiexec_command_for_one_and_several_nodes():
     assert local_launch_flags("HYDRA build details:\n Version: 5.0") == ["-launcher", "fork"]
     assert local_launch_flags("mpiexec (Open MPI) 5.0.3") == ["--oversubscribe"]
     assert local_launch_flags("something else") == []
+
+
+class RecordingCoordinator:
+    """The coordinator's regroup with its sends, starts and log recorded instead of sent."""
+
+    _regroup = Coordinator._regroup
+    _request_change = Coordinator._request_change
+
+    def __init__(self):
+        self.sent, self.started, self.logged = [], [], []
+        self.log = self
+
+    def write(self, event, **fields):
+        self.logged.append((event, fields))
+
+    def _send(self, command, rank, tag):
+        self.sent.append((type(command).__name__, rank))
+
+    def _start_group(self, live, group, first_chunk):
+        live.groups[group.model] = group
+        self.started.append((group.model, first_chunk))
+
+
+def test_a_group_joining_on_the_master_rank_of_a_leaving_group_waits_for_the_next_regroup():
+    coordinator = RecordingCoordinator()
+    live = LiveStream(StreamLayout(0, 0, (0,), (1, 3)), StreamSource(1, 0, 0, 8), 0)
+    live.groups = {"a": Group("a", (1, 2), (0, 1), 1), "b": Group("b", (3,), (2,), 2)}
+    live.leaving = {"b"}
+    live.joining = [Group("c", (3,), (2,), 3), Group("d", (4,), (3,), 4)]
+    coordinator._regroup(live, switch=96)
+    assert live.layout.masters == (1, 4) and live.layout.version == 1
+    assert coordinator.started == [("d", 96)]  # c would share rank 3 with b's leaving stream thread
+    assert [g.model for g in live.joining] == ["c"] and live.pausing  # and asks for the next regroup
+    live.awaiting = {}
+    coordinator._regroup(live, switch=97)
+    assert live.layout.masters == (1, 4, 3) and coordinator.started[-1] == ("c", 97) and not live.joining
