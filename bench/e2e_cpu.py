@@ -17,7 +17,7 @@ default), as with Caltech256's photos resized for the paper's nets: decoding is 
 work that sharing a stream saves.
 
 Usage: .venv/bin/python bench/e2e_cpu.py [--trainers 4] [--epochs 2] [--samples 3000]
-       [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1]
+       [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -99,12 +99,16 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=24, help="side the models train on")
     parser.add_argument("--preprocessors", type=int, default=1, help="preprocessor ranks")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per trainer slot")
+    parser.add_argument("--keep", metavar="DIR", help="keep the data and every run directory in DIR (new or empty)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from preprocess.make import make_synthetic
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(args.keep or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        if any(root.iterdir()):
+            sys.exit(f"--keep {root}: not empty")
         data = root / "images"
         make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=args.source_size, channels=3,
                        progress=False)

@@ -84,3 +84,14 @@ def test_flotilla_properties(rates, free, delta):
     for m in members:
         assert m.rate >= rates.rate(m.model, m.matched_gpus) - 1e-9
     assert np.isclose(flotilla.pace, min(m.rate for m in members))
+
+
+def test_leftovers_step_over_a_dip_in_a_measured_curve():
+    # Measured on shared cores, Y's rate dips at 2 GPUs and passes r(1) at 3: the 3 leftover
+    # GPUs take Y to 3 (2 at once), then the last one to 4. Without a free GPU for the jump they stay free.
+    t = table({"Y": [2533, 2327, 3492, 4411]})
+    assert [(m.gpus, m.rate) for m in create_flotilla(t, ["Y"], 4).members] == [(4, 4411.0)]
+    assert [(m.gpus, m.rate) for m in create_flotilla(t, ["Y"], 3).members] == [(3, 3492.0)]
+    assert [(m.gpus, m.rate) for m in create_flotilla(t, ["Y"], 2).members] == [(1, 2533.0)]
+    falling = table({"Z": [100, 150, 120, 110]})  # past the peak: the last two GPUs stay free
+    assert [m.gpus for m in create_flotilla(falling, ["Z"], 4).members] == [2]

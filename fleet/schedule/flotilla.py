@@ -11,9 +11,11 @@ single-GPU model:
    are considered: ``m`` qualifies if ``r_i(m)`` beats every smaller count of the same
    model. (Eq. 5 bends down past some ``m``; without this rule a model could be matched on
    the falling side of its curve, e.g. on 52 GPUs for the rate it reaches on 6.)
-3. Hand each leftover GPU to the currently slowest member. (When one more GPU would not
-   raise the slowest member's rate, past the peak of Eq. 5, the GPU stays free: giving it
-   to anyone else cannot speed up the stream.)
+3. Hand each leftover GPU to the currently slowest member, again at useful counts only: a
+   member whose measured rate dips at m + 1 but rises past r(m) at m + 2 takes two GPUs
+   at once if two are free. (When no larger count within the free GPUs raises the slowest
+   member's rate, past the peak of Eq. 5, the GPUs stay free: giving them to anyone else
+   cannot speed up the stream.)
 
 Ties are broken by the smaller GPU count, then by the order of ``candidates``, so the result
 is deterministic.
@@ -139,12 +141,14 @@ def useful_counts(table: np.ndarray) -> np.ndarray:
 
 
 def _hand_out_leftovers(table: np.ndarray, counts: dict[int, int], free: int) -> None:
-    """Step 3 of Alg. 2: each leftover GPU goes to the currently slowest member."""
-    limit = table.shape[1]
+    """Step 3 of Alg. 2: leftover GPUs go to the currently slowest member, which moves to its
+    next useful count (one GPU more unless its measured curve dips there first)."""
+    useful = useful_counts(table)
     while free > 0:
         slowest = min(counts, key=lambda row: (table[row, counts[row] - 1], row))
         m = counts[slowest]
-        if m >= limit or table[slowest, m] <= table[slowest, m - 1]:
+        higher = np.flatnonzero(useful[slowest, m:m + free])
+        if not higher.size:
             return
-        counts[slowest] = m + 1
-        free -= 1
+        counts[slowest] = m + 1 + int(higher[0])
+        free -= 1 + int(higher[0])
