@@ -14,7 +14,10 @@ labels, and the rows hold whatever they held. Both replacements are patches this
 itself never does this.
 
 Raw baseline: rank 0 broadcasts the same number of chunks of the same size to all trainer
-ranks with blocking `MPI_Bcast`.
+ranks with blocking `MPI_Bcast`. Beside it, for the diagnosis, fleet's messages alone
+(`message_pattern`: the same synchronous sends, hops and polling, with no queues, threads or
+batches), which splits the gap into what the point-to-point pattern costs and what the
+layers around it cost.
 
 Measurement: `--rounds` alternating pairs (a `fleet train` run, then the raw broadcasts), so
 drift on a shared machine hits both alike. The path's rate is the median over every run's
@@ -73,8 +76,54 @@ def raw_bcast(chunk_bytes: int, chunks: int) -> None:
                     wait_request(world.Ibcast(buffer, root=0), "a broadcast", 600)
             world.Barrier()
             seconds[name].append(time.perf_counter() - started)
+    seconds["pattern"] = [message_pattern(world, chunk_bytes, chunks, wait_request) for _ in range(RAW_REPEATS)]
     if world.rank == 0:
         print(json.dumps(seconds))
+
+
+def message_pattern(world, chunk_bytes: int, chunks: int, wait_request) -> float:
+    """fleet's messages for a chunk and nothing else, waited on fleet's way: rank 0 sends it to
+    B's master (the last rank, the root as in the path), which sends it on to A's master (rank
+    1), which sends each of A's workers its share of the rows. No queues, threads or batches:
+    the transport's own speed for the path's pattern. Seconds for `chunks` chunks."""
+    import numpy as np
+
+    window, last, workers = 4, world.size - 1, list(range(2, world.size - 1))
+    share = chunk_bytes // (len(workers) + 1)
+    size = share if 2 <= world.rank < last else chunk_bytes
+    buffers = [np.ones(size, np.uint8) for _ in range(window)]
+    sources = {last: 0, 1: last}
+    source = sources.get(world.rank, 1)
+    sends: list = []  # (chunk, requests) of this rank's last chunks
+    world.Barrier()
+    started = time.perf_counter()
+    if world.rank == 0:
+        for k in range(chunks):
+            if len(sends) == window:
+                wait_request(sends.pop(0)[1][0], "a chunk send", 600)
+            sends.append((k, [world.Issend(buffers[k % window], dest=last, tag=k % window)]))
+    else:
+        receives = {k: world.Irecv(buffers[k % window], source=source, tag=k % window) for k in range(min(window, chunks))}
+        for k in range(chunks):
+            wait_request(receives.pop(k), "a chunk", 600)
+            buffer, out = buffers[k % window], []
+            if world.rank == last:
+                out = [world.Issend(buffer, dest=1, tag=k % window)]
+            elif world.rank == 1:
+                out = [world.Issend(buffer[(j + 1) * share:(j + 2) * share], dest=w, tag=k % window)
+                       for j, w in enumerate(workers)]
+            sends.append((k, out))
+            if len(sends) > 1 or k + 1 == chunks:
+                done, requests = sends.pop(0)
+                for request in requests:
+                    wait_request(request, "a share send", 600)
+                if done + window < chunks:
+                    receives[done + window] = world.Irecv(buffers[done % window], source=source, tag=done % window)
+    for _, requests in sends:
+        for request in requests:
+            wait_request(request, "a send", 600)
+    world.Barrier()
+    return time.perf_counter() - started
 
 
 def patched_pipeline(spec: str, run_dir: str, fill: bool) -> None:
@@ -194,6 +243,7 @@ def main() -> None:
     path_rates: list[float] = []
     raw_samples: dict[str, list[float]] = {"blocking": [], "polled": []}
     round_ratios: list[float] = []  # each round's path against that round's raw broadcasts
+    pattern_samples: list[float] = []  # fleet's messages alone (`message_pattern`)
     with tempfile.TemporaryDirectory() as tmp:
         spec, profile, train_size = setup(Path(tmp), args)
         chunk_bytes = ChunkLayout(args.chunk, (3, args.image_size, args.image_size)).nbytes
@@ -215,6 +265,7 @@ def main() -> None:
                 sys.exit(f"raw broadcast failed:\n{raw.stderr[-2000:]}")
             this_round = {name: [chunks * args.chunk / s for s in times]
                           for name, times in json.loads(raw.stdout.strip().splitlines()[-1]).items()}
+            pattern_samples += this_round.pop("pattern")
             for name, samples in this_round.items():
                 raw_samples[name] += samples
             round_ratios.append(statistics.median(rates) / max(map(statistics.median, this_round.values())))
@@ -234,9 +285,13 @@ def main() -> None:
     for name, label in (("blocking", "raw MPI_Bcast (blocking)"), ("polled", "raw MPI_Ibcast (fleet's polling)")):
         rate = raw_rates[name]
         print(f"{label + ' of the same chunks':<44}{rate:>12,.0f}{rate * mb / args.chunk:>10,.0f}")
+    pattern_rate = statistics.median(pattern_samples)
+    print(f"{'fleet messages alone (no queues or threads)':<44}{pattern_rate:>12,.0f}{pattern_rate * mb / args.chunk:>10,.0f}")
     print(f"medians of {len(path_rates)} path epochs and {len(raw_samples['blocking'])} raw measurements of each kind")
     print(f"ratio fleet / the faster raw broadcast: {path_rate / raw_rate:.2f} (target >= 0.70); "
           f"per round {', '.join(f'{r:.2f}' for r in round_ratios)} (the raw broadcast's speed changes by launch)")
+    print(f"fleet's messages alone / the faster raw broadcast: {pattern_rate / raw_rate:.2f}; "
+          f"the path / its messages alone: {path_rate / pattern_rate:.2f}")
 
 
 if __name__ == "__main__":
