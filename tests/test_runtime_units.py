@@ -210,6 +210,9 @@ class RecordingCoordinator:
         live.groups[group.model] = group
         self.started.append((group.model, first_chunk))
 
+    def _restream(self, ended, groups):
+        self.restreamed = (ended, [g.model for g in groups])
+
 
 def test_a_group_joining_on_the_master_rank_of_a_leaving_group_waits_for_the_next_regroup():
     coordinator = RecordingCoordinator()
@@ -224,3 +227,28 @@ def test_a_group_joining_on_the_master_rank_of_a_leaving_group_waits_for_the_nex
     live.awaiting = {}
     coordinator._regroup(live, switch=97)
     assert live.layout.masters == (1, 4, 3) and coordinator.started[-1] == ("c", 97) and not live.joining
+
+
+def test_a_deferred_join_that_would_leave_its_stream_without_a_master_starts_a_stream_of_its_own():
+    # Every member leaves and the one joining group is on a leaving master's rank: a layout
+    # with no master would end the stream for its preprocessors before the join (a hang, seen
+    # under fleet-adaptive), so the stream ends and the group gets a new one.
+    coordinator = RecordingCoordinator()
+    live = LiveStream(StreamLayout(0, 0, (0, 1), (2, 3)), StreamSource(1, 0, 0, 8), 0)
+    live.groups = {"a": Group("a", (2,), (0,), 1), "b": Group("b", (3,), (1,), 2)}
+    live.leaving = {"a", "b"}
+    live.joining = [Group("c", (3,), (1,), 3)]
+    coordinator._regroup(live, switch=43)
+    assert live.layout.masters == () and not live.joining and not live.pausing
+    assert coordinator.started == [] and coordinator.restreamed == (0, ["c"])
+    assert [name for name, _ in coordinator.sent] == ["Regroup"] * 4  # old masters 2, 3; preprocessors 0, 1
+
+
+def test_ledger_moves_a_reserved_model_to_another_stream():
+    ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
+    old = ledger.open_stream()
+    ledger.reserve("a", (0,), old)
+    new = ledger.open_stream()
+    ledger.move("a", new)
+    assert ledger.model("a").stream == new and ledger.model("a").gpus == (0,)
+    assert old not in ledger.streams and ledger.streams[new] == ["a"]

@@ -324,7 +324,9 @@ class Coordinator:
 
     def _start_stream(self, plan: StreamPlan, launching: int) -> None:
         stream_id = self.ledger.open_stream()
-        groups = [self._group(m.model, m.gpus) for m in plan.members]
+        self._open_stream(stream_id, [self._group(m.model, m.gpus) for m in plan.members], launching)
+
+    def _open_stream(self, stream_id: int, groups: list[Group], launching: int) -> None:
         preprocessors = self._pick_preprocessors(groups, launching)
         layout = StreamLayout(stream_id, 0, preprocessors, tuple(g.ranks[0] for g in groups))
         source = self._source(stream_id, [g.model for g in groups])
@@ -435,13 +437,16 @@ class Coordinator:
         """Apply the pending leaves and joins at chunk `switch`. A group joining on a rank
         that is the master of a group leaving now joins at the next regroup: a rank is a
         stream's master once per layout (its leaving stream thread still takes the chunks
-        before the switch, and would take the joining group's)."""
+        before the switch, and would take the joining group's). Where that would leave the
+        stream without a master, the stream ends here and the deferred groups start a stream
+        of their own: a layout with no master ends a stream for its preprocessors."""
         old = live.layout
         leaving_masters = {live.groups[m].ranks[0] for m in live.leaving if m in live.groups}
         for model in live.leaving:
             live.groups.pop(model, None)
         joining = [g for g in live.joining if g.ranks[0] not in leaving_masters]
-        live.joining = [g for g in live.joining if g.ranks[0] in leaving_masters]
+        deferred = [g for g in live.joining if g.ranks[0] in leaving_masters]
+        live.joining = [] if deferred and not live.groups and not joining else deferred
         live.leaving = set()
         for group in joining:
             live.groups[group.model] = group
@@ -459,6 +464,20 @@ class Coordinator:
             self._start_group(live, group, first_chunk=switch)
         if live.leaving or live.joining:
             self._request_change(live)
+        elif deferred and not masters:
+            self._restream(old.stream, deferred)
+
+    def _restream(self, ended: int, groups: list[Group]) -> None:
+        """Start `groups`, which were to join stream `ended`, on a new stream."""
+        stream_id = self.ledger.open_stream()
+        moved = {g.model for g in groups}
+        for group in groups:
+            self.ledger.move(group.model, stream_id)
+        for member in self.plan_rounds[-1]["members"]:
+            if member["model"] in moved and member["stream"] == ended:
+                member["stream"] = stream_id
+        self.log.write("restream", ended=ended, stream=stream_id, members=sorted(moved))
+        self._open_stream(stream_id, groups, launching=1)
 
     def _on_stream_done(self, report: StreamDone) -> None:
         live = self.streams[report.stream]

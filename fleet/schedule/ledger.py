@@ -145,6 +145,12 @@ class Ledger:
         self.streams[stream].append(model_id)
         self._set(model_id, state=ModelState.RUNNING, gpus=tuple(gpus), stream=stream)
 
+    def move(self, model_id: str, stream: int) -> None:
+        """A running model (reserved to join a stream) runs in `stream` instead."""
+        self._leave_stream(model_id)
+        self.streams[stream].append(model_id)
+        self._set(model_id, stream=stream)
+
     # -- state changes ----------------------------------------------------------------------
 
     def epoch_done(self, model_id: str, epochs: int) -> None:
