@@ -164,14 +164,21 @@ class PreprocessorLoop:
         if isinstance(command, StartStream):
             self.streams[command.layout.stream] = self._producer(command)
         elif isinstance(command, Pause):
-            producer = self.streams[command.stream]
+            producer = self._stream(command)
             producer.paused = True
             reply = Paused(command.stream, command.version, self.ctx.rank, producer.next_chunk)
             send_object(self.ctx.ctrl, reply, 0, Tag.REPORT, "the coordinator to take a pause reply", self.ctx.timeout_s)
         elif isinstance(command, Regroup):
-            self.streams[command.layout.stream].regroup(command)
+            self._stream(command).regroup(command)
         else:
             raise TypeError(f"preprocessor got an unexpected command {command!r}")
+
+    def _stream(self, command: Pause | Regroup) -> StreamProducer:
+        stream = command.stream if isinstance(command, Pause) else command.layout.stream
+        if stream not in self.streams:
+            raise RuntimeError(f"the coordinator sent {type(command).__name__} for stream {stream}, which this "
+                               "preprocessor has ended (its last layout had no master)")
+        return self.streams[stream]
 
     def _producer(self, command: StartStream) -> StreamProducer:
         order = StreamOrder(self.ctx.train_idx, command.source)
