@@ -1,10 +1,12 @@
 """The runtime's pure pieces, without processes: chunks, stream order, queues, books, regroups, launch."""
 
+from collections import deque
+
 import numpy as np
 import pytest
 
 from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, share_bounds, write_header
-from fleet.runtime.coordinator import Coordinator, Group, LiveStream
+from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
 from fleet.runtime.launch import local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import StreamLayout, StreamSource
 from fleet.runtime.queues import Batcher, SampleQueue, Share
@@ -195,10 +197,16 @@ class RecordingCoordinator:
 
     _regroup = Coordinator._regroup
     _request_change = Coordinator._request_change
+    _checkpoint = Coordinator._checkpoint
+    _cancel_join = Coordinator._cancel_join
+    _remove_group = Coordinator._remove_group
 
-    def __init__(self):
+    def __init__(self, ledger=None, streams=None):
         self.sent, self.started, self.logged = [], [], []
         self.log = self
+        self.ledger, self.streams = ledger, streams or {}
+        self.records = {m: ModelRecord(family="mlp", epochs=2) for m in "abc"}
+        self.groups_open, self.local_reports, self.plan_rounds = 0, deque(), [{"members": []}]
 
     def write(self, event, **fields):
         self.logged.append((event, fields))
@@ -252,3 +260,24 @@ def test_ledger_moves_a_reserved_model_to_another_stream():
     ledger.move("a", new)
     assert ledger.model("a").stream == new and ledger.model("a").gpus == (0,)
     assert old not in ledger.streams and ledger.streams[new] == ["a"]
+
+
+def test_checkpointing_a_model_whose_join_is_pending_drops_the_join():
+    # The checkpoint signal (or an end of round) between a join and its regroup: the joining
+    # group never started, so it gets no command; it leaves as if checkpointed at once.
+    ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
+    stream = ledger.open_stream()
+    ledger.reserve("a", (0,), stream)
+    ledger.reserve("c", (1,), stream)  # as `_join` reserves a joining model
+    live = LiveStream(StreamLayout(stream, 0, (3,), (1,)), StreamSource(1, 0, 0, 8), 0)
+    live.groups = {"a": Group("a", (1,), (0,), 1)}
+    live.joining = [Group("c", (2,), (1,), 2)]
+    coordinator = RecordingCoordinator(ledger, {stream: live})
+    coordinator.plan_rounds[-1]["members"] = [{"model": "c", "gpus": [1], "stream": stream}]
+    coordinator._checkpoint("c")
+    assert not live.joining and coordinator.sent == [] and coordinator.groups_open == 1
+    assert ledger.model("c").state is ModelState.CHECKPOINTING and coordinator.plan_rounds[-1]["members"] == []
+    (left,) = coordinator.local_reports
+    assert (left.model, left.converged, left.epochs) == ("c", False, 2)
+    coordinator._checkpoint("a")  # a started member: the command, then a pause of the stream
+    assert coordinator.sent == [("CheckpointModel", 1), ("Pause", 3)]

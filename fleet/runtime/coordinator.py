@@ -9,6 +9,7 @@ commands: start a stream (preprocessors + groups), add or remove groups of a run
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,7 @@ class Coordinator:
         self.refiner = RateRefiner()
         self.rejected: tuple = ()
         self.checkpoints_taken = 0
+        self.local_reports: deque = deque()  # reports the coordinator makes itself (a cancelled join)
 
     @property
     def now(self) -> float:
@@ -145,6 +147,8 @@ class Coordinator:
         deadline = time.monotonic() + self.ctx.timeout_s
         sleeps = IDLE.sleeps()
         while True:
+            if self.local_reports:
+                return self.local_reports.popleft()
             message = self.ctx.ctrl.improbe(tag=Tag.REPORT)
             if message is not None:
                 return message.recv()
@@ -299,10 +303,29 @@ class Coordinator:
 
     def _checkpoint(self, model: str) -> None:
         stream = self.ledger.model(model).stream
-        group = self.streams[stream].groups[model]
+        live = self.streams[stream]
+        if model not in live.groups:
+            self._cancel_join(live, model)
+            return
+        group = live.groups[model]
         self.ledger.start_checkpoint(model)
         self._send(CheckpointModel(model), group.ranks[0], Tag.TRAINER)
         self._remove_group(stream, model)
+
+    def _cancel_join(self, live: LiveStream, model: str) -> None:
+        """Checkpoint a model whose join has not happened yet (the checkpoint signal, or an
+        end of round, between the join and its regroup): the join is dropped, and the model
+        leaves as if it had checkpointed at once; its last checkpoint, if any, stays its state."""
+        group = next(g for g in live.joining if g.model == model)
+        live.joining.remove(group)
+        members = self.plan_rounds[-1]["members"] if self.plan_rounds else []
+        members[:] = [m for m in members if (m["model"], m["stream"]) != (model, live.layout.stream)]
+        self.ledger.start_checkpoint(model)
+        record = self.records[model]
+        self.groups_open += 1  # `_on_left` closes it
+        self.local_reports.append(MemberLeft(model, live.layout.stream, group.uid, False, record.epochs, 0,
+                                             record.gpu_seconds, 0.0, record.parameters))
+        self.log.write("join_cancelled", model=model, stream=live.layout.stream)
 
     def _launch(self, plans: tuple[StreamPlan, ...]) -> None:
         self.ledger.check_launch(plans, self.policy.name)
