@@ -200,6 +200,7 @@ class RecordingCoordinator:
     _checkpoint = Coordinator._checkpoint
     _cancel_join = Coordinator._cancel_join
     _remove_group = Coordinator._remove_group
+    _rerecord = Coordinator._rerecord
 
     def __init__(self, ledger=None, streams=None):
         self.sent, self.started, self.logged = [], [], []

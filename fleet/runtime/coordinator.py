@@ -318,8 +318,7 @@ class Coordinator:
         leaves as if it had checkpointed at once; its last checkpoint, if any, stays its state."""
         group = next(g for g in live.joining if g.model == model)
         live.joining.remove(group)
-        members = self.plan_rounds[-1]["members"] if self.plan_rounds else []
-        members[:] = [m for m in members if (m["model"], m["stream"]) != (model, live.layout.stream)]
+        self._rerecord({model}, live.layout.stream, None)
         self.ledger.start_checkpoint(model)
         record = self.records[model]
         self.groups_open += 1  # `_on_left` closes it
@@ -395,6 +394,16 @@ class Coordinator:
     def _record_member(self, group: Group, stream: int) -> None:
         self.plan_rounds[-1]["members"].append({"model": group.model, "gpus": list(group.gpus), "stream": stream})
 
+    def _rerecord(self, models: set[str], stream: int, to: int | None) -> None:
+        """Members of `models` recorded (by `_record_member`) in `stream` move to stream `to`,
+        or are dropped (None): a join that became a stream of its own, or never happened."""
+        members = self.plan_rounds[-1]["members"]
+        for member in [m for m in members if m["model"] in models and m["stream"] == stream]:
+            if to is None:
+                members.remove(member)
+            else:
+                member["stream"] = to
+
     def _has_checkpoint(self, model: str) -> bool:
         from fleet.runtime.checkpoint import CheckpointStore
 
@@ -469,7 +478,8 @@ class Coordinator:
             live.groups.pop(model, None)
         joining = [g for g in live.joining if g.ranks[0] not in leaving_masters]
         deferred = [g for g in live.joining if g.ranks[0] in leaving_masters]
-        live.joining = [] if deferred and not live.groups and not joining else deferred
+        restream = bool(deferred) and not live.groups and not joining  # the new layout would have no master
+        live.joining = [] if restream else deferred
         live.leaving = set()
         for group in joining:
             live.groups[group.model] = group
@@ -487,7 +497,7 @@ class Coordinator:
             self._start_group(live, group, first_chunk=switch)
         if live.leaving or live.joining:
             self._request_change(live)
-        elif deferred and not masters:
+        elif restream:
             self._restream(old.stream, deferred)
 
     def _restream(self, ended: int, groups: list[Group]) -> None:
@@ -496,9 +506,7 @@ class Coordinator:
         moved = {g.model for g in groups}
         for group in groups:
             self.ledger.move(group.model, stream_id)
-        for member in self.plan_rounds[-1]["members"]:
-            if member["model"] in moved and member["stream"] == ended:
-                member["stream"] = stream_id
+        self._rerecord(moved, ended, stream_id)
         self.log.write("restream", ended=ended, stream=stream_id, members=sorted(moved))
         self._open_stream(stream_id, groups, launching=1)
 

@@ -146,10 +146,9 @@ class Ledger:
         self._set(model_id, state=ModelState.RUNNING, gpus=tuple(gpus), stream=stream)
 
     def move(self, model_id: str, stream: int) -> None:
-        """A running model (reserved to join a stream) runs in `stream` instead."""
+        """A running model (reserved to join a stream) runs in `stream` instead, on the same GPUs."""
         self._leave_stream(model_id)
-        self.streams[stream].append(model_id)
-        self._set(model_id, stream=stream)
+        self.reserve(model_id, self.model(model_id).gpus, stream)
 
     # -- state changes ----------------------------------------------------------------------
 
