@@ -282,3 +282,60 @@ def test_checkpointing_a_model_whose_join_is_pending_drops_the_join():
     assert (left.model, left.converged, left.epochs) == ("c", False, 2)
     coordinator._checkpoint("a")  # a started member: the command, then a pause of the stream
     assert coordinator.sent == [("CheckpointModel", 1), ("Pause", 3)]
+
+
+class FakeReceive:
+    """An `Irecv` a test completes by hand (`arrived`); a cancel succeeds only before that."""
+
+    def __init__(self, buffer):
+        self.buffer, self.arrived, self.cancelled = buffer, False, False
+
+    def Cancel(self):
+        self.cancelled = not self.arrived
+
+    def Test(self, status=None):
+        if self.cancelled and status is not None:
+            status.Set_cancelled(True)
+        return self.arrived or self.cancelled
+
+
+class FakeDataComm:
+    def __init__(self):
+        self.receives, self.sends = {}, []
+
+    def Irecv(self, buffer, source, tag):
+        self.receives[(tag - 100_000) % 4096] = FakeReceive(buffer)  # stream 0: chunk index
+        return self.receives[(tag - 100_000) % 4096]
+
+    def Issend(self, buffer, dest, tag):
+        self.sends.append((dest, (tag - 100_000) % 4096))
+        return FakeReceive(buffer)
+
+
+def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
+    # The homogeneous hang (8 trainers, 6 preprocessors): master 8 lags and knows layout v1,
+    # where it owns chunk 104; preprocessor 2 already knows v6, where it owns 104 again, and
+    # sends it. Learning v2 (104 to master 9) cancelled the receive after the chunk had
+    # arrived and dropped it; learning v6, master 8 posted a new receive that nobody served.
+    from types import SimpleNamespace
+
+    from fleet.runtime.protocol import Regroup
+    from fleet.runtime.stream import MasterStream, Version
+
+    comm, preprocessors = FakeDataComm(), (0, 1, 2, 3, 4, 5)
+    master = MasterStream.__new__(MasterStream)
+    master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
+    master.rank, master.stream, master.k, master.qp_chunks = 8, 0, 80, 7
+    master.chunks, master.qp, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, deque()
+    master.versions = [Version(0, StreamLayout(0, 1, preprocessors, (6, 7, 8, 9, 10, 11, 13)))]
+    master._post_qp()
+    assert sorted(master.qp) == [80, 86, 92, 98, 104, 110, 116]
+    comm.receives[104].arrived = True
+    master._apply(Regroup(StreamLayout(0, 2, preprocessors, (6, 8, 9, 10, 11, 13)), 92))
+    assert sorted(master.qp) == [80, 86, 104] and master.qp[104][0] is None  # received, kept
+    assert comm.receives[110].cancelled and not comm.receives[104].cancelled
+    master._apply(Regroup(StreamLayout(0, 6, preprocessors, (8, 13)), 99))
+    assert 104 in master.qp
+    master.k = 104
+    assert master._take_chunk(master._version_at(104)) is comm.receives[104].buffer
+    assert comm.sends == [(13, 104)]  # passed on to the other master

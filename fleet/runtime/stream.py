@@ -112,7 +112,7 @@ class MasterStream(StreamThread):
         self.stream = start.layout.stream
         self.k = start.first_chunk
         self.versions: list[Version] = []
-        self.qp: dict[int, tuple[Any, np.ndarray]] = {}
+        self.qp: dict[int, tuple[Any, np.ndarray]] = {}  # chunk -> (receive, or None once received; buffer)
         self.inbox: dict[int, tuple[Any, np.ndarray]] = {}
         self.fanout: deque = deque()
         self.qp_chunks = max(1, ctx.spec.runtime.qp_samples // start.source.chunk_samples)
@@ -174,10 +174,18 @@ class MasterStream(StreamThread):
             self.qp[chunk] = (request, buffer)
 
     def _cancel_qp(self, keep=lambda chunk: False) -> None:
-        for chunk in [c for c in self.qp if not keep(c)]:
-            request, _ = self.qp.pop(chunk)
+        """Cancel the receives of the chunks this master no longer takes (`keep` false).
+
+        A receive that completed before its cancel holds a chunk its preprocessor sent here:
+        the preprocessor knows newer layouts than this thread, and a later layout can give a
+        chunk back to a master an earlier one took it from. That chunk stays in Qp, received
+        (request None), for when this thread learns the layout that makes it the owner."""
+        for chunk in [c for c in self.qp if not keep(c) and self.qp[c][0] is not None]:
+            request, buffer = self.qp.pop(chunk)
             request.Cancel()
-            wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
+            status = wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
+            if not status.Is_cancelled():
+                self.qp[chunk] = (None, buffer)
 
     # -- the masters' distribution ------------------------------------------------------
 
@@ -205,7 +213,8 @@ class MasterStream(StreamThread):
             return buffer
         request, buffer = self.qp.pop(chunk)
         source = layout.preprocessors[chunk % len(layout.preprocessors)]
-        wait_request(request, f"chunk {chunk} of stream {self.stream} from preprocessor rank {source}", timeout)
+        if request is not None:
+            wait_request(request, f"chunk {chunk} of stream {self.stream} from preprocessor rank {source}", timeout)
         self._pass_on(layout, chunk, buffer)
         return buffer
 
