@@ -4,7 +4,9 @@ Chunk k of a stream is decoded by preprocessor `k % P` of the stream and sent (a
 synchronous send, so it completes only when the master has taken it: natural flow
 control) to the paired master, which broadcasts it to the other masters. A preprocessor
 may serve several streams (Baseline runs one stream per model) and produces round robin
-for every stream whose window (its share of Qp) has room. Preprocessors never create
+for every stream whose window has room: its share of this rank's Qp, and no more than its share
+of the stream's Qp among the stream's preprocessors, so that a stream is decoded about one
+Qp ahead of its masters' Qp, however many preprocessors it has. Preprocessors never create
 communicators, so they never block on another rank.
 
 Membership changes at a chunk boundary chosen by the coordinator: `Pause` stops new chunks
@@ -183,7 +185,8 @@ class PreprocessorLoop:
     def _producer(self, command: StartStream) -> StreamProducer:
         order = StreamOrder(self.ctx.train_idx, command.source)
         chunks = ChunkLayout(command.source.chunk_samples, self.ctx.input_shape)
-        window = max(1, self.window_total // max(1, len(self.streams) + 1))
+        window = max(1, min(self.window_total // max(1, len(self.streams) + 1),  # this rank's Qp, shared
+                            -(-self.window_total // len(command.layout.preprocessors))))  # the stream's Qp, shared
         return StreamProducer(self.ctx, [(0, command.layout)], order, chunks, window)
 
     def _progress_all(self) -> bool:
