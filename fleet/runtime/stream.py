@@ -156,13 +156,13 @@ class MasterStream(StreamThread):
     # -- Qp: receives from the paired preprocessors -----------------------------------
 
     def _post_qp(self) -> None:
-        """Keep up to `qp_chunks` receives posted for the next chunks this master owns."""
-        if len(self.qp) >= self.qp_chunks:
-            return
+        """Keep receives posted for the chunks this master owns among the stream's next
+        `qp_chunks`: the masters of a stream share one Qp, so a stream is never received more
+        than a Qp ahead of its position, however many masters it has."""
         version = self._version_at(self.k)
         if not version.owned(self.rank):
             return  # paired with no preprocessor in this layout
-        limit = self.k + self.qp_chunks * len(version.layout.preprocessors)
+        limit = self.k + self.qp_chunks
         for chunk in version.owned_chunks(self.rank, self.k, limit):
             if len(self.qp) >= self.qp_chunks:
                 return
