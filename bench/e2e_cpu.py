@@ -17,14 +17,17 @@ default), as with Caltech256's photos resized for the paper's nets: decoding is 
 work that sharing a stream saves.
 
 Usage: .venv/bin/python bench/e2e_cpu.py [--trainers 4] [--epochs 2] [--samples 3000]
-       [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1] [--keep DIR]
+       [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1] [--timeout 3600]
+       [--wait-timeout 600] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,7 @@ def spec_for(policy: str, data: Path, args) -> dict:
         "train": {"batch_size": 32, "max_epochs": args.epochs, "optimizer": "sgd", "lr": 0.05,
                   "stop": {"patience": 1000}},
         "scheduler": {"policy": policy},
+        "runtime": {"timeout_s": args.wait_timeout},
         "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": args.preprocessors,
                     "threads_per_trainer": args.threads, "device": "cpu"},
     }
@@ -83,10 +87,18 @@ def run_policy(policy: str, data: Path, root: Path, args, profile: Path) -> dict
     run_dir = root / policy
     run_dir.mkdir()
     shutil.copy(profile, run_dir / "profile.json")
-    done = subprocess.run([sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(run_dir), "--quiet"],
-                          capture_output=True, text=True, cwd=REPO, timeout=3600)
+    command = [sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(run_dir), "--quiet"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                          start_new_session=True) as done:
+        try:
+            out, err = done.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(done.pid, signal.SIGKILL)  # mpiexec and every rank with it
+            out, err = done.communicate()
+            sys.exit(f"{policy} did not finish in {args.timeout:g} s (its run directory: {run_dir}):\n"
+                     f"{out[-2000:]}\n{err[-2000:]}")
     if done.returncode != 0:
-        sys.exit(f"{policy} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        sys.exit(f"{policy} failed:\n{out[-2000:]}\n{err[-2000:]}")
     return json.loads((run_dir / "results.json").read_text())
 
 
@@ -99,6 +111,9 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=24, help="side the models train on")
     parser.add_argument("--preprocessors", type=int, default=1, help="preprocessor ranks")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per trainer slot")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds one policy's run may take")
+    parser.add_argument("--wait-timeout", type=float, default=600,
+                        help="the runtime's timeout_s: how long any rank waits before it aborts the job")
     parser.add_argument("--keep", metavar="DIR", help="keep the data and every run directory in DIR (new or empty)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
@@ -113,7 +128,13 @@ def main() -> None:
         make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=args.source_size, channels=3,
                        progress=False)
         profile, profile_s = profile_once(data, root, args)
-        results = {policy: run_policy(policy, data, root, args, profile) for policy in POLICIES}
+        print(f"profiled once in {profile_s:.1f} s", flush=True)
+        results = {}
+        for policy in POLICIES:
+            results[policy] = run_policy(policy, data, root, args, profile)
+            res = results[policy]
+            print(f"{policy}: makespan {res['makespan_s']:.1f} s, {res['rounds']} round(s), "
+                  f"{res['samples_decoded']:,} decoded", flush=True)
     base = results["baseline"]
     print(f"{len(MODELS)} CNNs x {args.epochs} epochs on {args.samples} JPEGs ({args.source_size}x{args.source_size} "
           f"on disk, {args.image_size}x{args.image_size} after resize and crop), "

@@ -80,5 +80,7 @@ fi
 
 if want 5; then
 echo "== 5. end to end on 16 cores: FLEET-G against Baseline with trainer slots that do not share cores"
-python3 bench/e2e_cpu.py --trainers 8 --preprocessors 6 --source-size 256 --image-size 24 2>&1 | tail -7
+rm -rf "$out/e2e"
+python3 bench/e2e_cpu.py --trainers 8 --preprocessors 6 --source-size 256 --image-size 24 \
+    --timeout 300 --wait-timeout 120 --keep "$out/e2e" 2>&1 | tail -14
 fi
