@@ -5,10 +5,10 @@ from collections import deque
 import numpy as np
 import pytest
 
-from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, share_bounds, write_header
+from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
 from fleet.runtime.launch import local_launch_flags, mpiexec_command
-from fleet.runtime.protocol import StreamLayout, StreamSource
+from fleet.runtime.protocol import Paused, StreamLayout, StreamSource
 from fleet.runtime.queues import Batcher, SampleQueue, Share
 from fleet.runtime.stream import MemberClock, own_rows
 from fleet.runtime.waiting import Backoff, WaitTimeout, poll
@@ -67,6 +67,23 @@ def test_member_clock_ends_epochs_at_chunk_boundaries():
     clock = MemberClock(samples_per_epoch=100, done=40)
     assert [clock.consume(32), clock.consume(32)] == [False, True]
     assert [clock.consume(64), clock.consume(36)] == [False, True]
+
+
+def clock_end(first, epochs, n, c, done):
+    """Where `MemberClock`, fed the stream's chunk counts from `first`, ends its `epochs`-th epoch."""
+    per_epoch, clock, chunk = -(-n // c), MemberClock(n, done), first
+    while epochs:
+        epochs -= clock.consume(min(c, n - (chunk % per_epoch) * c))
+        chunk += 1
+    return chunk
+
+
+@pytest.mark.parametrize("n, c", [(100, 10), (100, 30), (7, 3), (1000, 296), (5, 8)])
+def test_member_end_chunk_is_where_the_member_clock_ends_its_last_epoch(n, c):
+    cases = [(first, epochs, done) for first in (0, 1, 3, 11) for epochs in (1, 2, 5) for done in (0, 1, n // 2, n - 1)]
+    for first, epochs, done in cases:
+        assert member_end_chunk(first, epochs, n, c, done) == clock_end(first, epochs, n, c, done), (first, epochs, done)
+    assert member_end_chunk(0, 2, 1000, 296) == 8  # 4 chunks an epoch, the last of 112
 
 
 def shares(sizes, epoch_end_at):
@@ -201,6 +218,7 @@ class RecordingCoordinator:
     _cancel_join = Coordinator._cancel_join
     _remove_group = Coordinator._remove_group
     _rerecord = Coordinator._rerecord
+    _on_paused = Coordinator._on_paused
 
     def __init__(self, ledger=None, streams=None):
         self.sent, self.started, self.logged = [], [], []
@@ -221,6 +239,9 @@ class RecordingCoordinator:
 
     def _restream(self, ended, groups):
         self.restreamed = (ended, [g.model for g in groups])
+
+    def _member_end(self, model, first_chunk, source):
+        return first_chunk + 10  # every member needs 10 chunks
 
 
 def test_a_group_joining_on_the_master_rank_of_a_leaving_group_waits_for_the_next_regroup():
@@ -339,3 +360,50 @@ def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
     master.k = 104
     assert master._take_chunk(master._version_at(104)) is comm.receives[104].buffer
     assert comm.sends == [(13, 104)]  # passed on to the other master
+
+
+def test_a_switch_is_never_past_the_stream_end_and_a_join_moves_the_end():
+    # Preprocessors stop at the end (chunk 20), so a switch past it would wait for chunks that
+    # never come; a join moves the end to where its model reaches its max_epochs.
+    live = LiveStream(StreamLayout(0, 0, (5, 6), (1, 2), end=20), StreamSource(1, 0, 0, 8), 0)
+    coordinator = RecordingCoordinator(streams={0: live})
+    live.groups = {"a": Group("a", (1,), (0,), 1), "b": Group("b", (2,), (1,), 2)}
+    live.leaving, live.pausing, live.awaiting = {"a"}, True, {5: 20, 6: -1}
+    coordinator._on_paused(Paused(0, 1, 6, 21))
+    assert live.layout.masters == (2,) and live.last_switch == 20 and live.layout.end == 20
+    live.joining, live.pausing, live.awaiting = [Group("c", (3,), (2,), 3)], True, {5: 20, 6: 21}
+    coordinator._regroup(live, switch=20)  # the same switch: nothing was decoded at or past it
+    assert live.layout.masters == (2, 3) and live.layout.end == 30 and coordinator.started == [("c", 20)]
+    live.leaving, live.pausing, live.awaiting = {"b"}, True, {5: 24, 6: -1}
+    coordinator._on_paused(Paused(0, 3, 6, 25))
+    assert live.last_switch == 27 and live.layout.end == 30  # before the end: as before
+
+
+def test_preprocessors_and_masters_stop_at_the_stream_end():
+    from types import SimpleNamespace
+
+    from fleet.runtime.preprocessor import StreamProducer
+    from fleet.runtime.protocol import Regroup
+    from fleet.runtime.stream import MasterStream, Version
+
+    layout = StreamLayout(0, 0, (0, 1), (8,), end=5)
+    producer = StreamProducer.__new__(StreamProducer)
+    producer.layouts, producer.paused, producer.in_flight, producer.window = [(0, layout)], False, deque(), 4
+    producer.next_chunk = 4
+    assert producer.can_produce()
+    producer.next_chunk = 6
+    assert not producer.can_produce() and not producer.finished  # waits, open, for the regroup
+    producer.regroup(Regroup(StreamLayout(0, 1, (0, 1), (8, 9), end=9), 5))
+    assert producer.can_produce()
+
+    comm = FakeDataComm()
+    master = MasterStream.__new__(MasterStream)
+    master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
+    master.rank, master.stream, master.k, master.qp_chunks = 8, 0, 2, 30
+    master.chunks, master.qp, master.inbox, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, {}, deque()
+    master.versions = [Version(0, layout)]
+    master._post_qp()
+    master._post_inbox()
+    assert sorted(master.qp) == [2, 3, 4] and master.inbox == {}  # the only master: it owns all of them
+    master.k = 5
+    assert master._at_end()

@@ -102,6 +102,29 @@ def share_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def samples_before(chunk: int, n: int, chunk_samples: int) -> int:
+    """Samples in chunks [0, chunk) of a stream over `n` training samples."""
+    per_epoch = math.ceil(n / chunk_samples)
+    epochs, i = divmod(chunk, per_epoch)
+    return epochs * n + min(n, i * chunk_samples)
+
+
+def member_end_chunk(first: int, epochs: int, n: int, chunk_samples: int, done: int = 0) -> int:
+    """The chunk after the one that ends a member's `epochs`-th epoch, for a member that takes
+    the stream from chunk `first`, `done` samples into its current epoch.
+
+    A member's epoch ends at the chunk that brings its count to `n`, and its next epoch starts
+    at zero with the next chunk (`MemberClock`); chunk k of an epoch holds min(C, n - k*C)."""
+    per_epoch = math.ceil(n / chunk_samples)
+    chunk = first
+    for _ in range(epochs):
+        target = samples_before(chunk, n, chunk_samples) + n - done
+        whole, rest = divmod(target, n)
+        chunk = whole * per_epoch + -(-rest // chunk_samples)
+        done = 0
+    return chunk
+
+
 class StreamOrder:
     """Which training samples chunk k of a stream holds, and how to augment them."""
 

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.runtime.chunks import member_end_chunk
 from fleet.runtime.console import Console
 from fleet.runtime.context import RunContext
 from fleet.runtime.events import EventLog
@@ -350,13 +351,14 @@ class Coordinator:
 
     def _open_stream(self, stream_id: int, groups: list[Group], launching: int) -> None:
         preprocessors = self._pick_preprocessors(groups, launching)
-        layout = StreamLayout(stream_id, 0, preprocessors, tuple(g.ranks[0] for g in groups))
         source = self._source(stream_id, [g.model for g in groups])
+        end = max(self._member_end(g.model, 0, source) for g in groups)
+        layout = StreamLayout(stream_id, 0, preprocessors, tuple(g.ranks[0] for g in groups), end)
         live = LiveStream(layout, source, self.ledger.round)
         self.streams[stream_id] = live
         need = self._preprocessors_needed(groups)
         self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
-                       preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need)
+                       preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need, end=end)
         if need is not None and need > len(preprocessors):
             self.console.banner(f"stream {stream_id} needs about {need} preprocessor(s) to keep its pace and has "
                                 f"{len(preprocessors)}: its members may wait for data")
@@ -403,6 +405,17 @@ class Coordinator:
                 members.remove(member)
             else:
                 member["stream"] = to
+
+    def _member_end(self, model: str, first_chunk: int, source: StreamSource) -> int:
+        """The stream chunk after the one where `model`, taking the stream from `first_chunk`,
+        ends its last epoch (`max_epochs`, or the emulated device's limit), counted from the
+        checkpoint it resumes from: the same count as its master's `MemberClock`."""
+        from fleet.runtime.checkpoint import CheckpointStore
+
+        info = CheckpointStore(self.ctx.run_dir).latest_info(model)
+        epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
+        limit = self.ctx.extras.get("epoch_limits", {}).get(model) or self.ctx.spec.model(model).train.max_epochs
+        return member_end_chunk(first_chunk, max(1, limit - epochs), len(self.ctx.train_idx), source.chunk_samples, done)
 
     def _has_checkpoint(self, model: str) -> bool:
         from fleet.runtime.checkpoint import CheckpointStore
@@ -463,6 +476,10 @@ class Coordinator:
         if min(live.awaiting.values()) < 0:
             return
         switch = max(max(live.awaiting.values()) + INBOX_DEPTH, live.last_switch + 1)
+        if live.layout.end is not None:
+            # nothing is decoded past the end, so no master has a receive posted there, and a
+            # master that gets there waits for this regroup: the switch may be at the end
+            switch = min(switch, live.layout.end)
         self._regroup(live, switch)
 
     def _regroup(self, live: LiveStream, switch: int) -> None:
@@ -484,11 +501,14 @@ class Coordinator:
         for group in joining:
             live.groups[group.model] = group
         masters = tuple(g.ranks[0] for g in live.groups.values())
-        live.layout = StreamLayout(old.stream, old.version + 1, old.preprocessors, masters)
+        end = old.end
+        if end is not None and joining:
+            end = max(end, *(self._member_end(g.model, switch, live.source) for g in joining))
+        live.layout = StreamLayout(old.stream, old.version + 1, old.preprocessors, masters, end)
         live.last_switch, live.pausing = switch, False
         command = Regroup(live.layout, switch)
         self.log.write("regroup", stream=old.stream, version=live.layout.version, switch=switch,
-                       masters=list(masters), joined=[g.model for g in joining])
+                       masters=list(masters), joined=[g.model for g in joining], end=end)
         for rank in old.masters:
             self._send(command, rank, stream_tag(old.stream))
         for rank in old.preprocessors:

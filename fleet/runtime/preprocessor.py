@@ -12,7 +12,9 @@ communicators, so they never block on another rank.
 Membership changes at a chunk boundary chosen by the coordinator: `Pause` stops new chunks
 and reports the next index; `Regroup` gives the switch chunk and the new layout. Every chunk
 decoded after the regroup carries the notice in its header, so each master learns the
-switch from the data before it has to act on it.
+switch from the data before it has to act on it. No chunk at or past the newest layout's
+`end` is decoded: the stream waits there, still open, for the regroup that ends it (its
+last members leave) or moves its end (a join).
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ class StreamProducer:
         return not self.layout_at(self.next_chunk).masters and not self.in_flight
 
     def can_produce(self) -> bool:
-        return not self.paused and len(self.in_flight) < self.window and bool(self.layout_at(self.next_chunk).masters)
+        end = self.layouts[-1][1].end  # the newest layout's: ends only move forward
+        return (not self.paused and len(self.in_flight) < self.window and (end is None or self.next_chunk < end)
+                and bool(self.layout_at(self.next_chunk).masters))
 
     def produce(self) -> None:
         chunk = self.next_chunk

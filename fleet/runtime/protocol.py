@@ -19,7 +19,8 @@ class Tag(int, Enum):
 
 INBOX_DEPTH = 2
 """Chunks a master keeps receives posted for ahead of the one it takes; a switch chunk is
-chosen at least this far past what the preprocessors had made (see `Coordinator._on_paused`)."""
+chosen at least this far past what the preprocessors had made, or at the stream's end (see
+`Coordinator._on_paused`)."""
 
 
 def stream_tag(stream: int) -> int:
@@ -37,12 +38,17 @@ class StreamLayout:
 
     Chunk k is decoded by preprocessor `preprocessors[k % P]` and sent to its paired master
     `owner(k)` (into its Qp), which passes it on to all other `masters`.
+
+    `end`: the chunk where every member the stream has had reaches its `max_epochs`; no
+    chunk from there on is decoded unless a later layout moves it (a join; it never moves
+    back). None: unbounded.
     """
 
     stream: int
     version: int
     preprocessors: tuple[int, ...]
     masters: tuple[int, ...]
+    end: int | None = None
 
     def owner(self, chunk: int) -> int:
         """The master paired with the preprocessor of `chunk` (the broadcast root)."""

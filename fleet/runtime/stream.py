@@ -17,7 +17,8 @@ cannot block on one.
 
 When the group leaves (converged, or checkpointed), the master stops forwarding, tells its
 workers, and keeps taking its chunks until the switch chunk of the regroup that removes it.
-Each thread owns the communicator it is given (a Dup of the group's) and frees it.
+No chunk at or past the stream's `end` (its layout's) comes: a master that gets there waits
+for the coordinator's next regroup, which removes it or moves the end. Each thread owns the communicator it is given (a Dup of the group's) and frees it.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ class MasterStream(StreamThread):
             version = self._version_at(self.k)
             if self.rank not in version.layout.masters:
                 return
+            if self._at_end():
+                # every member's last chunk is taken: the regroup that removes this master,
+                # or the join that moves the end, comes from the coordinator
+                if not self._stays():
+                    return
+                self._take_regroups(block_for=self.versions[-1].layout.version + 1, backoff=waiting.IDLE)
+                continue
             self._post_qp()
             self._post_inbox()
             buffer = self._take_chunk(version)
@@ -143,6 +151,15 @@ class MasterStream(StreamThread):
         """True while the newest layout this thread knows still has it as a master: only then
         do later regroups concern it (a leaving master is not sent them)."""
         return self.rank in self.versions[-1].layout.masters
+
+    @property
+    def end(self) -> float:
+        """The stream's end as far as this thread knows (the newest layout's: ends only move forward)."""
+        end = self.versions[-1].layout.end
+        return float("inf") if end is None else end
+
+    def _at_end(self) -> bool:
+        return self.k >= self.end
 
     def _version_at(self, chunk: int) -> Version:
         for version in reversed(self.versions):
@@ -162,7 +179,7 @@ class MasterStream(StreamThread):
         version = self._version_at(self.k)
         if not version.owned(self.rank):
             return  # paired with no preprocessor in this layout
-        limit = self.k + self.qp_chunks
+        limit = min(self.k + self.qp_chunks, self.end)
         for chunk in version.owned_chunks(self.rank, self.k, limit):
             if len(self.qp) >= self.qp_chunks:
                 return
@@ -194,7 +211,7 @@ class MasterStream(StreamThread):
 
         The coordinator puts every switch at least `INBOX_DEPTH` chunks past what any
         preprocessor had made when it paused, so no receive posted here crosses a switch."""
-        for chunk in range(self.k, self.k + INBOX_DEPTH):
+        for chunk in range(self.k, min(self.k + INBOX_DEPTH, self.end)):
             layout = self._version_at(chunk).layout
             if chunk in self.inbox or self.rank not in layout.masters or layout.owner(chunk) == self.rank:
                 continue
@@ -229,7 +246,7 @@ class MasterStream(StreamThread):
 
     # -- regroups -----------------------------------------------------------------------
 
-    def _take_regroups(self, block_for: int) -> None:
+    def _take_regroups(self, block_for: int, backoff=None) -> None:
         """Apply the coordinator's Regroup commands up to version `block_for`.
 
         A chunk's header names the newest regroup its preprocessor knew of, and a switch is
@@ -239,7 +256,7 @@ class MasterStream(StreamThread):
         tag = stream_tag(self.stream)
         while self.versions[-1].layout.version < block_for and self._stays():
             what = f"regroup {block_for} of stream {self.stream} from the coordinator"
-            command = recv_object(self.ctx.ctrl, 0, tag, what, self.ctx.timeout_s, waiting.HOT)
+            command = recv_object(self.ctx.ctrl, 0, tag, what, self.ctx.timeout_s, backoff or waiting.HOT)
             if isinstance(command, Regroup) and command.layout.version > self.versions[-1].layout.version:
                 self._apply(command)
 
