@@ -198,6 +198,49 @@ def test_ledger_tracks_streams_gpus_and_rounds():
     assert ledger.unfinished == 2
 
 
+class RefiningCoordinator:
+    """The coordinator's rate refinement over a real ledger and policy, its log recorded."""
+
+    _refine_rates = Coordinator._refine_rates
+    _weigh_measured_rates = Coordinator._weigh_measured_rates
+    _change_cost_s = Coordinator._change_cost_s
+
+    def __init__(self, policy_name: str, checkpoint_s: float):
+        from fleet.schedule.planners import create_policy
+        from fleet.schedule.refine import RateRefiner
+
+        self.policy = create_policy(policy_name)
+        self.make_policy = lambda: create_policy(policy_name)
+        self.ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
+        self.refiner, self.rejected, self.interrupted = RateRefiner(), None, False
+        self.planning_s, self.checkpoint_s, self.checkpoints_taken = 0.0, checkpoint_s, 1
+        self.logged, self.log, self.console = [], self, self
+
+    def write(self, event, **fields):
+        self.logged.append(event)
+
+    def banner(self, text):
+        pass
+
+
+def test_measured_rates_are_not_weighed_for_rate_blind_policies_nor_again_within_ten_percent():
+    for name in ("baseline", "homogeneous"):  # their plans never read a rate: nothing to weigh
+        blind = RefiningCoordinator(name, checkpoint_s=0.0)
+        blind.refiner.observe("a", 1, 25.0)
+        blind._refine_rates()
+        assert blind.logged == [] and blind.ledger.rates == rates3()
+    costly = RefiningCoordinator("fleet-g", checkpoint_s=1e6)  # no gain pays for the change
+    costly.refiner.observe("a", 1, 25.0)
+    costly._refine_rates()
+    assert costly.logged == ["rates_kept"] and costly.ledger.rates == rates3()
+    costly.refiner.observe("a", 1, 26.0)  # the proposal moves by 2%: the same verdict, not simulated again
+    costly._refine_rates()
+    assert costly.logged == ["rates_kept"]
+    costly.refiner.observe("a", 1, 5.0)  # now by a third: weighed again
+    costly._refine_rates()
+    assert costly.logged == ["rates_kept", "rates_kept"] and costly.planning_s > 0
+
+
 def test_mpiexec_command_for_one_and_several_nodes():
     spec = parse_spec({"name": "q", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
                        "cluster": {"nodes": 2, "gpus_per_node": 3, "preprocessors_per_node": 2}})

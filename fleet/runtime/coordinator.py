@@ -40,7 +40,7 @@ from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 from fleet.schedule import CheckpointCompleted, Decision, EpochCompleted, ModelConverged, ModelState, StreamPlan
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.rates import RateTable
-from fleet.schedule.refine import RateRefiner, makespan_simulator, rate_changes, weigh_refinement
+from fleet.schedule.refine import RateRefiner, Refinement, makespan_simulator, rate_changes, weigh_refinement
 
 
 @dataclass
@@ -117,7 +117,7 @@ class Coordinator:
         self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
         self.interrupted = False
         self.refiner = RateRefiner()
-        self.rejected: tuple = ()
+        self.rejected: RateTable | None = None  # the last proposal weighed and not taken
         self.checkpoints_taken = 0
         self.local_reports: deque = deque()  # reports the coordinator makes itself (a cancelled join)
 
@@ -241,24 +241,17 @@ class Coordinator:
 
     def _refine_rates(self) -> None:
         """Before the policy may plan: fold the measured rates in when the simulator predicts
-        a gain above the cost of the change (see `fleet.schedule.refine`)."""
-        if self.interrupted or not self.refiner.measured:
+        a gain above the cost of the change (see `fleet.schedule.refine`). A proposal within
+        `MIN_CHANGE` of one already turned down is not weighed again."""
+        if self.interrupted or not self.refiner.measured or not getattr(self.policy, "plans_with_rates", True):
             return
         began = time.perf_counter()
-        current = self.ledger.rates
-        proposal = self.refiner.propose(current)
-        unfinished = [v for v in self.ledger.views if v.state is not ModelState.CONVERGED]
-        changes = rate_changes(current, proposal)
-        if not unfinished or not changes or changes == self.rejected:
-            return
-        ids = [v.id for v in unfinished]
-        remaining = [max(1.0, v.epochs_estimate - v.epochs_done) for v in unfinished]
-        simulate = makespan_simulator(self.make_policy, self.ledger.total_gpus)
-        verdict = weigh_refinement(_subset(current, ids), _subset(proposal, ids), remaining, simulate,
-                                   self._change_cost_s())
+        weighed = self._weigh_measured_rates()
         self.planning_s += time.perf_counter() - began
-        if verdict is None:
+        if weighed is None:
             return
+        proposal, verdict = weighed
+        changes = verdict.changes
         shown = [{"model": c.model, "gpus": c.m, "old": round(c.old, 1), "new": round(c.new, 1)} for c in changes]
         self.log.write("rates_refined" if verdict.adopt else "rates_kept", changes=shown,
                        predicted_keep_s=verdict.predicted_keep_s, predicted_new_s=verdict.predicted_new_s,
@@ -268,11 +261,25 @@ class Coordinator:
                    f"{worst.new:,.0f} samples/s); predicted gain {verdict.gain_s:.1f} s vs cost {verdict.cost_s:.1f} s")
         if verdict.adopt:
             self.ledger.rates = proposal
-            self.rejected = ()
+            self.rejected = None
             self.console.banner(f"rates refined: {summary}")
         else:
-            self.rejected = changes
+            self.rejected = proposal
             self.console.banner(f"rates kept: {summary}")
+
+    def _weigh_measured_rates(self) -> tuple[RateTable, Refinement] | None:
+        """(proposal, verdict) over the unfinished models, or None when there is nothing new to weigh."""
+        current = self.ledger.rates
+        proposal = self.refiner.propose(current)
+        unfinished = [v for v in self.ledger.views if v.state is not ModelState.CONVERGED]
+        if not unfinished or (self.rejected is not None and not rate_changes(self.rejected, proposal)):
+            return None
+        ids = [v.id for v in unfinished]
+        remaining = [max(1.0, v.epochs_estimate - v.epochs_done) for v in unfinished]
+        simulate = makespan_simulator(self.make_policy, self.ledger.total_gpus)
+        verdict = weigh_refinement(_subset(current, ids), _subset(proposal, ids), remaining, simulate,
+                                   self._change_cost_s())
+        return None if verdict is None else (proposal, verdict)
 
     def _change_cost_s(self) -> float:
         """A moved model pays a checkpoint and a restore: measured so far, else 1 s each."""

@@ -287,6 +287,9 @@ class Policy(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: False for a policy whose decisions never read the rate values (only the model ids):
+    #: the runtime then does not weigh measured rates, which cannot change its plan.
+    plans_with_rates: ClassVar[bool] = True
 
     @abc.abstractmethod
     def start(self, view: ClusterView) -> Decision:
