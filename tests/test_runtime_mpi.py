@@ -264,17 +264,23 @@ def rank_pids(run_dir: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["usr1", "term"])
-def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path, signum):
+@pytest.mark.parametrize("signum, policy, rot", [(signal.SIGUSR1, "fleet-g", False), (signal.SIGTERM, "fleet-g", True),
+                                                 (signal.SIGUSR1, "baseline", True)],
+                         ids=["usr1", "term-rotten-checkpoint", "usr1-baseline-rotten-checkpoint"])
+def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path, signum, policy, rot):
     """USR1 (the warning before the walltime) or TERM (the walltime itself) to every rank, as
     srun and Slurm deliver them, mid-run: each running model is checkpointed at its next step,
     every rank exits 75 and results.json says interrupted; the next start in the same run
-    directory finishes with every epoch trained exactly once."""
+    directory finishes with every epoch trained exactly once, on a whole epoch of samples.
+
+    `rot`: one model's newest checkpoint then rots on disk, so it resumes from the older kept
+    file, further back than its stream's end was computed for. Under fleet-g the round ends
+    first (its partner converges), under baseline it trains on alone and claims the end."""
     models = [{"family": "cnn", "name": n, "params": {"channels": [8, 16], "hidden": 32}} for n in ("x", "y", "z")]
     data = {"source": "synthetic", "samples": 2400, "image_size": 16, "channels": 3, "val_fraction": 0.1}
     cluster = {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}
     train_cfg = {"batch_size": 32, "max_epochs": 4, "optimizer": "sgd", "lr": 0.05}
-    spec = write_spec(tmp_path / "s.yaml", models, cluster, "fleet-g", data=data, train=train_cfg)
+    spec = write_spec(tmp_path / "s.yaml", models, cluster, policy, data=data, train=train_cfg)
     run_dir = tmp_path / "run"
     job = start_train(3, spec, run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -294,12 +300,23 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
     assert any(e["event"] == "interrupted" for e in events(run_dir))
     saved = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "checkpoints").glob("*/latest.json")}
     assert saved and any(info["epochs"] < 4 for info in saved.values()), saved
-    train(3, spec, run_dir)
+    corrupted = None
+    if rot:
+        corrupted = next(m for m, info in saved.items() if info["epochs"] < 4 and info["previous"])
+        newest = run_dir / "checkpoints" / corrupted / saved[corrupted]["file"]
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        newest.write_bytes(bytes(data))
+    done = train(3, spec, run_dir)
+    if corrupted:
+        assert f"resuming {corrupted!r} from the older" in done.stdout + done.stderr
     final = results(run_dir)
     assert final["interrupted"] is False
     for model in final["models"]:
         assert model["converged"] or model["epochs"] == 4
         assert [h["epoch"] for h in model["history"]] == list(range(1, model["epochs"] + 1)), model["id"]
+        # 2400 less the 10% held out; an epoch ends with the chunk (64 samples) that completes it
+        assert all(2160 <= h["samples"] < 2160 + 64 for h in model["history"]), model
     resumed = [e for e in events(run_dir) if e["event"] == "member_start" and e["resume"]]
     assert resumed, "the second start did not resume from the checkpoints"
 

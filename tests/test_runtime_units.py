@@ -9,8 +9,9 @@ from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, member_end_chu
 from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
 from fleet.runtime.launch import local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, StreamLayout, StreamSource
-from fleet.runtime.queues import Batcher, SampleQueue, Share
+from fleet.runtime.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.stream import MemberClock, own_rows
+from fleet.runtime.trainer import GroupTraining
 from fleet.runtime.waiting import Backoff, WaitTimeout, poll
 from fleet.schedule import Member, ModelState, PolicyError, RateTable, StreamPlan
 from fleet.schedule.ledger import Ledger
@@ -450,3 +451,39 @@ def test_preprocessors_and_masters_stop_at_the_stream_end():
     assert sorted(master.qp) == [2, 3, 4] and master.inbox == {}  # the only master: it owns all of them
     master.k = 5
     assert master._at_end()
+
+
+class ScriptedTraining:
+    """`GroupTraining._train` on one master whose batches come from a list; steps and
+    epoch ends are recorded instead of trained."""
+
+    _train = GroupTraining._train
+
+    def __init__(self, batches):
+        self.batches, self.is_master, self.size, self.stop_requested = list(batches), True, 1, False
+        self.steps, self.epochs_closed = [], 0
+
+    def _poll_commands(self):
+        pass  # the checkpoint command has not been polled when the leave arrives
+
+    def _next_batch(self, batcher, stream):
+        return self.batches.pop(0)
+
+    def _step(self, batch, count, total):
+        self.steps.append(count)
+
+    def _end_epoch(self):
+        self.epochs_closed += 1
+        return False
+
+    def _maybe_progress(self):
+        pass
+
+
+def test_a_leave_stops_the_group_and_never_closes_an_epoch():
+    def batch(n, epoch_end=False, leave=False):
+        return Batch(np.zeros((n, 2), np.float32), np.zeros(n, np.int64), epoch_end=epoch_end, leave=leave)
+
+    training = ScriptedTraining([batch(4), batch(4, epoch_end=True), batch(4), batch(0, leave=True)])
+    assert training._train(batcher=None, stream=None) is False
+    assert training.steps == [4, 4, 4] and training.epochs_closed == 1  # the second epoch was cut short

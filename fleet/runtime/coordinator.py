@@ -20,6 +20,7 @@ from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
     INBOX_DEPTH,
     CheckpointModel,
+    EndNeeded,
     EpochReport,
     KeepAlive,
     MemberLeft,
@@ -64,6 +65,7 @@ class LiveStream:
     awaiting: dict[int, int] = field(default_factory=dict)  # preprocessor rank -> next chunk (None: pending)
     pausing: bool = False
     last_switch: int = 0
+    claimed_end: int = 0  # the furthest end a member resumed from an older checkpoint needs
     done: set[int] = field(default_factory=set)
     decoded: int = 0
 
@@ -186,6 +188,8 @@ class Coordinator:
             self._on_paused(report)
         elif isinstance(report, StreamDone):
             self._on_stream_done(report)
+        elif isinstance(report, EndNeeded):
+            self._on_end_needed(report)
         elif isinstance(report, Progress):
             pass  # a heartbeat: receiving it reset the deadline
         else:
@@ -509,8 +513,8 @@ class Coordinator:
             live.groups[group.model] = group
         masters = tuple(g.ranks[0] for g in live.groups.values())
         end = old.end
-        if end is not None and joining:
-            end = max(end, *(self._member_end(g.model, switch, live.source) for g in joining))
+        if end is not None:
+            end = max(end, live.claimed_end, *(self._member_end(g.model, switch, live.source) for g in joining))
         live.layout = StreamLayout(old.stream, old.version + 1, old.preprocessors, masters, end)
         live.last_switch, live.pausing = switch, False
         command = Regroup(live.layout, switch)
@@ -526,6 +530,17 @@ class Coordinator:
             self._request_change(live)
         elif restream:
             self._restream(old.stream, deferred)
+
+    def _on_end_needed(self, claim: EndNeeded) -> None:
+        """A member fell back to an older checkpoint: the next regroup moves the end for it."""
+        live = self.streams.get(claim.stream)
+        if live is None or claim.model not in live.groups or live.layout.end is None or claim.end <= live.layout.end:
+            return
+        live.claimed_end = max(live.claimed_end, claim.end)
+        self.log.write("end_needed", model=claim.model, stream=claim.stream, end=claim.end, was=live.layout.end)
+        self.console.banner(f"{claim.model} resumed from an older checkpoint than its newest: stream {claim.stream} "
+                            f"now ends at chunk {claim.end} (was {live.layout.end})")
+        self._request_change(live)
 
     def _restream(self, ended: int, groups: list[Group]) -> None:
         """Start `groups`, which were to join stream `ended`, on a new stream."""

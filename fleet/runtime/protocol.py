@@ -155,6 +155,7 @@ class EpochReport:
     epoch_s: float
     checkpoint_s: float
     stop_reason: str | None
+    samples: int = 0  # the epoch's samples, resumed part included
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,16 @@ class MemberLeft:
     checkpoint_s: float
     parameters: int
     val_decoded: int = 0  # validation samples this rank decoded since its last report
+
+
+@dataclass(frozen=True)
+class EndNeeded:
+    """A member resumed from an older checkpoint than the coordinator counted on (the newest
+    was unusable): it needs its stream up to chunk `end`, past the layout's."""
+
+    model: str
+    stream: int
+    end: int
 
 
 @dataclass(frozen=True)

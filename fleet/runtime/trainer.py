@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 
 from fleet.runtime.checkpoint import CheckpointStore, ModelCheckpoint
+from fleet.runtime.chunks import member_end_chunk
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import (
     CheckpointModel,
+    EndNeeded,
     EpochReport,
     KeepAlive,
     MemberLeft,
@@ -143,6 +145,8 @@ class GroupTraining:
         else:
             stream = WorkerShares(self.ctx, self.start, share_comm, qt)
         stream.start()
+        if self.is_master:
+            self._claim_stream_end()
         rt = self.ctx.spec.runtime
         batcher = Batcher(qt, self.model.train.batch_size, rt.qd_batches, self.ctx.timeout_s, self.model.id)
         try:
@@ -162,6 +166,19 @@ class GroupTraining:
             self.ctx.extras.pop("val_decoded", 0),
         )
 
+    def _claim_stream_end(self) -> None:
+        """Ask for the stream past its end when this member needs it: the coordinator computed
+        the end from the newest checkpoint, and loading fell back to an older one."""
+        end = self.start.layout.end
+        if end is None:
+            return
+        epochs_left = max(1, self.tracker.max_epochs - self.tracker.epochs)
+        need = member_end_chunk(self.start.first_chunk, epochs_left, len(self.ctx.train_idx),
+                                self.start.source.chunk_samples, self.totals.samples)
+        if need > end:
+            claim = EndNeeded(self.model.id, self.start.layout.stream, need)
+            send_object(self.ctx.ctrl, claim, 0, Tag.REPORT, "the coordinator to take a stream-end claim", self.ctx.timeout_s)
+
     def _train(self, batcher: Batcher, stream: StreamThread) -> bool:
         """Steps until the model converges (True) or the master asks to leave (False)."""
         done_this_epoch = False
@@ -171,7 +188,10 @@ class GroupTraining:
             batch = self._next_batch(batcher, stream) if not done_this_epoch else None
             count = batch.count if batch is not None else 0
             has_more = batch is not None and not batch.epoch_end and not batch.leave
-            control = np.array([count, float(has_more), float(self.is_master and self.stop_requested)])
+            # a leave always follows the coordinator's checkpoint command, which this thread
+            # may not have polled yet (it waited for the batch): a leave never closes an epoch
+            leaving = batch is not None and batch.leave
+            control = np.array([count, float(has_more), float(self.is_master and (self.stop_requested or leaving))])
             if self.size > 1:
                 self.collective.allreduce_sum(control)
             total, more, stop = control
@@ -228,7 +248,7 @@ class GroupTraining:
         lr = self.engine.lr
         decision = np.zeros(1)
         if self.is_master:
-            reason = self._evaluate_and_report(train_loss, compute_rate, samples / max(epoch_s, 1e-9), epoch_s, lr)
+            reason = self._evaluate_and_report(train_loss, compute_rate, samples, epoch_s, lr)
             decision[0] = float(reason is not None)
         else:
             self.engine.end_epoch()
@@ -251,7 +271,7 @@ class GroupTraining:
             self.collective.allreduce_sum(buffers)
             self.engine.load_flat_buffers((buffers / self.size).astype(np.float32))
 
-    def _evaluate_and_report(self, train_loss, compute_rate, stream_rate, epoch_s, lr) -> StopReason | None:
+    def _evaluate_and_report(self, train_loss, compute_rate, samples, epoch_s, lr) -> StopReason | None:
         val_x, val_y = self.ctx.validation
         metrics = self.engine.evaluate(val_x, val_y)
         self.engine.end_epoch()
@@ -261,14 +281,15 @@ class GroupTraining:
         record = {
             "epoch": self.tracker.epochs, "train_loss": train_loss, "val_loss": metrics["loss"],
             "val_accuracy": metrics["accuracy"], "samples_per_s": compute_rate, "lr": lr, "epoch_s": epoch_s,
+            "samples": samples,
         }
         self.history.append(record)
         self.totals = EpochTotals()
         self._save_checkpoint()
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
-            metrics["accuracy"], compute_rate, stream_rate, lr, epoch_s, self.checkpoint_s,
-            reason.value if reason else None,
+            metrics["accuracy"], compute_rate, samples / max(epoch_s, 1e-9), lr, epoch_s, self.checkpoint_s,
+            reason.value if reason else None, samples,
         )
         send_object(self.ctx.ctrl, report, 0, Tag.REPORT, "the coordinator to take an epoch report", self.ctx.timeout_s)
         return reason
