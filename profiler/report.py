@@ -45,8 +45,7 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     from fleet.report.gantt import write_gantt
     from fleet.schedule import lower_bounds
     from fleet.schedule_io import load_profile, plan_document, write_json
-    from profiler.document import decode_rates, stream_demand, summarize_failures
-    from profiler.plan import needed_preprocessors
+    from profiler.document import summarize_failures
 
     path = run_dir / "profile.json"
     rates = load_profile(path)
@@ -67,17 +66,40 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     if failures:
         lines += ["", "left out of the plan (profiling failed):"] + [f"  {f}" for f in summarize_failures(failures)]
     block = rates.extra.get("preprocessing", {})
-    if decode_rates(block):
-        demand = stream_demand(plan, rates.rate)
-        need = needed_preprocessors(demand, decode_rates(block), spec.cluster.nodes)
-        have = block.get("per_node")
+    needed = _preprocessors_needed(plan, rates, spec)
+    if needed is not None:
+        need, busiest = needed
         lines += ["", f"preprocessing: {_decode_line(block)}; the plan's busiest round consumes "
-                  f"{max(demand):,.0f} samples/s -> {need} preprocessor(s) per node needed (the spec has {have})"]
+                  f"{busiest:,.0f} samples/s -> {need} preprocessor(s) per node needed "
+                  f"(the spec has {spec.cluster.preprocessors_per_node}, profiled with {block.get('per_node')})"]
     if scenario.decode_rate is not None:
         lines += [decode_limit_line(scenario.decode_rate)]
     if what_if:
         lines += ["", "what if (predicted makespan and GPU-hours per allocation size):", _what_if(rates, spec, what_if)]
     return "\n".join(lines)
+
+
+def preprocessors_for(spec, rates) -> tuple[int, float] | None:
+    """(preprocessors per node, samples/s of the busiest round) that the spec's policy's
+    predicted plan needs to keep its streams fed, from the profile's measured decoding; None
+    when the profile measured none."""
+    from fleet.schedule_io import plan_document
+
+    if not rates.extra.get("preprocessing", {}).get("samples_per_s"):
+        return None
+    result = predict(spec, _scenario(rates, spec, spec.cluster.gpus), policies=())[spec.scheduler.policy]
+    return _preprocessors_needed(plan_document(result, rates.gpus_per_node, "max-epochs"), rates, spec)
+
+
+def _preprocessors_needed(plan: dict, rates, spec) -> tuple[int, float] | None:
+    from profiler.document import decode_rates, stream_demand
+    from profiler.plan import needed_preprocessors
+
+    measured = decode_rates(rates.extra.get("preprocessing", {}))
+    demand = stream_demand(plan, rates.rate)
+    if not measured or not demand:
+        return None
+    return needed_preprocessors(demand, measured, spec.cluster.nodes), max(demand)
 
 
 def decode_limit_line(decode_rate: float) -> str:

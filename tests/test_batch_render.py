@@ -5,6 +5,7 @@ A golden mismatch after a deliberate template change: run
 """
 
 import difflib
+import json
 import re
 import subprocess
 
@@ -339,3 +340,28 @@ def test_submit_runs_the_submitter_and_prints_the_job_id(fleet_cli, tiny_spec, t
         assert args.split() == ["--parsable", str(script)]
     else:
         assert stdin == script.read_text()  # bsub reads #BSUB lines from standard input only
+
+
+def test_auto_preprocessors_come_from_the_profiles_predicted_plan(fleet_cli, tmp_path):
+    """Baseline runs the four models at once, one stream each at 1000 samples/s: 4000/s in
+    all, which four preprocessors decode (5000/s measured) and two do not (2800/s)."""
+    doc = {"name": "auto", "data": {"source": "digits"}, "models": [{"family": "mlp", "name": n} for n in "abcd"],
+           "scheduler": {"policy": "baseline"},
+           "cluster": {"gpus_per_node": 4, "preprocessors_per_node": "auto", "device": "cpu"}}
+    spec = tmp_path / "auto.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "r"
+
+    def ranks_per_node(*extra):
+        done = fleet_cli("submit", str(spec), "--scheduler", "slurm", "--dry-run", "--run-dir", str(run_dir), *extra)
+        assert done.returncode == 0, done.stderr
+        return int(re.search(r"#SBATCH --ntasks-per-node=(\d+)", (run_dir / "sbatch.sh").read_text()).group(1)), done
+
+    assert ranks_per_node()[0] == 4 + 1  # no profile yet: one per node
+    profile = {"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 1000,
+               "models": [{"id": n, "rates": {"1": 1000.0}, "epochs": 2} for n in "abcd"],
+               "preprocessing": {"samples_per_s": {"1": 1500.0, "2": 2800.0, "4": 5000.0}, "per_node": 1}}
+    (run_dir / "profile.json").write_text(json.dumps(profile))
+    count, done = ranks_per_node()
+    assert count == 4 + 4 and "preprocessors_per_node auto: 4 per node" in done.stdout and "4,000 samples/s" in done.stdout
+    assert ranks_per_node("--preprocessors", "2")[0] == 4 + 2  # the option wins

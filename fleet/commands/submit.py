@@ -32,7 +32,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--preprocessors", type=positive_int, metavar="N",
-        help="preprocessor ranks per node when the spec says preprocessors_per_node: auto (default 1)",
+        help="preprocessor ranks per node when the spec says preprocessors_per_node: auto (default: what the "
+        "plan predicted from the run directory's profile.json needs, else 1)",
     )
     parser.add_argument(
         "--cpus-per-task", type=positive_int, metavar="N", help="cores per rank (default: cluster.threads_per_trainer)"
@@ -57,9 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         require_submitter(system)
     spec = load_spec(args.spec, run_dir=args.run_dir)
+    preprocessors = args.preprocessors
+    if preprocessors is None and spec.cluster.preprocessors_per_node == "auto":
+        preprocessors = _profiled_preprocessors(spec)
     options = SubmitOptions(
         system, time=args.time, account=args.account, partition=args.partition, env=tuple(args.env),
-        preprocessors=args.preprocessors, cpus_per_task=args.cpus_per_task, launcher_args=args.launcher_args,
+        preprocessors=preprocessors, cpus_per_task=args.cpus_per_task, launcher_args=args.launcher_args,
     )
     job = batch_job(spec, args.spec, options, os.getcwd(), sys.executable)
     check_same_ensemble(Path(job.run_dir), spec)  # the job would refuse it only once it starts
@@ -73,3 +77,23 @@ def run(args: argparse.Namespace) -> int:
     job_id = submit(system, path)
     print(f"fleet: submitted {system.value} job {job_id}; output in {job.run_dir}")
     return 0
+
+
+def _profiled_preprocessors(spec) -> int | None:
+    """`preprocessors_per_node: auto` with a profile in the run directory: what the predicted
+    plan needs (said on the console); None without a profile that measured decoding."""
+    from pathlib import Path
+
+    from fleet.schedule_io import load_profile
+    from profiler.report import preprocessors_for
+
+    path = Path(spec.run_dir) / "profile.json"
+    if not path.exists():
+        return None
+    needed = preprocessors_for(spec, load_profile(path))
+    if needed is None:
+        return None
+    need, busiest = needed
+    print(f"fleet: preprocessors_per_node auto: {need} per node (the {spec.scheduler.policy} plan predicted from "
+          f"{path} consumes up to {busiest:,.0f} samples/s)")
+    return need
