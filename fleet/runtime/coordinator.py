@@ -534,8 +534,9 @@ class Coordinator:
     def _on_end_needed(self, claim: EndNeeded) -> None:
         """A member fell back to an older checkpoint: the next regroup moves the end for it."""
         live = self.streams.get(claim.stream)
-        if live is None or claim.model not in live.groups or live.layout.end is None or claim.end <= live.layout.end:
-            return
+        if (live is None or claim.model not in live.groups or claim.model in live.leaving or live.layout.end is None
+                or claim.end <= live.layout.end):
+            return  # the member is leaving (or left) anyway, or the end is already far enough
         live.claimed_end = max(live.claimed_end, claim.end)
         self.log.write("end_needed", model=claim.model, stream=claim.stream, end=claim.end, was=live.layout.end)
         self.console.banner(f"{claim.model} resumed from an older checkpoint than its newest: stream {claim.stream} "
