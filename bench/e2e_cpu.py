@@ -12,13 +12,23 @@ then reuses. On a CPU all trainer slots share the same cores, so the gain of sha
 decoded stream shows up as less decoding work; the GPU-side gains of rate-matched flotillas
 cannot.
 
+`--sweep K`: each architecture at K learning rates (8K models), the hyper-parameter sweep
+fleet is for: models of one architecture train at the same rate, so flotillas fill up.
+
+`--emulated`: the same, but each policy's trainer slots are `device: emulated`: a training
+step sleeps for the time the profile (measured on the CPU slots first) gives for its model
+and group size, while the data path stays real (JPEG decoding, broadcasts, queues). The slots
+then no longer share the cores, as GPUs do not, so the run shows what the runtime makes of a
+plan when trainers are independent; the models learn nothing (no accuracy is shown). Beside
+each measured makespan the bench prints the simulator's prediction for the same rates.
+
 The JPEGs on disk are larger than what the models train on (96x96 resized to 24x24 by
 default), as with Caltech256's photos resized for the paper's nets: decoding is real work, the
 work that sharing a stream saves.
 
 Usage: .venv/bin/python bench/e2e_cpu.py [--trainers 4] [--epochs 2] [--samples 3000]
        [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1] [--timeout 3600]
-       [--wait-timeout 600] [--keep DIR]
+       [--wait-timeout 600] [--keep DIR] [--sweep K] [--emulated]
 """
 
 from __future__ import annotations
@@ -50,7 +60,19 @@ MODELS = [
 ]
 
 
-def spec_for(policy: str, data: Path, args) -> dict:
+SWEEP_LR = (0.05, 0.025, 0.1, 0.0125)  # --sweep K trains each architecture at the first K
+
+
+def models_for(sweep: int) -> list[dict]:
+    """The 8 architectures; with `sweep` > 1, each at `sweep` learning rates (a hyper-parameter
+    sweep: models of one architecture train at the same rate)."""
+    if sweep <= 1:
+        return MODELS
+    return [{**model, "name": f"{model['name']}-lr{k}", "train": {"lr": SWEEP_LR[k]}}
+            for model in MODELS for k in range(sweep)]
+
+
+def spec_for(policy: str, data: Path, args, device: str = "cpu") -> dict:
     return {
         "name": f"e2e-{policy}", "seed": 11,
         "data": {"source": "imagefolder", "path": str(data), "image_size": args.image_size, "channels": 3,
@@ -58,13 +80,13 @@ def spec_for(policy: str, data: Path, args) -> dict:
         "preprocess": ["decode", {"resize": {"size": args.image_size + 2}}, {"random_crop": {"size": args.image_size}},
                        {"flip": {"p": 0.5}},
                        {"normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}],
-        "models": MODELS,
+        "models": models_for(args.sweep),
         "train": {"batch_size": 32, "max_epochs": args.epochs, "optimizer": "sgd", "lr": 0.05,
                   "stop": {"patience": 1000}},
         "scheduler": {"policy": policy},
         "runtime": {"timeout_s": args.wait_timeout},
         "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": args.preprocessors,
-                    "threads_per_trainer": args.threads, "device": "cpu"},
+                    "threads_per_trainer": args.threads, "device": device},
     }
 
 
@@ -81,9 +103,19 @@ def profile_once(data: Path, root: Path, args) -> tuple[Path, float]:
     return path, json.loads(path.read_text())["profiler"]["seconds"]
 
 
+def predictions(profile: Path, data: Path, args) -> dict[str, float]:
+    """The simulator's makespan of each policy at the profiled rates (and decode limit)."""
+    from fleet.schedule_io import load_profile
+    from fleet.spec import parse_spec
+    from profiler.report import predicted_makespans
+
+    spec = parse_spec(spec_for("fleet-g", data, args))
+    return predicted_makespans(spec, load_profile(profile), POLICIES)
+
+
 def run_policy(policy: str, data: Path, root: Path, args, profile: Path) -> dict:
     spec_path = root / f"{policy}.yaml"
-    spec_path.write_text(yaml.safe_dump(spec_for(policy, data, args)))
+    spec_path.write_text(yaml.safe_dump(spec_for(policy, data, args, "emulated" if args.emulated else "cpu")))
     run_dir = root / policy
     run_dir.mkdir()
     shutil.copy(profile, run_dir / "profile.json")
@@ -115,6 +147,10 @@ def main() -> None:
     parser.add_argument("--wait-timeout", type=float, default=600,
                         help="the runtime's timeout_s: how long any rank waits before it aborts the job")
     parser.add_argument("--keep", metavar="DIR", help="keep the data and every run directory in DIR (new or empty)")
+    parser.add_argument("--sweep", type=int, default=1, choices=range(1, len(SWEEP_LR) + 1), metavar="K",
+                        help=f"train each architecture at K learning rates (1-{len(SWEEP_LR)}; default 1: 8 models)")
+    parser.add_argument("--emulated", action="store_true",
+                        help="trainer slots sleep the profiled step time instead of training (the data path stays real)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from preprocess.make import make_synthetic
@@ -129,6 +165,7 @@ def main() -> None:
                        progress=False)
         profile, profile_s = profile_once(data, root, args)
         print(f"profiled once in {profile_s:.1f} s", flush=True)
+        predicted = predictions(profile, data, args)
         results = {}
         for policy in POLICIES:
             results[policy] = run_policy(policy, data, root, args, profile)
@@ -136,17 +173,19 @@ def main() -> None:
             print(f"{policy}: makespan {res['makespan_s']:.1f} s, {res['rounds']} round(s), "
                   f"{res['samples_decoded']:,} decoded", flush=True)
     base = results["baseline"]
-    print(f"{len(MODELS)} CNNs x {args.epochs} epochs on {args.samples} JPEGs ({args.source_size}x{args.source_size} "
+    slots = "emulated trainer slots (steps sleep the profiled time)" if args.emulated else (
+        f"CPU trainer slots of {args.threads} thread(s)")
+    print(f"{len(models_for(args.sweep))} CNNs x {args.epochs} epochs on {args.samples} JPEGs ({args.source_size}x{args.source_size} "
           f"on disk, {args.image_size}x{args.image_size} after resize and crop), "
-          f"{args.preprocessors} preprocessor(s) + {args.trainers} CPU trainer slots of {args.threads} thread(s); "
-          f"profiled once in {profile_s:.1f} s")
-    print(f"{'policy':<14}{'makespan s':>11}{'vs baseline':>13}{'rounds':>8}{'decoded':>10}{'decoded/base':>14}"
-          f"{'mean best acc':>15}")
+          f"{args.preprocessors} preprocessor(s) + {args.trainers} {slots}; profiled once in {profile_s:.1f} s")
+    print(f"{'policy':<14}{'makespan s':>11}{'vs baseline':>13}{'predicted s':>12}{'predicted vs base':>19}"
+          f"{'rounds':>8}{'decoded':>10}{'decoded/base':>14}{'mean best acc':>15}")
     for policy, res in results.items():
-        accuracy = sum(m["best_val_accuracy"] for m in res["models"]) / len(res["models"])
+        accuracy = "-" if args.emulated else f"{sum(m['best_val_accuracy'] for m in res['models']) / len(res['models']):.3f}"
         print(f"{policy:<14}{res['makespan_s']:>11.1f}{base['makespan_s'] / res['makespan_s']:>12.2f}x"
+              f"{predicted[policy]:>12.1f}{predicted['baseline'] / predicted[policy]:>18.2f}x"
               f"{res['rounds']:>8}{res['samples_decoded']:>10,}{res['samples_decoded'] / base['samples_decoded']:>14.2f}"
-              f"{accuracy:>15.3f}")
+              f"{accuracy:>15}")
 
 
 if __name__ == "__main__":

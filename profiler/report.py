@@ -79,6 +79,13 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     return "\n".join(lines)
 
 
+def predicted_makespans(spec, rates, policies=POLICIES) -> dict[str, float]:
+    """The simulator's makespan of each of `policies` for `spec` at `rates` (with the decode
+    limit the profile measured for the spec's preprocessors), in seconds."""
+    results = predict(spec, _scenario(rates, spec, spec.cluster.gpus), policies)
+    return {name: results[name].makespan for name in policies}
+
+
 def preprocessors_for(spec, rates) -> tuple[int, float] | None:
     """(preprocessors per node, samples/s of the busiest round) that the spec's policy's
     predicted plan needs to keep its streams fed, from the profile's measured decoding; None
