@@ -125,6 +125,14 @@ def member_end_chunk(first: int, epochs: int, n: int, chunk_samples: int, done: 
     return chunk
 
 
+def resumed_end_chunk(first: int, max_epochs: int, epochs_done: int, epoch_samples: int, n: int,
+                      chunk_samples: int) -> int:
+    """`member_end_chunk` for a member that resumes `epoch_samples` into epoch `epochs_done` + 1
+    and trains to `max_epochs` (at least one more epoch): the coordinator's stream end and the
+    master's own claim are both this count."""
+    return member_end_chunk(first, max(1, max_epochs - epochs_done), n, chunk_samples, epoch_samples)
+
+
 class StreamOrder:
     """Which training samples chunk k of a stream holds, and how to augment them."""
 

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.runtime.chunks import member_end_chunk
+from fleet.runtime.chunks import resumed_end_chunk
 from fleet.runtime.console import Console
 from fleet.runtime.context import RunContext
 from fleet.runtime.events import EventLog
@@ -247,7 +247,7 @@ class Coordinator:
         """Before the policy may plan: fold the measured rates in when the simulator predicts
         a gain above the cost of the change (see `fleet.schedule.refine`). A proposal within
         `MIN_CHANGE` of one already turned down is not weighed again."""
-        if self.interrupted or not self.refiner.measured or not getattr(self.policy, "plans_with_rates", True):
+        if self.interrupted or not self.refiner.measured or not self.policy.plans_with_rates:
             return
         began = time.perf_counter()
         weighed = self._weigh_measured_rates()
@@ -426,7 +426,7 @@ class Coordinator:
         info = CheckpointStore(self.ctx.run_dir).latest_info(model)
         epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
         limit = self.ctx.extras.get("epoch_limits", {}).get(model) or self.ctx.spec.model(model).train.max_epochs
-        return member_end_chunk(first_chunk, max(1, limit - epochs), len(self.ctx.train_idx), source.chunk_samples, done)
+        return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx), source.chunk_samples)
 
     def _has_checkpoint(self, model: str) -> bool:
         from fleet.runtime.checkpoint import CheckpointStore

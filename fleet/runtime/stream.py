@@ -18,7 +18,8 @@ cannot block on one.
 When the group leaves (converged, or checkpointed), the master stops forwarding, tells its
 workers, and keeps taking its chunks until the switch chunk of the regroup that removes it.
 No chunk at or past the stream's `end` (its layout's) comes: a master that gets there waits
-for the coordinator's next regroup, which removes it or moves the end. Each thread owns the communicator it is given (a Dup of the group's) and frees it.
+for the coordinator's next regroup, which removes it or moves the end. Each thread owns the
+communicator it is given (a Dup of the group's) and frees it.
 """
 
 from __future__ import annotations

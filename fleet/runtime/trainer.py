@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fleet.runtime.checkpoint import CheckpointStore, ModelCheckpoint
-from fleet.runtime.chunks import member_end_chunk
+from fleet.runtime.chunks import resumed_end_chunk
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import (
     CheckpointModel,
@@ -172,9 +172,8 @@ class GroupTraining:
         end = self.start.layout.end
         if end is None:
             return
-        epochs_left = max(1, self.tracker.max_epochs - self.tracker.epochs)
-        need = member_end_chunk(self.start.first_chunk, epochs_left, len(self.ctx.train_idx),
-                                self.start.source.chunk_samples, self.totals.samples)
+        need = resumed_end_chunk(self.start.first_chunk, self.tracker.max_epochs, self.tracker.epochs,
+                                 self.totals.samples, len(self.ctx.train_idx), self.start.source.chunk_samples)
         if need > end:
             claim = EndNeeded(self.model.id, self.start.layout.stream, need)
             send_object(self.ctx.ctrl, claim, 0, Tag.REPORT, "the coordinator to take a stream-end claim", self.ctx.timeout_s)
