@@ -26,8 +26,12 @@ same bytes as one of those epochs. Oversubscribed (4 ranks on 2 cores) the block
 broadcast alone varies 1.5-2x between repetitions with how the OS schedules its spinning
 ranks, hence the medians; run nothing else meanwhile.
 
+On one node the masters read each chunk in the preprocessor's shared-memory slot
+(`fleet.runtime.shm`); `--bytes-too` also runs the path with `runtime.shared_memory: false`
+(chunks as MPI messages) in each round, for the two side by side.
+
 Usage: .venv/bin/python bench/pipeline.py [--trainers 3] [--image-size 32] [--chunk 168]
-       [--epochs 4] [--samples 60000] [--rounds 3] [--no-fill] [--runtime KEY=VALUE ...]
+       [--epochs 4] [--samples 60000] [--rounds 3] [--no-fill] [--bytes-too] [--runtime KEY=VALUE ...]
 Prints the medians and their ratio (target: the path reaches >= 70% of the faster raw
 broadcast).
 """
@@ -168,7 +172,8 @@ def mpiexec(ranks: int) -> list[str]:
     return [*launcher_for(find_mpiexec()), "-n", str(ranks), sys.executable]
 
 
-def setup(root: Path, args) -> tuple[Path, Path, int]:
+
+def setup(root: Path, args) -> tuple[Path, Path, Path, int]:
     """Data set, spec and profile.json for a stream of A (trainers - 1 GPUs) and B (1 GPU)."""
     from preprocess.make import make_synthetic
 
@@ -193,10 +198,26 @@ def setup(root: Path, args) -> tuple[Path, Path, int]:
         {"id": "A", "rates": {str(m): fast * m / a_gpus for m in range(1, args.trainers + 1)}, "epochs": args.epochs},
         {"id": "B", "rates": {str(m): fast for m in range(1, args.trainers + 1)}, "epochs": args.epochs},
     ]}
-    spec_path, profile_path = root / "spec.yaml", root / "profile.json"
+    spec_path, profile_path, bytes_path = root / "spec.yaml", root / "profile.json", root / "spec-bytes.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
+    spec["runtime"]["shared_memory"] = False
+    bytes_path.write_text(yaml.safe_dump(spec))
     profile_path.write_text(json.dumps(profile))
-    return spec_path, profile_path, train_size
+    return spec_path, bytes_path, profile_path, train_size
+
+
+def path_run(spec: Path, profile: Path, run_dir: Path, fill: bool, ranks: int, env: dict, train_size: int):
+    """One `fleet train` of the patched path: each epoch's rate, the stream's members, and the
+    chunks its masters read in shared memory."""
+    run_dir.mkdir()
+    shutil.copy(profile, run_dir / "profile.json")
+    flags = [] if fill else ["--no-fill"]
+    done = subprocess.run([*mpiexec(ranks), __file__, "--patched", str(spec), str(run_dir), *flags],
+                          capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        sys.exit(f"pipeline run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    rates, members = epoch_rates(run_dir, train_size)
+    return rates, members, json.loads((run_dir / "results.json").read_text()).get("chunks_in_shared_memory", 0)
 
 
 def runtime_option(text: str) -> tuple[str, object]:
@@ -228,6 +249,8 @@ def main() -> None:
                         help="a runtime option of the spec, e.g. poll=busy (repeatable)")
     parser.add_argument("--no-fill", dest="fill", action="store_false",
                         help="write only each chunk's header and labels on the preprocessor, not its rows")
+    parser.add_argument("--bytes-too", action="store_true",
+                        help="each round also runs the path with runtime.shared_memory false (chunks as MPI messages)")
     parser.add_argument("--raw", nargs=2, type=int, metavar=("CHUNK_BYTES", "CHUNKS"), help=argparse.SUPPRESS)
     parser.add_argument("--patched", nargs=2, metavar=("SPEC", "RUN_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -244,21 +267,19 @@ def main() -> None:
     raw_samples: dict[str, list[float]] = {"blocking": [], "polled": []}
     round_ratios: list[float] = []  # each round's path against that round's raw broadcasts
     pattern_samples: list[float] = []  # fleet's messages alone (`message_pattern`)
+    bytes_rates: list[float] = []  # the path with chunks as MPI messages (--bytes-too)
     with tempfile.TemporaryDirectory() as tmp:
-        spec, profile, train_size = setup(Path(tmp), args)
+        spec, spec_bytes, profile, train_size = setup(Path(tmp), args)
         chunk_bytes = ChunkLayout(args.chunk, (3, args.image_size, args.image_size)).nbytes
         chunks = -(-train_size // args.chunk)  # one epoch's chunks
         for round_ in range(1, args.rounds + 1):
-            run_dir = Path(tmp) / f"run{round_}"  # a fresh run each round, with the same profile
-            run_dir.mkdir()
-            shutil.copy(profile, run_dir / "profile.json")
-            fill = [] if args.fill else ["--no-fill"]
-            done = subprocess.run([*mpiexec(ranks), __file__, "--patched", str(spec), str(run_dir), *fill],
-                                  capture_output=True, text=True, env=env, timeout=900)
-            if done.returncode != 0:
-                sys.exit(f"pipeline run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-            rates, members = epoch_rates(run_dir, train_size)
+            # a fresh run each round, with the same profile
+            rates, members, in_place = path_run(spec, profile, Path(tmp) / f"run{round_}", args.fill, ranks, env,
+                                               train_size)
             path_rates += rates
+            if args.bytes_too:
+                bytes_rates += path_run(spec_bytes, profile, Path(tmp) / f"bytes{round_}", args.fill, ranks,
+                                        env, train_size)[0]
             raw = subprocess.run([*mpiexec(ranks), __file__, "--raw", str(chunk_bytes), str(chunks)],
                                  capture_output=True, text=True, env=env, timeout=900)
             if raw.returncode != 0:
@@ -271,7 +292,7 @@ def main() -> None:
             round_ratios.append(statistics.median(rates) / max(map(statistics.median, this_round.values())))
             print(f"round {round_}: path {', '.join(f'{r:,.0f}' for r in rates)}; raw blocking "
                   f"{', '.join(f'{r:,.0f}' for r in this_round['blocking'])} samples/s; "
-                  f"ratio {round_ratios[-1]:.2f}", flush=True)
+                  f"ratio {round_ratios[-1]:.2f}; {in_place:,} chunks read in shared memory", flush=True)
     path_rate = statistics.median(path_rates)
     raw_rates = {name: statistics.median(rates) for name, rates in raw_samples.items()}
     raw_rate = max(raw_rates.values())
@@ -282,6 +303,10 @@ def main() -> None:
           else "preprocessor: header and labels written, rows not (--no-fill)")
     print(f"{'path':<44}{'samples/s':>12}{'MB/s':>10}")
     print(f"{'fleet Qp->masters->scatter->Qd':<44}{path_rate:>12,.0f}{path_rate * mb / args.chunk:>10,.0f}")
+    if bytes_rates:
+        rate = statistics.median(bytes_rates)
+        print(f"{'  the same, chunks as MPI messages':<44}{rate:>12,.0f}{rate * mb / args.chunk:>10,.0f}"
+              f"   (shared memory / messages: {path_rate / rate:.2f})")
     for name, label in (("blocking", "raw MPI_Bcast (blocking)"), ("polled", "raw MPI_Ibcast (fleet's polling)")):
         rate = raw_rates[name]
         print(f"{label + ' of the same chunks':<44}{rate:>12,.0f}{rate * mb / args.chunk:>10,.0f}")

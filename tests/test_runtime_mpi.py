@@ -40,7 +40,7 @@ def write_spec(path: Path, models: list, cluster: dict, policy: str, **sections)
         "data": sections.pop("data", {"source": "digits", "val_fraction": 0.2}),
         "models": models,
         "train": sections.pop("train", {"batch_size": 32, "max_epochs": 3}),
-        "scheduler": {"policy": policy, "profile": sections.pop("profile", False)},
+        "scheduler": {"policy": policy, "profile": sections.pop("profile", False), **sections.pop("scheduler", {})},
         "cluster": cluster,
         "runtime": {"timeout_s": 90, "chunk_samples": 64, "qp_samples": 512, "qt_samples": 512,
                     **sections.pop("runtime", {})},
@@ -132,6 +132,34 @@ def test_four_ranks_real_training_shares_a_stream_and_releases_gpus(tmp_path):
     assert res["samples_decoded"] >= 3 * n  # b and c trained 3 epochs on one stream
 
 
+def test_chunks_read_in_shared_memory_train_exactly_as_chunks_sent_as_bytes(tmp_path):
+    """The same real training with the node's chunk pool and without it (`runtime.shared_memory`):
+    the masters and the worker of c's 2-trainer group read their rows in place, or get them in
+    MPI messages, and every epoch's loss is the same."""
+    models = [{"family": "mlp", "name": n, "params": {"hidden": [h]}, "train": {"max_epochs": 2}}
+              for n, h in (("a", 32), ("c", 64))]
+    n = digits_train_size(0.2, 1)
+    losses, shared = {}, {}
+    for in_place in (True, False):
+        spec = write_spec(tmp_path / f"s{in_place}.yaml", models,
+                          {"nodes": 1, "gpus_per_node": 3, "preprocessors_per_node": 1}, "fleet-g",
+                          train={"batch_size": 32, "max_epochs": 2, "optimizer": "adam", "lr": 0.01},
+                          runtime={"shared_memory": in_place}, scheduler={"alpha": 0.1})  # one round
+        run_dir = tmp_path / f"run{in_place}"
+        write_profile(run_dir, {"a": 1000.0, "c": 560.0}, {"a": 2, "c": 2}, 3, n, 3)
+        train(4, spec, run_dir)
+        res = results(run_dir)
+        plan = json.loads((run_dir / "plan.json").read_text())
+        assert [sorted(len(m["gpus"]) for m in r["members"]) for r in plan["rounds"]] == [[1, 2]]
+        losses[in_place] = {m["id"]: [h["train_loss"] for h in m["history"]] for m in res["models"]}
+        shared[in_place] = res["chunks_in_shared_memory"]
+    # a slot held while c's group lags behind a sends its chunk as bytes instead
+    assert 0 < shared[True] <= 2 * -(-n // 64) and shared[False] == 0
+    for model in ("a", "c"):
+        assert len(losses[True][model]) == 2
+        np.testing.assert_allclose(losses[True][model], losses[False][model], rtol=1e-6)
+
+
 def emulated_workload(count: int, seed: int, low: float, high: float) -> tuple[dict, dict]:
     rng = np.random.default_rng(seed)
     names = [f"m{i:02d}" for i in range(count)]
@@ -177,6 +205,8 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     res = results(run_dir)
     assert {m["id"]: m["epochs"] for m in res["models"]} == epochs
     assert epochs_by_model(run_dir) == {m: list(range(1, e + 1)) for m, e in epochs.items()}
+    if policy == "homogeneous":  # one stream over both nodes: some chunks in place, some as bytes
+        assert 0 < res["chunks_in_shared_memory"] < res["samples_decoded"] / 64
     if policy == "baseline":  # every model has its own stream, which ends where its model does
         assert res["samples_decoded"] == sum(epochs.values()) * n
         streams = [e for e in events(run_dir) if e["event"] == "stream_start"]

@@ -392,17 +392,20 @@ def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
     master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
     master.rank, master.stream, master.k, master.qp_chunks = 8, 0, 80, 30  # Qp: chunks 80-109
     master.chunks, master.qp, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, deque()
+    master.pool, master.claims = None, deque()
     master.versions = [Version(0, StreamLayout(0, 1, preprocessors, (6, 7, 8, 9, 10, 11, 13)))]
     master._post_qp()
     assert sorted(master.qp) == [80, 86, 92, 98, 104]
     comm.receives[104].arrived = True
+    write_header(master.chunks.header(comm.receives[104].buffer), 104, 0, 4)  # a chunk's bytes, not a descriptor
     master._apply(Regroup(StreamLayout(0, 2, preprocessors, (6, 8, 9, 10, 11, 13)), 92))
     assert sorted(master.qp) == [80, 86, 104] and master.qp[104][0] is None  # received, kept
     assert comm.receives[98].cancelled and not comm.receives[104].cancelled
     master._apply(Regroup(StreamLayout(0, 6, preprocessors, (8, 13)), 99))
     assert 104 in master.qp
     master.k = 104
-    assert master._take_chunk(master._version_at(104)) is comm.receives[104].buffer
+    data, claim = master._take_chunk(master._version_at(104))
+    assert data is comm.receives[104].buffer and claim is None
     assert comm.sends == [(13, 104)]  # passed on to the other master
 
 

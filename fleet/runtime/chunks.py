@@ -31,12 +31,16 @@ class Field(IntEnum):
     FLAGS = 3
     REGROUP_VERSION = 4  # in-band notice: the stream's layout changes ...
     REGROUP_SWITCH = 5  # ... to this version from this chunk on (0, 0: none known)
+    SHM_PLACE = 6  # (descriptors) owner rank * SLOT_LIMIT + slot of the chunk in shared memory
+    SHM_TICKET = 7  # (descriptors) the slot's ticket, which its readers write back to release it
+    SHARE_START = 5  # (shares read in shared memory) the share's first row in its chunk
 
 
 class Flag(IntFlag):
     NONE = 0
     EPOCH_END = 1  # (shares) the member's epoch ends after this share
     LEAVE = 2  # (shares) no more data: the member leaves the stream
+    IN_SHM = 4  # (chunks) a descriptor: the chunk is in a preprocessor's shared-memory slot
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ class LiveStream:
     claimed_end: int = 0  # the furthest end a member resumed from an older checkpoint needs
     done: set[int] = field(default_factory=set)
     decoded: int = 0
+    shared: int = 0  # chunks its root masters took from shared memory
 
     @property
     def ended(self) -> bool:
@@ -557,12 +558,17 @@ class Coordinator:
         live = self.streams[report.stream]
         live.done.add(report.rank)
         live.decoded += report.decoded
+        live.shared += report.shared
         if live.ended:
             self.finished_streams.append(self.streams.pop(report.stream))
-            self.log.write("stream_end", stream=report.stream, decoded=live.decoded)
+            self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared)
 
     # -- results --------------------------------------------------------------------------------------
 
     @property
     def samples_decoded(self) -> int:
         return sum(s.decoded for s in self.finished_streams)
+
+    @property
+    def chunks_shared(self) -> int:
+        return sum(s.shared for s in self.finished_streams)

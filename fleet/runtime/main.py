@@ -49,6 +49,8 @@ def train_entry(options: TrainOptions) -> int:
         else:
             _run_role(ctx, options)
         barrier(world, "every rank to finish", ctx.timeout_s)
+        if ctx.pool is not None:
+            ctx.pool.free()
     except SystemExit:
         raise
     except UserError as exc:
@@ -103,6 +105,8 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     ctx.extras["profile_only"] = options.profile_only
     rates = _from_rank0(ctx, _rank0_rates, "the rates decision from rank 0")
     ctx.rates = rates["emulated"]
+    if not options.profile_only:
+        ctx.pool = _chunk_pool(ctx)
     _warm_up(ctx, placement.role.value)
     barrier(world, "every rank to finish starting up", spec.runtime.timeout_s)
     if rates["measure"]:
@@ -113,6 +117,19 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     ctx.rates = rates["emulated"] or shared["rates"]
     ctx.extras["epoch_limits"] = shared["epoch_limits"]
     return ctx
+
+
+def _chunk_pool(ctx):
+    """Collective: this node's shared-memory chunk pool (`runtime.shared_memory`), or None."""
+    if not ctx.spec.runtime.shared_memory:
+        return None
+    from fleet.runtime.chunks import ChunkLayout
+    from fleet.runtime.shm import create_pool
+    from fleet.runtime.stream import FANOUT_WINDOW
+
+    window = max(1, ctx.spec.runtime.qp_samples // ctx.chunk_samples)  # a preprocessor's Qp, in chunks
+    slot_bytes = ChunkLayout(ctx.chunk_samples, ctx.input_shape).nbytes
+    return create_pool(ctx.world, ctx.topology, 2 * window + FANOUT_WINDOW, slot_bytes, ctx.timeout_s)
 
 
 def _from_rank0(ctx, make, what: str) -> Any:

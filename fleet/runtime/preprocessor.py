@@ -9,6 +9,10 @@ of the stream's Qp among the stream's preprocessors, so that a stream is decoded
 Qp ahead of its masters' Qp, however many preprocessors it has. Preprocessors never create
 communicators, so they never block on another rank.
 
+Where the node has a chunk pool (`fleet.runtime.shm`), a chunk is decoded into one of this
+rank's shared-memory slots and its root master, when on this node, is sent only a
+descriptor; the slot is free again once the node's masters of the chunk have released it.
+
 Membership changes at a chunk boundary chosen by the coordinator: `Pause` stops new chunks
 and reports the next index; `Regroup` gives the switch chunk and the new layout. Every chunk
 decoded after the regroup carries the notice in its header, so each master learns the
@@ -28,6 +32,7 @@ from fleet.runtime.chunks import ChunkLayout, StreamOrder, chunk_tag, write_head
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import KeepAlive, Pause, Paused, Regroup, Shutdown, StartStream, StreamDone, StreamLayout, Tag
 from fleet.runtime import waiting
+from fleet.runtime.shm import Slots, describe
 from fleet.runtime.signals import EXIT_CHECKPOINTED
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
@@ -35,9 +40,10 @@ from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 @dataclass
 class InFlight:
     chunk: int
-    buffer: Any
+    buffer: Any  # a private buffer to reuse once sent, or None (a slot, or a descriptor)
     request: Any
     dest: int
+    slot: int | None = None  # a slot whose bytes were sent: free once the send completes
 
 
 @dataclass
@@ -49,11 +55,13 @@ class StreamProducer:
     order: StreamOrder
     chunks: ChunkLayout
     window: int
+    slots: Slots | None = None  # this rank's shared-memory slots (shared by its streams)
     next_chunk: int = 0
     paused: bool = False
     in_flight: deque = field(default_factory=deque)
     free: list = field(default_factory=list)
     decoded: int = 0
+    shared: int = 0  # chunks whose root took them from shared memory
     last_progress: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
@@ -84,11 +92,22 @@ class StreamProducer:
     def produce(self) -> None:
         chunk = self.next_chunk
         layout = self.layout_at(chunk)
-        buffer = self.free.pop() if self.free else self.chunks.new_buffer()
-        self.decoded += self._decode(chunk, buffer)
         dest = layout.owner(chunk)
-        request = self.ctx.data_parent.Issend(buffer, dest=dest, tag=chunk_tag(layout.stream, chunk))
-        self.in_flight.append(InFlight(chunk, buffer, request, dest))
+        slot = self.slots.take() if self.slots is not None else None
+        buffer = self.slots.buffers[slot] if slot is not None else (self.free.pop() if self.free else self.chunks.new_buffer())
+        self.decoded += self._decode(chunk, buffer)
+        tag = chunk_tag(layout.stream, chunk)
+        if slot is not None and self.ctx.pool.is_local(dest):
+            readers = tuple(self.ctx.pool.local[m] for m in layout.masters if self.ctx.pool.is_local(m))
+            ticket = self.slots.hold(slot, readers, f"chunk {chunk} of stream {layout.stream}")
+            message = describe(self.chunks.header(buffer), self.ctx.rank, slot, ticket)
+            self.ctx.pool.sync()  # the slot's bytes come before the descriptor
+            self.shared += 1
+            request = self.ctx.data_parent.Issend(message, dest=dest, tag=tag)
+            self.in_flight.append(InFlight(chunk, None, request, dest))
+        else:
+            request = self.ctx.data_parent.Issend(buffer, dest=dest, tag=tag)
+            self.in_flight.append(InFlight(chunk, None if slot is not None else buffer, request, dest, slot))
         self.next_chunk += self.stride
         self.last_progress = time.monotonic()
 
@@ -107,7 +126,11 @@ class StreamProducer:
         """Recycle the buffers of chunks their masters have taken."""
         moved = False
         while self.in_flight and self.in_flight[0].request.Test():
-            self.free.append(self.in_flight.popleft().buffer)
+            sent = self.in_flight.popleft()
+            if sent.buffer is not None:
+                self.free.append(sent.buffer)
+            elif sent.slot is not None:
+                self.slots.give_back(sent.slot)
             moved = True
         if moved:
             self.last_progress = time.monotonic()
@@ -132,6 +155,7 @@ class PreprocessorLoop:
         self.decoded = 0
         rt = ctx.spec.runtime
         self.window_total = max(1, rt.qp_samples // ctx.chunk_samples)
+        self.slots = ctx.pool.slots_of(ctx.rank) if ctx.pool is not None else None
 
     def run(self) -> None:
         quiet_since = time.monotonic()
@@ -140,9 +164,11 @@ class PreprocessorLoop:
             handled = self._commands()
             if handled is None:
                 return
-            busy = handled | self._progress_all() | self._produce_one()
+            busy = handled | self._reclaim() | self._progress_all() | self._produce_one()
             for producer in self.streams.values():
                 producer.check_stuck(self.ctx.timeout_s)
+            if self.slots is not None:
+                self.slots.check_stuck(self.ctx.timeout_s, rank_of=self.ctx.pool.node_ranks.__getitem__)
             if handled:
                 quiet_since = time.monotonic()
             elif not self.streams and time.monotonic() - quiet_since > self.ctx.timeout_s:
@@ -191,7 +217,10 @@ class PreprocessorLoop:
         chunks = ChunkLayout(command.source.chunk_samples, self.ctx.input_shape)
         window = max(1, min(self.window_total // max(1, len(self.streams) + 1),  # this rank's Qp, shared
                             -(-self.window_total // len(command.layout.preprocessors))))  # the stream's Qp, shared
-        return StreamProducer(self.ctx, [(0, command.layout)], order, chunks, window)
+        return StreamProducer(self.ctx, [(0, command.layout)], order, chunks, window, self.slots)
+
+    def _reclaim(self) -> bool:
+        return self.slots is not None and self.slots.reclaim()
 
     def _progress_all(self) -> bool:
         moved = False
@@ -201,7 +230,7 @@ class PreprocessorLoop:
             if producer.finished:
                 del self.streams[stream_id]
                 self.decoded += producer.decoded
-                done = StreamDone(stream_id, self.ctx.rank, producer.decoded)
+                done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared)
                 send_object(self.ctx.ctrl, done, 0, Tag.REPORT, "the coordinator to take a stream report", self.ctx.timeout_s)
                 moved = True
         return moved

@@ -201,3 +201,4 @@ class StreamDone:
     stream: int
     rank: int
     decoded: int
+    shared: int = 0  # chunks its root master took from shared memory

@@ -204,6 +204,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         overhead_s={"planning": coordinator.planning_s, "checkpoint": coordinator.checkpoint_s,
                     "startup": startup_s},
         validation_samples_decoded=coordinator.val_decoded,
+        chunks_in_shared_memory=coordinator.chunks_shared,
         interrupted=coordinator.interrupted,
         models=models,
     )

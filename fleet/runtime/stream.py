@@ -20,6 +20,14 @@ workers, and keeps taking its chunks until the switch chunk of the regroup that 
 No chunk at or past the stream's `end` (its layout's) comes: a master that gets there waits
 for the coordinator's next regroup, which removes it or moves the end. Each thread owns the
 communicator it is given (a Dup of the group's) and frees it.
+
+A chunk may come as a descriptor of a preprocessor's shared-memory slot (`fleet.runtime.shm`):
+the master then reads it in place, passes the descriptor on to the masters of its node and
+the bytes to the others, and copies its own share out. A worker on its node gets only its
+share's header (a descriptor too, with the share's first row) and copies its rows out of the
+slot itself, then writes the ticket into its own cell of the slot's row; one on another node
+gets the rows from the slot. The master releases the slot once those sends have completed
+and those workers have released it (every wait of this thread releases what it can meanwhile).
 """
 
 from __future__ import annotations
@@ -32,11 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.chunks import HEADER_WORDS, ChunkLayout, Field, Flag, chunk_tag, share_bounds, write_header
+from fleet.runtime.chunks import HEADER_BYTES, HEADER_WORDS, ChunkLayout, Field, Flag, chunk_tag, share_bounds, write_header
 from fleet.runtime.protocol import INBOX_DEPTH, Regroup, StartMember, StreamLayout, stream_tag
 from fleet.runtime.queues import SampleQueue, Share
+from fleet.runtime.shm import Claim, claim_of, describe
 from fleet.runtime import waiting
-from fleet.runtime.waiting import poll, recv_object, wait_request, wait_requests
+from fleet.runtime.waiting import all_done, poll, wait_request, wait_requests
 
 SHARE_TAG = 31
 FANOUT_WINDOW = 4  # chunks a root may have in flight to the other masters
@@ -122,6 +131,9 @@ class MasterStream(StreamThread):
         self.send_window = max(2, ctx.spec.runtime.qt_samples // start.source.chunk_samples)
         self.forwarding = True
         self.chunks_done = 0
+        self.pool = ctx.pool
+        self.claims: deque[Claim] = deque()  # slots read here, in order, until their sends complete
+        self.in_place = [self.pool is not None and self.pool.is_local(r) for r in start.ranks]  # by group rank
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -138,13 +150,14 @@ class MasterStream(StreamThread):
                     return
                 self._take_regroups(block_for=self.versions[-1].layout.version + 1, backoff=waiting.IDLE)
                 continue
+            self._release_ready()
             self._post_qp()
             self._post_inbox()
-            buffer = self._take_chunk(version)
-            notice = int(self.chunks.header(buffer)[Field.REGROUP_VERSION])
+            data, claim = self._take_chunk(version)
+            notice = int(self.chunks.header(data)[Field.REGROUP_VERSION])
             if notice > self.versions[-1].layout.version and self._stays():
                 self._take_regroups(block_for=notice)
-            self._forward(buffer)
+            self._forward(data, claim)
             self.k += 1
             self.chunks_done += 1
 
@@ -221,29 +234,64 @@ class MasterStream(StreamThread):
             request = self.ctx.data_parent.Irecv(buffer, source=root, tag=chunk_tag(self.stream, chunk))
             self.inbox[chunk] = (request, buffer)
 
-    def _take_chunk(self, version: Version) -> np.ndarray:
-        """Chunk `k`: from its preprocessor and on to the other masters (root), or from its root."""
-        layout, chunk, timeout = version.layout, self.k, self.ctx.timeout_s
+    def _take_chunk(self, version: Version) -> tuple[np.ndarray, Claim | None]:
+        """Chunk `k`: from its preprocessor and on to the other masters (root), or from its
+        root; its bytes, and the claim on its slot when it is read in shared memory."""
+        layout, chunk = version.layout, self.k
         root = layout.owner(chunk)
         if root != self.rank:
             request, buffer = self.inbox.pop(chunk)
-            wait_request(request, f"chunk {chunk} of stream {self.stream} from master rank {root}", timeout)
-            return buffer
+            self._wait(request.Test, f"chunk {chunk} of stream {self.stream} from master rank {root}")
+            return self._open(buffer)
         request, buffer = self.qp.pop(chunk)
         source = layout.preprocessors[chunk % len(layout.preprocessors)]
         if request is not None:
-            wait_request(request, f"chunk {chunk} of stream {self.stream} from preprocessor rank {source}", timeout)
-        self._pass_on(layout, chunk, buffer)
-        return buffer
+            self._wait(request.Test, f"chunk {chunk} of stream {self.stream} from preprocessor rank {source}")
+        data, claim = self._open(buffer)
+        self._pass_on(layout, chunk, buffer, data, claim)
+        return data, claim
 
-    def _pass_on(self, layout: StreamLayout, chunk: int, buffer: np.ndarray) -> None:
+    def _open(self, buffer: np.ndarray) -> tuple[np.ndarray, Claim | None]:
+        claim = claim_of(self.chunks.header(buffer))
+        if claim is None:
+            return buffer, None
+        self.pool.sync()  # the preprocessor's writes of the slot come before its descriptor
+        return self.pool.view(claim), claim
+
+    def _pass_on(self, layout: StreamLayout, chunk: int, message: np.ndarray, data: np.ndarray,
+                 claim: Claim | None) -> None:
+        """Chunk `chunk` to the other masters: the descriptor to those that read the slot in
+        place (on this node), the bytes to the rest."""
         while len(self.fanout) >= FANOUT_WINDOW:
             old_chunk, requests = self.fanout.popleft()
             what = f"the other masters of stream {self.stream} to take chunk {old_chunk}"
-            wait_requests(requests, what, self.ctx.timeout_s)
+            self._wait(lambda: all_done(requests), what)
         tag = chunk_tag(self.stream, chunk)
-        others = [m for m in layout.masters if m != self.rank]
-        self.fanout.append((chunk, [self.ctx.data_parent.Issend(buffer, dest=m, tag=tag) for m in others]))
+        requests = []
+        for master in (m for m in layout.masters if m != self.rank):
+            in_place = claim is not None and self.pool.is_local(master)
+            requests.append(self.ctx.data_parent.Issend(message[:HEADER_BYTES] if in_place else data, dest=master, tag=tag))
+            if claim is not None and not in_place:
+                claim.requests.append(requests[-1])
+        self.fanout.append((chunk, requests))
+
+    def _wait(self, test, what: str, backoff=None):
+        """Poll `test` (see `waiting.poll`), releasing the slots this thread is done with meanwhile."""
+        def step():
+            self._release_ready()
+            return test()
+
+        return poll(step, what, self.ctx.timeout_s, backoff)
+
+    def _release_ready(self) -> None:
+        while self.claims and all_done(self.claims[0].requests) and self.pool.released(self.claims[0]):
+            self.pool.release(self.claims.popleft())
+
+    def _drop(self, buffer: np.ndarray) -> None:
+        """A received chunk this thread will not take: release its slot, if it has one."""
+        claim = claim_of(self.chunks.header(buffer))
+        if claim is not None:
+            self.pool.release(claim)
 
     # -- regroups -----------------------------------------------------------------------
 
@@ -257,7 +305,7 @@ class MasterStream(StreamThread):
         tag = stream_tag(self.stream)
         while self.versions[-1].layout.version < block_for and self._stays():
             what = f"regroup {block_for} of stream {self.stream} from the coordinator"
-            command = recv_object(self.ctx.ctrl, 0, tag, what, self.ctx.timeout_s, backoff or waiting.HOT)
+            command = self._wait(lambda: self.ctx.ctrl.improbe(source=0, tag=tag), what, backoff or waiting.HOT).recv()
             if isinstance(command, Regroup) and command.layout.version > self.versions[-1].layout.version:
                 self._apply(command)
 
@@ -268,33 +316,52 @@ class MasterStream(StreamThread):
 
     # -- shares ---------------------------------------------------------------------------
 
-    def _forward(self, buffer: np.ndarray) -> None:
-        if not self.forwarding:
+    def _forward(self, data: np.ndarray, claim: Claim | None) -> None:
+        """The group's shares of a chunk; a claim on its slot is queued for release only once
+        nothing here reads the slot any more (its own rows copied, the workers' sends posted)."""
+        if not self.forwarding or self.leave_requested.is_set():
+            if self.forwarding:
+                self._stop_forwarding()
+            self._queue_release(claim)
             return
-        if self.leave_requested.is_set():
-            self._stop_forwarding()
-            return
-        header = self.chunks.header(buffer)
+        header = self.chunks.header(data)
         count = int(header[Field.COUNT])
         epoch_end = self.clock.consume(count)
-        x, y = self.chunks.images(buffer), self.chunks.labels(buffer)
+        x, y = self.chunks.images(data), self.chunks.labels(data)
         bounds = share_bounds(count, self.group_comm.size)
         for worker, (lo, hi) in enumerate(bounds[1:], start=1):
-            self._send_share(worker, int(header[Field.INDEX]), x[lo:hi], y[lo:hi], Flag.EPOCH_END if epoch_end else Flag.NONE)
-        own_x, own_y = own_rows(x, y, *bounds[0])
+            flags = Flag.EPOCH_END if epoch_end else Flag.NONE
+            self._send_share(worker, int(header[Field.INDEX]), x[lo:hi], y[lo:hi], flags, claim, lo)
+        own_x, own_y = own_rows(x, y, *bounds[0], copy=claim is not None)
+        self._queue_release(claim)
         self.qt.put(Share(own_x, own_y, int(header[Field.INDEX]), epoch_end=epoch_end), self.ctx.timeout_s)
 
-    def _send_share(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int) -> None:
+    def _queue_release(self, claim: Claim | None) -> None:
+        if claim is not None:
+            self.claims.append(claim)
+            self._release_ready()
+
+    def _send_share(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int,
+                    claim: Claim | None = None, start: int = 0) -> None:
         """Two messages: the header with the labels after it, then (if any) the rows straight
-        from the chunk's buffer."""
+        from the chunk's buffer (or slot: the claim then waits for that send); or, for a
+        worker on the slot's node, the header alone, a descriptor of its rows in the slot (the
+        claim then waits for the worker's release)."""
         while len(self.sends) >= 2 * self.send_window * max(1, self.group_comm.size - 1):
             request, _ = self.sends.popleft()
-            wait_request(request, f"worker {worker} of the group to take its share", self.ctx.timeout_s)
+            self._wait(request.Test, f"worker {worker} of the group to take its share")
         head = np.empty(HEADER_WORDS + len(y), np.int64)
         write_header(head[:HEADER_WORDS], chunk, 0, len(y), flags)
+        in_place = claim is not None and len(y) > 0 and self.in_place[worker]
+        if in_place:
+            head[:HEADER_WORDS] = describe(head, claim.owner, claim.slot, claim.ticket)
+            head[Field.SHARE_START] = start
+            claim.readers.append(self.pool.local[self.start_cmd.ranks[worker]])
         head[HEADER_WORDS:] = y
-        for part in (head, x) if len(y) else (head,):
+        for part in (head, x) if len(y) and not in_place else (head,):
             self.sends.append((self.group_comm.Issend(part, dest=worker, tag=SHARE_TAG), part))
+        if claim is not None and len(y) and not in_place:
+            claim.requests.append(self.sends[-1][0])
 
     def _stop_forwarding(self) -> None:
         """The group leaves: tell the workers, then only take part in the broadcast."""
@@ -308,18 +375,28 @@ class MasterStream(StreamThread):
             if self.forwarding and self.error is None:
                 self._stop_forwarding()
             self._cancel_qp()
+            for _, buffer in self.qp.values():  # received, never taken (a job ending on an error)
+                self._drop(buffer)
             self._cancel_inbox()
             for chunk, requests in self.fanout:
                 wait_requests(requests, f"the other masters to take chunk {chunk}", self.ctx.timeout_s)
             for request, _ in self.sends:
                 wait_request(request, "the group's workers to take their last shares", self.ctx.timeout_s)
+            while self.claims:  # (after an error the job is ending: no wait for the workers)
+                claim = self.claims.popleft()
+                if self.error is None:
+                    poll(lambda: self.pool.released(claim), "the group's workers to release their last shares",
+                         self.ctx.timeout_s)
+                self.pool.release(claim)
         finally:
             self.group_comm.Free()
 
     def _cancel_inbox(self) -> None:
-        for chunk, (request, _) in list(self.inbox.items()):
+        for chunk, (request, buffer) in list(self.inbox.items()):
             request.Cancel()
-            wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
+            status = wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
+            if not status.Is_cancelled():
+                self._drop(buffer)
         self.inbox.clear()
 
 
@@ -331,6 +408,7 @@ class WorkerShares(StreamThread):
         self.ctx, self.group_comm = ctx, group_comm
         self.sample_shape = ctx.input_shape
         self.capacity = start.source.chunk_samples
+        self.chunks = ChunkLayout(start.source.chunk_samples, ctx.input_shape)
 
     def _receive(self, buffer: np.ndarray) -> np.ndarray:
         """The next message of the share protocol (header and labels, or rows), into `buffer`."""
@@ -348,9 +426,17 @@ class WorkerShares(StreamThread):
             if flags & Flag.LEAVE:
                 return
             y = head[HEADER_WORDS : HEADER_WORDS + count]
-            x = np.empty((count, *self.sample_shape), np.float32)
-            if count:  # an empty share (fewer rows than the group has trainers) has no rows message
-                self._receive(x)
+            claim = claim_of(head)
+            if claim is not None:  # the rows are in a slot on this node: copy them out, release it
+                pool = self.ctx.pool
+                pool.sync()
+                start = int(head[Field.SHARE_START])
+                x = self.chunks.images(pool.view(claim))[start : start + count].copy()
+                pool.release(claim)
+            else:
+                x = np.empty((count, *self.sample_shape), np.float32)
+                if count:  # an empty share (fewer rows than the group has trainers) has no rows message
+                    self._receive(x)
             if not self.leave_requested.is_set():
                 share = Share(x, y, int(head[Field.INDEX]), epoch_end=bool(flags & Flag.EPOCH_END))
                 self.qt.put(share, self.ctx.timeout_s)
@@ -359,12 +445,12 @@ class WorkerShares(StreamThread):
         self.group_comm.Free()
 
 
-def own_rows(x: np.ndarray, y: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+def own_rows(x: np.ndarray, y: np.ndarray, lo: int, hi: int, copy: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The master's own rows of a chunk's buffer (`x`, `y`: all its rows): views (the buffer is
     this chunk's own), or a copy when they fill less than half of it, so that Qt, bounded in
     samples, does not keep a whole buffer alive per share (a group of 8 would hold 8x the
-    bytes of its samples)."""
-    if 2 * (hi - lo) < len(y):
+    bytes of its samples), or when `copy` (a shared-memory slot, which goes back to its owner)."""
+    if copy or 2 * (hi - lo) < len(y):
         return x[lo:hi].copy(), y[lo:hi].copy()
     return x[lo:hi], y[lo:hi]
 

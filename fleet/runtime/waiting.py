@@ -103,10 +103,15 @@ def wait_request(request: Any, what: str, timeout_s: float, backoff: Backoff | N
 
 def wait_requests(requests: list, what: str, timeout_s: float, backoff: Backoff | None = None) -> None:
     """Wait for every MPI request of `requests`."""
+    if requests:
+        poll(lambda: all_done(requests), what, timeout_s, backoff)
+
+
+def all_done(requests: list) -> bool:
+    """True when every MPI request of `requests` has completed (`Testall`; True for none)."""
     from mpi4py import MPI
 
-    if requests:
-        poll(lambda: MPI.Request.Testall(requests), what, timeout_s, backoff)
+    return not requests or MPI.Request.Testall(requests)
 
 
 def recv_object(comm: Any, source: int, tag: int, what: str, timeout_s: float, backoff: Backoff = IDLE) -> Any:

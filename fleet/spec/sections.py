@@ -250,6 +250,7 @@ class RuntimeSpec(Section):
     qt_samples: PositiveInt = 2048
     qd_batches: PositiveInt = 10
     timeout_s: PositiveFloat = 600.0
+    shared_memory: bool = True  # chunks read in place by the masters of their preprocessor's node
 
     def chunk_size(self, sample_bytes: int) -> int:
         """Samples per chunk: as given, or about `AUTO_CHUNK_BYTES` (8 to 512, a multiple of 8)."""
