@@ -62,8 +62,8 @@ fi
 
 if want 3; then
 echo "== 3. the data path on a 16-core host (no oversubscription)"
-for chunk in 168 256; do python3 bench/pipeline.py --chunk "$chunk" 2>&1 | tail -5; done
-python3 bench/pipeline.py --chunk 168 --trainers 7 2>&1 | tail -5
+for chunk in 168 256; do python3 bench/pipeline.py --chunk "$chunk" --bytes-too 2>&1 | tail -9; done
+python3 bench/pipeline.py --chunk 168 --trainers 7 --bytes-too 2>&1 | tail -9
 fi
 
 if want 4; then
