@@ -72,6 +72,12 @@ def models_for(sweep: int) -> list[dict]:
             for model in MODELS for k in range(sweep)]
 
 
+def runtime_option(text: str) -> tuple[str, object]:
+    """``shared_memory=false`` -> ("shared_memory", False); the value is read as YAML."""
+    key, _, value = text.partition("=")
+    return key, yaml.safe_load(value)
+
+
 def spec_for(policy: str, data: Path, args, device: str = "cpu") -> dict:
     return {
         "name": f"e2e-{policy}", "seed": 11,
@@ -84,7 +90,7 @@ def spec_for(policy: str, data: Path, args, device: str = "cpu") -> dict:
         "train": {"batch_size": 32, "max_epochs": args.epochs, "optimizer": "sgd", "lr": 0.05,
                   "stop": {"patience": 1000}},
         "scheduler": {"policy": policy},
-        "runtime": {"timeout_s": args.wait_timeout},
+        "runtime": {"timeout_s": args.wait_timeout, **dict(runtime_option(text) for text in args.runtime)},
         "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": args.preprocessors,
                     "threads_per_trainer": args.threads, "device": device},
     }
@@ -146,6 +152,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one policy's run may take")
     parser.add_argument("--wait-timeout", type=float, default=600,
                         help="the runtime's timeout_s: how long any rank waits before it aborts the job")
+    parser.add_argument("--runtime", action="append", default=[], metavar="KEY=VALUE",
+                        help="a runtime option of every run's spec, e.g. shared_memory=false (repeatable)")
     parser.add_argument("--keep", metavar="DIR", help="keep the data and every run directory in DIR (new or empty)")
     parser.add_argument("--sweep", type=int, default=1, choices=range(1, len(SWEEP_LR) + 1), metavar="K",
                         help=f"train each architecture at K learning rates (1-{len(SWEEP_LR)}; default 1: 8 models)")
@@ -179,13 +187,19 @@ def main() -> None:
           f"on disk, {args.image_size}x{args.image_size} after resize and crop), "
           f"{args.preprocessors} preprocessor(s) + {args.trainers} {slots}; profiled once in {profile_s:.1f} s")
     print(f"{'policy':<14}{'makespan s':>11}{'vs baseline':>13}{'predicted s':>12}{'predicted vs base':>19}"
-          f"{'rounds':>8}{'decoded':>10}{'decoded/base':>14}{'mean best acc':>15}")
+          f"{'rounds':>8}{'decoded':>10}{'decoded/base':>14}{'mean best acc':>15}{'planning':>10}{'checkpoint':>12}")
     for policy, res in results.items():
         accuracy = "-" if args.emulated else f"{sum(m['best_val_accuracy'] for m in res['models']) / len(res['models']):.3f}"
         print(f"{policy:<14}{res['makespan_s']:>11.1f}{base['makespan_s'] / res['makespan_s']:>12.2f}x"
               f"{predicted[policy]:>12.1f}{predicted['baseline'] / predicted[policy]:>18.2f}x"
               f"{res['rounds']:>8}{res['samples_decoded']:>10,}{res['samples_decoded'] / base['samples_decoded']:>14.2f}"
-              f"{accuracy:>15}")
+              f"{accuracy:>15}{share(res, 'planning'):>10}{share(res, 'checkpoint'):>12}")
+    print("planning, checkpoint: the run's overhead seconds (results.json) as a share of its makespan; "
+          "checkpoint seconds are summed over the models, which checkpoint side by side")
+
+
+def share(result: dict, overhead: str) -> str:
+    return f"{100 * result['overhead_s'][overhead] / result['makespan_s']:.3f}%"
 
 
 if __name__ == "__main__":

@@ -224,8 +224,10 @@ class RefiningCoordinator:
         pass
 
 
-def test_measured_rates_are_not_weighed_for_rate_blind_policies_nor_again_within_ten_percent():
-    for name in ("baseline", "homogeneous"):  # their plans never read a rate: nothing to weigh
+def test_measured_rates_are_weighed_only_where_they_can_change_a_plan_and_once_within_ten_percent():
+    # baseline and homogeneous never read a rate; fleet-adaptive rescales its own curves by
+    # each epoch's measured rate: the coordinator's weighing could not change their plans
+    for name in ("baseline", "homogeneous", "fleet-adaptive"):
         blind = RefiningCoordinator(name, checkpoint_s=0.0)
         blind.refiner.observe("a", 1, 25.0)
         blind._refine_rates()

@@ -248,7 +248,7 @@ class Coordinator:
         """Before the policy may plan: fold the measured rates in when the simulator predicts
         a gain above the cost of the change (see `fleet.schedule.refine`). A proposal within
         `MIN_CHANGE` of one already turned down is not weighed again."""
-        if self.interrupted or not self.refiner.measured or not self.policy.plans_with_rates:
+        if self.interrupted or not self.refiner.measured or not self.policy.uses_refined_rates:
             return
         began = time.perf_counter()
         weighed = self._weigh_measured_rates()

@@ -287,9 +287,10 @@ class Policy(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    #: False for a policy whose decisions never read the rate values (only the model ids):
-    #: the runtime then does not weigh measured rates, which cannot change its plan.
-    plans_with_rates: ClassVar[bool] = True
+    #: False where the runtime's weighing of measured rates (`fleet.schedule.refine`) cannot
+    #: change this policy's plans: it never reads the rate values (only the model ids), or it
+    #: folds every epoch's measured rate into rates of its own. The runtime then skips it.
+    uses_refined_rates: ClassVar[bool] = True
 
     @abc.abstractmethod
     def start(self, view: ClusterView) -> Decision:

@@ -97,6 +97,9 @@ class FleetAdaptive(Policy):
     """
 
     name = "fleet-adaptive"
+    # each epoch's measured rate rescales the model's curve here (`on_epoch`), as the runtime's
+    # refinement would (measured entry in, the other counts by the same factor), and unweighed
+    uses_refined_rates = False
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ class Homogeneous(Policy):
     """
 
     name = "homogeneous"
-    plans_with_rates = False  # the order is random, the GPUs one per model
+    uses_refined_rates = False  # the order is random, the GPUs one per model
 
     def __init__(self, seed: int = 0):
         self.rng = np.random.default_rng(seed)
