@@ -160,6 +160,28 @@ def test_chunks_read_in_shared_memory_train_exactly_as_chunks_sent_as_bytes(tmp_
         np.testing.assert_allclose(losses[True][model], losses[False][model], rtol=1e-6)
 
 
+def test_a_node_without_room_in_dev_shm_sends_chunks_as_messages(tmp_path):
+    """Where /dev/shm has less free than the chunk pool needs (here: none, as a patch of the
+    check), the node says so once and its chunks go by MPI messages; the run completes."""
+    n = digits_train_size(0.2, 1)
+    spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp", "name": "a"}],
+                      {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "emulated"},
+                      "fleet-g", train={"batch_size": 32, "max_epochs": 2})
+    run_dir = tmp_path / "run"
+    write_profile(run_dir, {"a": 3000.0}, {"a": 2}, 2, n, 2)
+    patched = ("import sys; import fleet.runtime.shm as shm; shm.shm_free_bytes = lambda path='/dev/shm': 0; "
+               "from fleet.cli import main; sys.exit(main())")
+    command = [*mpi_launcher(), "-n", "3", sys.executable, "-c", patched, "train", str(spec), "--run-dir", str(run_dir),
+               "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "/dev/shm has 0 MiB free" in line]
+    assert len(said) == 1 and "chunks go by MPI messages" in said[0], done.stdout[-2000:]
+    res = results(run_dir)
+    assert res["chunks_in_shared_memory"] == 0 and epochs_by_model(run_dir) == {"a": [1, 2]}
+
+
 def emulated_workload(count: int, seed: int, low: float, high: float) -> tuple[dict, dict]:
     rng = np.random.default_rng(seed)
     names = [f"m{i:02d}" for i in range(count)]
