@@ -45,6 +45,8 @@ from pathlib import Path
 
 import yaml
 
+from pipeline import runtime_option  # bench/pipeline.py, beside this script
+
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("fleet-g", "fleet-adaptive", "baseline", "homogeneous")
 
@@ -70,12 +72,6 @@ def models_for(sweep: int) -> list[dict]:
         return MODELS
     return [{**model, "name": f"{model['name']}-lr{k}", "train": {"lr": SWEEP_LR[k]}}
             for model in MODELS for k in range(sweep)]
-
-
-def runtime_option(text: str) -> tuple[str, object]:
-    """``shared_memory=false`` -> ("shared_memory", False); the value is read as YAML."""
-    key, _, value = text.partition("=")
-    return key, yaml.safe_load(value)
 
 
 def spec_for(policy: str, data: Path, args, device: str = "cpu") -> dict:

@@ -32,7 +32,7 @@ def test_a_slot_is_free_again_only_when_every_reader_wrote_its_ticket():
     done[a, 2] = ticket_a - 1  # an older use of the slot does not count
     assert not slots.reclaim()
     done[a, 2] = ticket_a
-    assert slots.reclaim() and slots.take() == a and slots.used == 1
+    assert slots.reclaim() and slots.take() == a and slots.ticket == 1
 
 
 def test_a_slot_never_released_times_out_naming_the_late_master():

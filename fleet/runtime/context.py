@@ -76,6 +76,11 @@ class RunContext:
         return self.spec.runtime.chunk_size(4 * c * h * w)
 
     @cached_property
+    def qp_chunks(self) -> int:
+        """`runtime.qp_samples` in chunks (at least one): a preprocessor's window of chunks in flight."""
+        return max(1, self.spec.runtime.qp_samples // self.chunk_samples)
+
+    @cached_property
     def pipeline(self):
         from preprocess.transforms import Pipeline
 

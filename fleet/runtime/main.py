@@ -127,9 +127,8 @@ def _chunk_pool(ctx):
     from fleet.runtime.shm import create_pool
     from fleet.runtime.stream import FANOUT_WINDOW
 
-    window = max(1, ctx.spec.runtime.qp_samples // ctx.chunk_samples)  # a preprocessor's Qp, in chunks
     slot_bytes = ChunkLayout(ctx.chunk_samples, ctx.input_shape).nbytes
-    return create_pool(ctx.world, ctx.topology, 2 * window + FANOUT_WINDOW, slot_bytes, ctx.timeout_s)
+    return create_pool(ctx.world, ctx.topology, 2 * ctx.qp_chunks + FANOUT_WINDOW, slot_bytes, ctx.timeout_s)
 
 
 def _from_rank0(ctx, make, what: str) -> Any:

@@ -153,8 +153,7 @@ class PreprocessorLoop:
         self.streams: dict[int, StreamProducer] = {}
         self.turn = 0
         self.decoded = 0
-        rt = ctx.spec.runtime
-        self.window_total = max(1, rt.qp_samples // ctx.chunk_samples)
+        self.window_total = ctx.qp_chunks
         self.slots = ctx.pool.slots_of(ctx.rank) if ctx.pool is not None else None
 
     def run(self) -> None:

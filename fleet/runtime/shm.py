@@ -63,6 +63,11 @@ def claim_of(header: np.ndarray) -> Claim | None:
     return Claim(owner, slot, int(header[Field.SHM_TICKET]))
 
 
+def unreleased(done: np.ndarray, slot: int, ticket: int, readers) -> list[int]:
+    """The readers (node-local indices) whose cell of `slot`'s row does not show `ticket` yet."""
+    return [r for r in readers if done[slot, r] != ticket]
+
+
 @dataclass
 class Held:
     slot: int
@@ -80,8 +85,7 @@ class Slots:
         self.done, self.buffers, self.sync = done, buffers, sync
         self.free = list(range(len(buffers)))[::-1]
         self.held: list[Held] = []
-        self.ticket = 0
-        self.used = 0  # chunks that went through a slot
+        self.ticket = 0  # also the count of chunks that went through a slot
 
     def take(self) -> int | None:
         return self.free.pop() if self.free else None
@@ -89,7 +93,6 @@ class Slots:
     def hold(self, slot: int, readers: tuple[int, ...], what: str) -> int:
         """Mark `slot` as read by `readers` until they release it; returns its ticket."""
         self.ticket += 1
-        self.used += 1
         self.held.append(Held(slot, self.ticket, readers, what, time.monotonic()))
         return self.ticket
 
@@ -99,7 +102,7 @@ class Slots:
 
     def reclaim(self) -> bool:
         """Free every held slot whose readers all released it; True if any was."""
-        ready = [h for h in self.held if all(self.done[h.slot, r] == h.ticket for r in h.readers)]
+        ready = [h for h in self.held if not unreleased(self.done, h.slot, h.ticket, h.readers)]
         if not ready:
             return False
         self.sync()  # the readers' reads of the slots come before its reuse
@@ -112,7 +115,7 @@ class Slots:
         now = time.monotonic()
         for h in self.held:
             if now - h.since > timeout_s:
-                late = [rank_of(r) for r in h.readers if self.done[h.slot, r] != h.ticket]
+                late = [rank_of(r) for r in unreleased(self.done, h.slot, h.ticket, h.readers)]
                 raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for master rank(s) "
                                   f"{', '.join(map(str, late))} to release {h.what} from shared memory")
 
@@ -149,8 +152,7 @@ class ChunkPool:
 
     def released(self, claim: Claim) -> bool:
         """True once every reader of `claim` has released the slot."""
-        done = self.segments[claim.owner][0]
-        return all(done[claim.slot, r] == claim.ticket for r in claim.readers)
+        return not unreleased(self.segments[claim.owner][0], claim.slot, claim.ticket, claim.readers)
 
     def release(self, claim: Claim) -> None:
         """This rank is done with the claim's slot (its reads of it come first)."""
@@ -195,7 +197,8 @@ def create_pool(world: Any, topology: Any, slots: int, slot_bytes: int, timeout_
     shared.Free()
     try:
         node_ranks = list(MPI.Group.Translate_ranks(node.Get_group(), list(range(node.size)), world.Get_group()))
-        owners = [r for r in node_ranks if r in set(topology.preprocessor_ranks())]
+        preprocessors = set(topology.preprocessor_ranks())
+        owners = [r for r in node_ranks if r in preprocessors]
         if not owners:
             return None
         size = segment_bytes(slots, len(node_ranks), slot_bytes)

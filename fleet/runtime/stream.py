@@ -406,8 +406,6 @@ class WorkerShares(StreamThread):
     def __init__(self, ctx, start: StartMember, group_comm: Any, qt: SampleQueue):
         super().__init__(f"shares-{start.layout.stream}", qt)
         self.ctx, self.group_comm = ctx, group_comm
-        self.sample_shape = ctx.input_shape
-        self.capacity = start.source.chunk_samples
         self.chunks = ChunkLayout(start.source.chunk_samples, ctx.input_shape)
 
     def _receive(self, buffer: np.ndarray) -> np.ndarray:
@@ -421,7 +419,7 @@ class WorkerShares(StreamThread):
 
     def stream_loop(self) -> None:
         while True:
-            head = self._receive(np.empty(HEADER_WORDS + self.capacity, np.int64))
+            head = self._receive(np.empty(HEADER_WORDS + self.chunks.capacity, np.int64))
             flags, count = int(head[Field.FLAGS]), int(head[Field.COUNT])
             if flags & Flag.LEAVE:
                 return
@@ -434,7 +432,7 @@ class WorkerShares(StreamThread):
                 x = self.chunks.images(pool.view(claim))[start : start + count].copy()
                 pool.release(claim)
             else:
-                x = np.empty((count, *self.sample_shape), np.float32)
+                x = np.empty((count, *self.chunks.sample_shape), np.float32)
                 if count:  # an empty share (fewer rows than the group has trainers) has no rows message
                     self._receive(x)
             if not self.leave_requested.is_set():
