@@ -1,7 +1,9 @@
 import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,17 @@ def mpi_launcher() -> list[str]:
         pytest.skip("no mpiexec beside sys.executable or on PATH")
 
 
+def quiet_mpi_launcher() -> list[str]:
+    """`mpi_launcher()`, with ``--quiet`` for Open MPI: its mpirun reports ranks that exit non-zero
+    in a block of its own on stderr (MPICH's says nothing), which a test of fleet's one-line
+    errors must not count. Not for `fleet run`: ``--quiet`` also hides a missing executable."""
+    from fleet.runtime.launch import mpiexec_version
+
+    launcher = mpi_launcher()
+    version = mpiexec_version(launcher[0])
+    return [*launcher, "--quiet"] if "Open MPI" in version or "OpenRTE" in version else launcher
+
+
 def run_mpi(ranks: int, *args: str, timeout: float = 300, env: dict | None = None, cwd: Path = REPO):
     """`fleet ARGS` on `ranks` ranks under a real mpiexec; returns the completed process."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -49,9 +62,12 @@ def run_mpi(ranks: int, *args: str, timeout: float = 300, env: dict | None = Non
 SHM = Path("/dev/shm")
 
 
-def _mpich_segments() -> set[str]:
+SEGMENT_PREFIXES = ("mpich_shm_", "vader_segment.", "osc_sm.")  # MPICH; Open MPI's vader BTL and osc/sm windows
+
+
+def _mpi_segments() -> set[str]:
     try:
-        return {p.name for p in SHM.iterdir() if p.name.startswith("mpich_shm_")}
+        return {p.name for p in SHM.iterdir() if p.name.startswith(SEGMENT_PREFIXES)}
     except OSError:
         return set()
 
@@ -67,18 +83,24 @@ def _mapped_names() -> str:
     return "".join(maps)
 
 
+def _openmpi_session_dirs() -> set[Path]:
+    """Open MPI's per-mpirun session directories, /tmp/ompi.HOST.UID/pid.PID."""
+    return set(Path(tempfile.gettempdir()).glob("ompi.*/pid.*"))
+
+
 @pytest.fixture(scope="session", autouse=True)
-def remove_leaked_mpich_segments():
-    """MPICH unlinks its shared-memory segment in /dev/shm at MPI_Finalize; a job ended by
-    SIGKILL or MPI_Abort (the tests that kill a job or time one out) leaves it behind, a few
-    MB each, and /dev/shm is memory. Remove the ones this session created that no process
-    maps any more."""
-    before = _mpich_segments()
+def remove_leaked_mpi_segments():
+    """MPI unlinks its shared-memory segments in /dev/shm at MPI_Finalize; a job ended by
+    SIGKILL or MPI_Abort (the tests that kill a job or time one out) leaves them behind, a few
+    MB each, and /dev/shm is memory (Open MPI's mpirun also leaves its session directory in
+    /tmp). Remove the ones this session created that no process uses any more."""
+    before, sessions_before = _mpi_segments(), _openmpi_session_dirs()
     yield
-    leaked = _mpich_segments() - before
-    if not leaked:
-        return
-    in_use = _mapped_names()
+    leaked = _mpi_segments() - before
+    in_use = _mapped_names() if leaked else ""
     for name in leaked:
         if name not in in_use:
             (SHM / name).unlink(missing_ok=True)
+    for session in _openmpi_session_dirs() - sessions_before:
+        if not Path("/proc", session.name.removeprefix("pid.")).exists():
+            shutil.rmtree(session, ignore_errors=True)

@@ -158,6 +158,7 @@ def shim_env(**extra: str) -> dict:
             **extra}
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_lsf_script_trains_through_the_jsrun_shim(tmp_path):
     script = write_script(tmp_path, "lsf")
@@ -189,6 +190,7 @@ world.rank or print(json.dumps(every))
 """
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_jsrun_shim_gives_each_erf_rank_its_gpu(tmp_path):
     job = BatchJob(BatchSystem.LSF, "t", str(tmp_path / "s.yaml"), str(tmp_path), str(tmp_path), nodes=2,

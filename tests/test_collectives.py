@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ MPI_DIR = REPO / "tests" / "mpi"
 sys.path.append(str(MPI_DIR))  # collective_cases, also the home of the user model `plain_cnn`
 
 import collective_cases as cases  # noqa: E402
+from conftest import mpi_launcher  # noqa: E402
 
 TOL = {"float32": 1e-5, "float64": 1e-12}
 EQUIVALENCE_RTOL = 1e-5
@@ -188,19 +188,11 @@ def test_cuda_engine_in_a_group_of_one(kind):
 # -- tier 2: real mpiexec -----------------------------------------------------------------------
 
 
-def mpiexec_path() -> str | None:
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
 def run_ranks(size: int, suite: str, timeout: float = 150) -> tuple[list[dict], subprocess.CompletedProcess]:
     """Run collective_main.py SUITE on `size` ranks; the JSON line of every rank, by rank."""
-    mpiexec = mpiexec_path()
-    if mpiexec is None:
-        pytest.skip("no mpiexec")
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-    command = [mpiexec, "-n", str(size), sys.executable, str(MPI_DIR / "collective_main.py"), suite]
+    command = [*mpi_launcher(), "-n", str(size), sys.executable, str(MPI_DIR / "collective_main.py"), suite]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     except subprocess.TimeoutExpired as exc:
@@ -227,6 +219,7 @@ def world_checks(request):
     return request.param, results
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_sums_and_broadcasts_on_every_rank(world_checks):
     size, results = world_checks
@@ -237,6 +230,7 @@ def test_sums_and_broadcasts_on_every_rank(world_checks):
             assert len({r[f"{name}/{dtype}/crc"] for r in results}) == 1, "members got different sums"
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_group_of_m_equals_one_process_on_the_global_batch(world_checks):
     """The runtime issue's test: m trainers give the losses and weights of one process."""
@@ -247,6 +241,7 @@ def test_group_of_m_equals_one_process_on_the_global_batch(world_checks):
         assert len({r[f"{key}/param_crc"] for r in results}) == 1, f"{key}: replicas diverged"
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_thirty_groups_leave_no_threads_or_fds(world_checks):
     _, results = world_checks
@@ -254,6 +249,7 @@ def test_thirty_groups_leave_no_threads_or_fds(world_checks):
         check_churn(result)
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_waiting_for_a_late_rank_does_not_spin():
     results, _ = run_ranks(2, "nospin")
@@ -264,6 +260,7 @@ def test_waiting_for_a_late_rank_does_not_spin():
         assert waited["cpu_share"] < 0.3, (name, waited)
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_a_rank_that_never_joins_gives_a_wait_timeout_naming_the_operation():
     results, _ = run_ranks(2, "timeout")

@@ -82,11 +82,20 @@ def epochs_by_model(run_dir: Path) -> dict[str, list[int]]:
     return out
 
 
-def start_train(ranks: int, spec: Path, run_dir: Path, **popen) -> subprocess.Popen:
-    """`fleet train` under mpiexec in the background, in a session of its own (for killpg)."""
+def start_train(ranks: int, spec: Path, run_dir: Path) -> subprocess.Popen:
+    """`fleet train` under mpiexec in the background, in a session of its own (for killpg);
+    its stdout and stderr go to `job_log(run_dir)`. The environment is passed as os.environ
+    holds it: Open MPI's singleton MPI_Init (test_collectives imports mpi4py in this process)
+    sets variables in the C environment that a child's mpirun would take for its own job's."""
     command = [*mpi_launcher(), "-n", str(ranks), sys.executable, "-m", "fleet", "train", str(spec), "--run-dir",
                str(run_dir), "--quiet"]
-    return subprocess.Popen(command, start_new_session=True, **popen)
+    with job_log(run_dir).open("w") as log:
+        return subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def job_log(run_dir: Path) -> Path:
+    return run_dir.with_name(run_dir.name + ".log")
 
 
 def wait_for_epochs(job: subprocess.Popen, run_dir: Path, count: int, before: str) -> None:
@@ -97,12 +106,13 @@ def wait_for_epochs(job: subprocess.Popen, run_dir: Path, count: int, before: st
         if sum(len(v) for v in done.values()) >= count:
             break
         time.sleep(0.02)
-    assert job.poll() is None, f"the job finished before {before}"
+    assert job.poll() is None, f"the job finished ({job.returncode}) before {before}:\n" + job_log(run_dir).read_text()[-3000:]
 
 
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.openmpi
 def test_four_ranks_real_training_shares_a_stream_and_releases_gpus(tmp_path):
     """1 node: 3 trainers + 1 preprocessor; real torch MLPs; rates from a profile so that Alg. 2
     puts a (r(1) = 1000) and c (r(2) = 1009) on one stream, c on a 2-trainer group, and b
@@ -132,6 +142,7 @@ def test_four_ranks_real_training_shares_a_stream_and_releases_gpus(tmp_path):
     assert res["samples_decoded"] >= 3 * n  # b and c trained 3 epochs on one stream
 
 
+@pytest.mark.openmpi
 def test_chunks_read_in_shared_memory_train_exactly_as_chunks_sent_as_bytes(tmp_path):
     """The same real training with the node's chunk pool and without it (`runtime.shared_memory`):
     the masters and the worker of c's 2-trainer group read their rows in place, or get them in
@@ -190,6 +201,7 @@ def emulated_workload(count: int, seed: int, low: float, high: float) -> tuple[d
     return rates, epochs
 
 
+@pytest.mark.openmpi
 def test_six_ranks_two_virtual_nodes_reflotillation(tmp_path):
     """2 virtual nodes x (2 trainers + 1 preprocessor), emulated: FLEET-G re-plans over several
     rounds, checkpointing and resuming models; no epoch is lost or repeated."""
@@ -271,6 +283,7 @@ def test_decode_once_for_all_models_of_a_stream(tmp_path):
     assert res["samples_decoded"] == n
 
 
+@pytest.mark.openmpi
 def test_resume_after_kill_continues_exactly(tmp_path):
     """Kill the job between epochs, start it again on the same run directory: no completed
     epoch is lost and the continuation matches an uninterrupted run loss for loss."""
@@ -282,7 +295,7 @@ def test_resume_after_kill_continues_exactly(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", models, cluster, "baseline", data=data, train=train_cfg)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     train(3, spec, whole)
-    job = start_train(3, spec, killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = start_train(3, spec, killed)
     try:
         wait_for_epochs(job, killed, 3, "it could be killed")
     finally:
@@ -316,7 +329,8 @@ def rank_pids(run_dir: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("signum, policy, rot", [(signal.SIGUSR1, "fleet-g", False), (signal.SIGTERM, "fleet-g", True),
+@pytest.mark.parametrize("signum, policy, rot", [pytest.param(signal.SIGUSR1, "fleet-g", False, marks=pytest.mark.openmpi),
+                                                 (signal.SIGTERM, "fleet-g", True),
                                                  (signal.SIGUSR1, "baseline", True)],
                          ids=["usr1", "term-rotten-checkpoint", "usr1-baseline-rotten-checkpoint"])
 def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path, signum, policy, rot):
@@ -334,17 +348,18 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
     train_cfg = {"batch_size": 32, "max_epochs": 4, "optimizer": "sgd", "lr": 0.05}
     spec = write_spec(tmp_path / "s.yaml", models, cluster, policy, data=data, train=train_cfg)
     run_dir = tmp_path / "run"
-    job = start_train(3, spec, run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = start_train(3, spec, run_dir)
     try:
         wait_for_epochs(job, run_dir, 2, "the signal")
         time.sleep(0.3)  # into the next epoch: the checkpoint lands mid-epoch
         for pid in rank_pids(run_dir):
             os.kill(pid, signum)
-        output, _ = job.communicate(timeout=120)
+        job.wait(timeout=120)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+    output = job_log(run_dir).read_text()
     assert job.returncode == 75, output[-3000:]
     assert "checkpoint signal" in output and "to resume" in output
     first = results(run_dir)

@@ -1,13 +1,15 @@
 """The runtime's pure pieces, without processes: chunks, stream order, queues, books, regroups, launch."""
 
+import shutil
 from collections import deque
 
 import numpy as np
 import pytest
 
+from fleet.errors import UserError
 from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
-from fleet.runtime.launch import local_launch_flags, mpiexec_command
+from fleet.runtime.launch import find_mpiexec, local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, StreamLayout, StreamSource
 from fleet.runtime.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.stream import MemberClock, own_rows
@@ -253,6 +255,18 @@ def test_mpiexec_command_for_one_and_several_nodes():
     assert local_launch_flags("HYDRA build details:\n Version: 5.0") == ["-launcher", "fork"]
     assert local_launch_flags("mpiexec (Open MPI) 5.0.3") == ["--oversubscribe"]
     assert local_launch_flags("something else") == []
+
+
+def test_fleet_mpiexec_chooses_the_launcher_and_a_wrong_one_is_named(tmp_path):
+    beside = tmp_path / "venv" / "bin"
+    beside.mkdir(parents=True)
+    (beside / "mpiexec").write_text("")
+    python = str(beside / "python")
+    assert find_mpiexec(python, {}) == str(beside / "mpiexec")
+    assert find_mpiexec(python, {"FLEET_MPIEXEC": "/bin/sh"}) == "/bin/sh"
+    assert find_mpiexec(python, {"FLEET_MPIEXEC": "sh"}) == shutil.which("sh")
+    with pytest.raises(UserError, match=r"^FLEET_MPIEXEC: '/no/mpirun' is not an executable file or a command on PATH$"):
+        find_mpiexec(python, {"FLEET_MPIEXEC": "/no/mpirun"})
 
 
 class RecordingCoordinator:

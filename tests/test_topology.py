@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 
 from fleet.errors import UserError
-from fleet.runtime.jobenv import JobEnv
+from fleet.runtime.jobenv import JobEnv, Launcher
 from fleet.runtime.topology import (
     RankPlacement,
     Role,
     Topology,
+    LaunchMismatch,
     TopologyError,
     assign_roles,
     bind_device,
+    check_launch,
     node_of_rank_virtual,
     number_nodes,
 )
@@ -241,3 +243,18 @@ def test_too_few_visible_gpus(devices, count, shown):
     assert message.startswith("cluster.gpus_per_node: 2 trainers per node, but rank 5 (trainer 1 on node 1) sees ")
     assert f"sees {seen} GPU" in message and f"CUDA_VISIBLE_DEVICES {shown}" in message
     assert "\n" not in message
+
+
+def test_one_rank_world_under_a_launcher_of_several_is_a_mismatch_said_by_its_rank_0():
+    for rank in (0, 2):
+        env = JobEnv(launcher=Launcher.OPENMPI, rank=rank, size=3)
+        with pytest.raises(LaunchMismatch, match=r"^launch: the launcher \(openmpi\) started 3 ranks but MPI "
+                           r"sees 1 in each: mpi4py is built with MPICH 5.0.2,") as caught:
+            check_launch(1, env, "MPICH 5.0.2")
+        assert caught.value.prints is (rank == 0)
+        assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("world, size", [(1, 1), (1, None), (4, 4), (4, 1)])
+def test_a_world_the_launcher_agrees_with_or_cannot_judge_is_no_mismatch(world, size):
+    check_launch(world, JobEnv(launcher=Launcher.MPICH, rank=0, size=size), "Open MPI 4.1.4")

@@ -8,17 +8,16 @@ fit the ranks must end every rank with status 2 and exactly one line on stderr.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import quiet_mpi_launcher
 from fleet.runtime.jobenv import JobEnv
 from fleet.runtime.topology import (
     HOSTNAME_BYTES,
@@ -78,26 +77,9 @@ def test_single_rank_virtual_nodes(comm_self, ranks_per_node, virtual):
 # --- tier 2: a real mpiexec -------------------------------------------------------------
 
 
-def find_mpiexec() -> str | None:
-    """The mpiexec beside this Python (the venv's mpich wheel), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
-@functools.cache
-def mpiexec_command(n: int) -> list[str]:
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        pytest.skip("no mpiexec beside sys.executable or on PATH")
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
-    if "HYDRA" in version:  # fork locally, even inside a Slurm allocation
-        return [mpiexec, "-launcher", "fork", "-n", str(n)]
-    return [mpiexec, "--oversubscribe", "-n", str(n)]  # Open MPI
-
-
 def run_probe(n: int, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*mpiexec_command(n), sys.executable, str(PROBE), *args],
+        [*quiet_mpi_launcher(), "-n", str(n), sys.executable, str(PROBE), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -129,6 +111,7 @@ def assert_quiet(proc: subprocess.CompletedProcess) -> None:
         assert "BAD TERMINATION" not in text and "Abort(" not in text and "Traceback" not in text
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_hostname_discovery_finds_this_machine():
     proc = run_probe(4, "--gpus-per-node", "2")
@@ -144,6 +127,7 @@ def test_hostname_discovery_finds_this_machine():
     assert [r["env"]["local_rank"] for r in found] == [0, 1, 2, 3]
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     "how", [["--ranks-per-node", "3"], ["--virtual"]], ids=["ranks-per-node", "virtual-nodes"]
@@ -159,6 +143,7 @@ def test_virtual_nodes_split_one_machine(how):
     assert first["gpus"] == [None, 0, 1, None, 2, 3]
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     "n, args, line",
@@ -185,3 +170,39 @@ def test_mismatch_ends_every_rank_with_2_and_one_line(n, args, line):
     assert proc.stderr.splitlines() == [line]
     assert records(proc.stdout, n) == [{"rank": r, "exit": 2} for r in range(n)]
     assert_quiet(proc)
+
+
+def foreign_launcher_env(rank: int, size: int) -> dict[str, str]:
+    """What a launcher of another MPI than mpi4py's sets: Open MPI's under MPICH, Hydra's under Open MPI."""
+    from mpi4py import MPI
+
+    if MPI.get_vendor()[0] == "MPICH":
+        return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+                "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(size)}
+    return {"PMI_RANK": str(rank), "PMI_SIZE": str(size)}
+
+
+@pytest.mark.openmpi
+@pytest.mark.mpi
+def test_another_mpis_launcher_is_one_line_from_its_rank_0_and_exit_2_everywhere(tmp_path):
+    """mpi4py built for one MPI, started by another's launcher: each rank is a world of one. The
+    launcher's rank 0 says so in one line; the others exit 2 quietly; no run directory is made."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\n"
+        "cluster: {nodes: 1, gpus_per_node: 2, preprocessors_per_node: 1}\n"
+    )
+    run_dir = tmp_path / "run"
+    procs = [
+        subprocess.run(
+            [sys.executable, "-m", "fleet", "train", str(spec), "--run-dir", str(run_dir)],
+            cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **foreign_launcher_env(rank, 3)},
+        )
+        for rank in (0, 1)
+    ]
+    assert [p.returncode for p in procs] == [2, 2], procs
+    lines = procs[0].stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleet train: error: launch: the launcher "), lines
+    assert "started 3 ranks but MPI sees 1 in each: mpi4py is built with " in lines[0]
+    assert procs[1].stderr == "" and not run_dir.exists()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.errors import UserError
@@ -66,8 +68,15 @@ def mpiexec_command(
     return command
 
 
-def find_mpiexec(python: str = sys.executable) -> str:
-    """The mpiexec beside this Python (the mpich wheel's), else the first on PATH."""
+def find_mpiexec(python: str = sys.executable, environ: Mapping[str, str] = os.environ) -> str:
+    """``$FLEET_MPIEXEC`` when set (a path, or a name on PATH), else the mpiexec beside this
+    Python (the mpich wheel's), else the first on PATH."""
+    chosen = environ.get("FLEET_MPIEXEC")
+    if chosen:
+        found = shutil.which(chosen)
+        if found is None:
+            raise UserError(f"FLEET_MPIEXEC: {chosen!r} is not an executable file or a command on PATH")
+        return found
     beside = Path(python).parent / "mpiexec"
     if beside.exists():
         return str(beside)

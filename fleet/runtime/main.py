@@ -32,6 +32,10 @@ class TrainOptions:
 
 
 def train_entry(options: TrainOptions) -> int:
+    import warnings
+
+    # mpi4py's three-line warning about another MPI's launcher: `check_launch` says it in one
+    warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
     from mpi4py import MPI
 
     from fleet.runtime.signals import install_checkpoint_signals
@@ -67,13 +71,15 @@ def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
     """`_start`; an error every rank meets alike (spec, topology, run directory) ends the job
     cleanly: rank 0 prints one line and every rank exits 2."""
     from fleet.runtime.process import exit_all
-    from fleet.runtime.topology import TopologyError
+    from fleet.runtime.topology import LaunchMismatch, TopologyError
     from fleet.spec import SpecError
 
     try:
         return _start(world, who, options)
     except (SpecError, TopologyError, SameOnEveryRank) as exc:
         exit_all(world, UserError.exit_code, f"fleet train: error: {exc}")
+    except LaunchMismatch as exc:
+        exit_all(world, UserError.exit_code, f"fleet train: error: {exc}" if exc.prints else None)
 
 
 class SameOnEveryRank(UserError):
@@ -84,13 +90,15 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     """Spec, topology and communicators; rank 0 prepares the run directory and the plan."""
     from fleet.runtime.context import RunContext
     from fleet.runtime.jobenv import read_job_env
-    from fleet.runtime.topology import bind_device, build_topology
+    from fleet.runtime.process import mpi_library
+    from fleet.runtime.topology import bind_device, build_topology, check_launch
     from fleet.spec import load_spec
 
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
     if options.device:
         spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"device": options.device})})
     env = read_job_env(os.environ)
+    check_launch(world.Get_size(), env, mpi_library())
     topology = build_topology(world, spec.cluster, env, options.ranks_per_node)
     placement = topology.placements[world.rank]
     who.role, who.node = placement.role.value, placement.node

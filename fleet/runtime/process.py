@@ -48,6 +48,14 @@ def exit_all(world: Any, code: int, message: str | None = None, root: int = 0) -
     raise SystemExit(code)
 
 
+def mpi_library() -> str:
+    """The MPI that mpi4py was built with, e.g. ``Open MPI 4.1.4``."""
+    from mpi4py import MPI
+
+    name, version = MPI.get_vendor()
+    return f"{name} {'.'.join(map(str, version))}"
+
+
 def finalize_mpi() -> None:
     """Finalize MPI if this process initialized it and has not finalized it yet."""
     if "mpi4py.MPI" not in sys.modules:

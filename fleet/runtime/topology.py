@@ -40,6 +40,36 @@ class TopologyError(UserError):
     """The job's ranks do not fit `cluster` (one line, starts with ``cluster``, exit 2)."""
 
 
+class LaunchMismatch(UserError):
+    """MPI sees one rank where the launcher started several, so every rank is a job of its own.
+
+    Each such rank raises it; only the launcher's rank 0 (`prints`) should say so.
+    """
+
+    def __init__(self, message: str, prints: bool):
+        super().__init__(message)
+        self.prints = prints
+
+
+def check_launch(world_size: int, env: JobEnv, library: str) -> None:
+    """Raise `LaunchMismatch` when MPI's world is one rank but the launcher says it started more.
+
+    That is mpi4py built against another MPI than the launcher's (the mpich wheel under a
+    system mpirun, mpi4py for Open MPI under MPICH's mpiexec, srun without the PMI the library
+    needs): the ranks would never meet, and each would find the job too small. `library`
+    names the MPI that mpi4py was built with.
+    """
+    if world_size != 1 or (env.size or 1) <= 1:
+        return
+    raise LaunchMismatch(
+        f"launch: the launcher ({env.launcher.value}) started {env.size} ranks but MPI sees 1 in each: "
+        f"mpi4py is built with {library}, which does not speak this launcher's protocol; start the job "
+        f"with that MPI's mpiexec, or rebuild mpi4py against the launcher's MPI "
+        f"(MPICC=mpicc pip install --no-binary=mpi4py mpi4py)",
+        prints=env.rank in (0, None),
+    )
+
+
 class Role(str, Enum):
     PREPROCESSOR = "preprocessor"
     TRAINER = "trainer"
