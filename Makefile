@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_DATA := data/quickstart
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv clean-demo
+.PHONY: demo test test-openmpi venv clean-demo
 
 venv: $(INSTALLED)
 
@@ -29,6 +29,18 @@ demo: $(DEMO_DATA)/.made
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The tests marked `openmpi` again under the system's Open MPI (Debian: openmpi-bin): the same
+# venv, with mpi4py's wheel loading Open MPI's library (MPI4PY_LIBMPI) and FLEET_MPIEXEC for the
+# launcher. Checks first that both really are Open MPI.
+OPENMPI_EXEC ?= mpiexec.openmpi
+OPENMPI_LIB ?= libmpi.so.40
+test-openmpi: $(INSTALLED)
+	export FLEET_MPIEXEC=$(OPENMPI_EXEC) MPI4PY_LIBMPI=$(OPENMPI_LIB) \
+		OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 && \
+	$(OPENMPI_EXEC) --version | grep -q -e 'Open MPI' -e OpenRTE && \
+	$(BIN)/python -c 'from mpi4py import MPI; v = MPI.get_vendor(); assert v[0] == "Open MPI", v; print("fleet: tests under", *v)' && \
+	$(BIN)/python -m pytest -q -m openmpi $(PYTEST_ARGS)
 
 clean-demo:
 	rm -rf $(DEMO_DATA) runs/quickstart
