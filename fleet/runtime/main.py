@@ -32,10 +32,6 @@ class TrainOptions:
 
 
 def train_entry(options: TrainOptions) -> int:
-    import warnings
-
-    # mpi4py's three-line warning about another MPI's launcher: `check_launch` says it in one
-    warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
     from mpi4py import MPI
 
     from fleet.runtime.signals import install_checkpoint_signals
