@@ -26,9 +26,16 @@ The JPEGs on disk are larger than what the models train on (96x96 resized to 24x
 default), as with Caltech256's photos resized for the paper's nets: decoding is real work, the
 work that sharing a stream saves.
 
+`--keep DIR` keeps the data and every run directory. Given a DIR that an earlier invocation
+with the same settings left (its settings.json), the bench goes on from there: the data, the
+profile and each policy that finished are reused, and a policy that did not finish runs again.
+A long bench (`--sweep 4` on a machine whose commands are cut off after 10 minutes) then
+finishes over several invocations; `--policies` runs a subset (Baseline always: every ratio is
+to it).
+
 Usage: .venv/bin/python bench/e2e_cpu.py [--trainers 4] [--epochs 2] [--samples 3000]
        [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1] [--timeout 3600]
-       [--wait-timeout 600] [--keep DIR] [--sweep K] [--emulated]
+       [--wait-timeout 600] [--keep DIR] [--sweep K] [--emulated] [--policies fleet-g,baseline]
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ def profile_once(data: Path, root: Path, args) -> tuple[Path, float]:
     spec_path = root / "profile.yaml"
     spec_path.write_text(yaml.safe_dump(spec_for("fleet-g", data, args)))
     run_dir = root / "profile"
+    shutil.rmtree(run_dir, ignore_errors=True)  # what an invocation cut off left
     done = subprocess.run([sys.executable, "-m", "fleet", "profile", str(spec_path), "--run-dir", str(run_dir),
                            "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=3600)
     if done.returncode != 0:
@@ -115,10 +123,42 @@ def predictions(profile: Path, data: Path, args) -> dict[str, float]:
     return predicted_makespans(spec, load_profile(profile), POLICIES)
 
 
+SETTINGS = ("trainers", "epochs", "samples", "source_size", "image_size", "preprocessors", "threads", "runtime",
+            "sweep", "emulated")  # what a kept directory's results depend on
+
+
+def open_kept(root: Path, args) -> bool:
+    """Check that `root` is empty (then record the settings) or holds a run of these settings;
+    True when it holds one to go on from."""
+    settings = {name: getattr(args, name) for name in SETTINGS}
+    record = root / "settings.json"
+    if record.exists():
+        kept = json.loads(record.read_text())
+        differ = [f"{name} {kept.get(name)!r} there, {value!r} now" for name, value in settings.items()
+                  if kept.get(name) != value]
+        if differ:
+            sys.exit(f"--keep {root}: made with other settings ({'; '.join(differ)})")
+        return True
+    if any(root.iterdir()):
+        sys.exit(f"--keep {root}: not empty and not a directory of this bench (no settings.json)")
+    record.write_text(json.dumps(settings, indent=1))
+    return False
+
+
+def kept_results(run_dir: Path) -> dict | None:
+    """A policy's results from an earlier invocation, if that run finished."""
+    path = run_dir / "results.json"
+    if not path.exists():
+        return None
+    result = json.loads(path.read_text())
+    return None if result.get("interrupted") else result
+
+
 def run_policy(policy: str, data: Path, root: Path, args, profile: Path) -> dict:
     spec_path = root / f"{policy}.yaml"
     spec_path.write_text(yaml.safe_dump(spec_for(policy, data, args, "emulated" if args.emulated else "cpu")))
     run_dir = root / policy
+    shutil.rmtree(run_dir, ignore_errors=True)  # what an invocation cut off left
     run_dir.mkdir()
     shutil.copy(profile, run_dir / "profile.json")
     command = [sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(run_dir), "--quiet"]
@@ -155,6 +195,8 @@ def main() -> None:
                         help=f"train each architecture at K learning rates (1-{len(SWEEP_LR)}; default 1: 8 models)")
     parser.add_argument("--emulated", action="store_true",
                         help="trainer slots sleep the profiled step time instead of training (the data path stays real)")
+    parser.add_argument("--policies", default=",".join(POLICIES), type=policy_list,
+                        help=f"comma-separated, from {','.join(POLICIES)} (baseline is always run; default: all)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from preprocess.make import make_synthetic
@@ -162,20 +204,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        if any(root.iterdir()):
-            sys.exit(f"--keep {root}: not empty")
+        going_on = open_kept(root, args)
         data = root / "images"
-        make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=args.source_size, channels=3,
-                       progress=False)
-        profile, profile_s = profile_once(data, root, args)
-        print(f"profiled once in {profile_s:.1f} s", flush=True)
+        if not (data / ".made").exists():
+            shutil.rmtree(data, ignore_errors=True)
+            make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=args.source_size, channels=3,
+                           progress=False)
+            (data / ".made").touch()
+        profile = root / "profile" / "profile.json"
+        if going_on and profile.exists():
+            profile_s = json.loads(profile.read_text())["profiler"]["seconds"]
+            print(f"profile kept from an earlier invocation (profiled in {profile_s:.1f} s)", flush=True)
+        else:
+            profile, profile_s = profile_once(data, root, args)
+            print(f"profiled once in {profile_s:.1f} s", flush=True)
         predicted = predictions(profile, data, args)
         results = {}
-        for policy in POLICIES:
-            results[policy] = run_policy(policy, data, root, args, profile)
+        for policy in args.policies:
+            kept = kept_results(root / policy) if going_on else None
+            results[policy] = kept or run_policy(policy, data, root, args, profile)
             res = results[policy]
             print(f"{policy}: makespan {res['makespan_s']:.1f} s, {res['rounds']} round(s), "
-                  f"{res['samples_decoded']:,} decoded", flush=True)
+                  f"{res['samples_decoded']:,} decoded{' (kept from an earlier invocation)' if kept else ''}",
+                  flush=True)
     base = results["baseline"]
     slots = "emulated trainer slots (steps sleep the profiled time)" if args.emulated else (
         f"CPU trainer slots of {args.threads} thread(s)")
@@ -192,6 +243,15 @@ def main() -> None:
               f"{accuracy:>15}{share(res, 'planning'):>10}{share(res, 'checkpoint'):>12}")
     print("planning, checkpoint: the run's overhead seconds (results.json) as a share of its makespan; "
           "checkpoint seconds are summed over the models, which checkpoint side by side")
+
+
+def policy_list(text: str) -> list[str]:
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in POLICIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown polic{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
+                                         f"(choose from {', '.join(POLICIES)})")
+    return [name for name in POLICIES if name in chosen or name == "baseline"]
 
 
 def share(result: dict, overhead: str) -> str:

@@ -2,7 +2,9 @@
 # The CUDA path and the GPU figures of bench/RESULTS.md, on a machine with one NVIDIA GPU and
 # the packages of this workplace's GPU image (torch, mpi4py on Open MPI, h5py, ...); wheels of
 # what it lacks (pydantic) may lie in .whl/. Run from the repository root:
-#   bash bench/gpu_check.sh [OUT_DIR [STEP...]]   (all steps by default; step 4 uses step 2's spec)
+#   bash bench/gpu_check.sh [OUT_DIR [STEP...]]   (steps 1-5 by default; step 4 uses step 2's spec)
+# Step 6 (asked for by number only) is the 32-model sweep; it keeps its work in runs/e2e-sweep
+# and goes on from there when run again, so it can finish over several 10-minute commands.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/fleet-gpu}}
 steps=" ${*:2} "
@@ -83,4 +85,10 @@ echo "== 5. end to end on 16 cores: FLEET-G against Baseline with trainer slots 
 rm -rf "$out/e2e"
 python3 bench/e2e_cpu.py --trainers 8 --preprocessors 6 --source-size 256 --image-size 24 \
     --timeout 300 --wait-timeout 120 --keep "$out/e2e" 2>&1 | tail -14
+fi
+
+if want 6; then
+echo "== 6. a 32-model sweep on 16 cores (8 architectures x 4 learning rates), where the simulator predicts FLEET-G >= 1.5x Baseline; run again to go on"
+python3 bench/e2e_cpu.py --trainers 8 --preprocessors 3 --source-size 256 --image-size 24 --sweep 4 \
+    --policies fleet-g,baseline,homogeneous --timeout 540 --wait-timeout 120 --keep runs/e2e-sweep 2>&1 | tee "$out/e2e-sweep.log" | tail -12
 fi
