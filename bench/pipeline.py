@@ -82,7 +82,9 @@ def raw_bcast(chunk_bytes: int, chunks: int) -> None:
             seconds[name].append(time.perf_counter() - started)
     seconds["pattern"] = [message_pattern(world, chunk_bytes, chunks, wait_request) for _ in range(RAW_REPEATS)]
     if world.rank == 0:
-        print(json.dumps(seconds))
+        from fleet.runtime.process import mpi_library
+
+        print(json.dumps({**seconds, "library": mpi_library()}))
 
 
 def message_pattern(world, chunk_bytes: int, chunks: int, wait_request) -> float:
@@ -284,8 +286,9 @@ def main() -> None:
                                  capture_output=True, text=True, env=env, timeout=900)
             if raw.returncode != 0:
                 sys.exit(f"raw broadcast failed:\n{raw.stderr[-2000:]}")
-            this_round = {name: [chunks * args.chunk / s for s in times]
-                          for name, times in json.loads(raw.stdout.strip().splitlines()[-1]).items()}
+            measured = json.loads(raw.stdout.strip().splitlines()[-1])
+            library = measured.pop("library")
+            this_round = {name: [chunks * args.chunk / s for s in times] for name, times in measured.items()}
             pattern_samples += this_round.pop("pattern")
             for name, samples in this_round.items():
                 raw_samples[name] += samples
@@ -297,7 +300,8 @@ def main() -> None:
     raw_rates = {name: statistics.median(rates) for name, rates in raw_samples.items()}
     raw_rate = max(raw_rates.values())
     mb = chunk_bytes / 1e6
-    print(f"ranks {ranks} (1 preprocessor + {args.trainers} trainers), stream members {members}")
+    print(f"ranks {ranks} (1 preprocessor + {args.trainers} trainers), stream members {members}; "
+          f"{library}, launched by {mpiexec(ranks)[0]}")
     print(f"chunk {args.chunk} samples of 3x{args.image_size}x{args.image_size} float32 = {mb:.2f} MB")
     print("preprocessor: pre-decoded rows copied into every chunk" if args.fill
           else "preprocessor: header and labels written, rows not (--no-fill)")
