@@ -186,7 +186,7 @@ def foreign_launcher_env(rank: int, size: int) -> dict[str, str]:
 @pytest.mark.mpi
 def test_another_mpis_launcher_is_one_line_from_its_rank_0_and_exit_2_everywhere(tmp_path):
     """mpi4py built for one MPI, started by another's launcher: each rank is a world of one. The
-    launcher's rank 0 says so in one line; every rank exits 2; no run directory is made."""
+    launcher's rank 0 says so in one line; the others exit 2 quietly; no run directory is made."""
     spec = tmp_path / "s.yaml"
     spec.write_text(
         "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\n"
@@ -202,10 +202,7 @@ def test_another_mpis_launcher_is_one_line_from_its_rank_0_and_exit_2_everywhere
         for rank in (0, 1)
     ]
     assert [p.returncode for p in procs] == [2, 2], procs
-    # after mpi4py's own warning (when its version gives one), which fleet leaves alone: where
-    # MPI_Init itself aborts (MPICH under Open MPI's mpirun) it is all the user gets
-    ours = [line for p in procs for line in p.stderr.splitlines() if line.startswith("fleet")]
-    assert len(ours) == 1 and ours[0].startswith("fleet train: error: launch: the launcher "), ours
-    assert "started 3 ranks but MPI sees 1 in each: mpi4py is built with " in ours[0]
-    assert procs[0].stderr.endswith(ours[0] + "\n") and "Traceback" not in procs[0].stderr + procs[1].stderr
-    assert not run_dir.exists()
+    lines = procs[0].stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleet train: error: launch: the launcher "), lines
+    assert "started 3 ranks but MPI sees 1 in each: mpi4py is built with " in lines[0]
+    assert procs[1].stderr == "" and not run_dir.exists()

@@ -32,6 +32,11 @@ class TrainOptions:
 
 
 def train_entry(options: TrainOptions) -> int:
+    import warnings
+
+    # mpi4py's three-line warning about another MPI's launcher, given once MPI_Init has
+    # returned a world of one: `check_launch` then says it in one line
+    warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
     from mpi4py import MPI
 
     from fleet.runtime.signals import install_checkpoint_signals
