@@ -262,6 +262,7 @@ def main() -> None:
         return patched_pipeline(*args.patched, args.fill)
 
     from fleet.runtime.chunks import ChunkLayout
+    from fleet.runtime.launch import find_mpiexec
 
     ranks = args.trainers + 1
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -301,7 +302,7 @@ def main() -> None:
     raw_rate = max(raw_rates.values())
     mb = chunk_bytes / 1e6
     print(f"ranks {ranks} (1 preprocessor + {args.trainers} trainers), stream members {members}; "
-          f"{library}, launched by {mpiexec(ranks)[0]}")
+          f"{library}, launched by {find_mpiexec()}")
     print(f"chunk {args.chunk} samples of 3x{args.image_size}x{args.image_size} float32 = {mb:.2f} MB")
     print("preprocessor: pre-decoded rows copied into every chunk" if args.fill
           else "preprocessor: header and labels written, rows not (--no-fill)")

@@ -45,18 +45,28 @@ def quiet_mpi_launcher() -> list[str]:
     """`mpi_launcher()`, with ``--quiet`` for Open MPI: its mpirun reports ranks that exit non-zero
     in a block of its own on stderr (MPICH's says nothing), which a test of fleet's one-line
     errors must not count. Not for `fleet run`: ``--quiet`` also hides a missing executable."""
-    from fleet.runtime.launch import mpiexec_version
+    from fleet.runtime.launch import is_open_mpi, mpiexec_version
 
     launcher = mpi_launcher()
-    version = mpiexec_version(launcher[0])
-    return [*launcher, "--quiet"] if "Open MPI" in version or "OpenRTE" in version else launcher
+    return [*launcher, "--quiet"] if is_open_mpi(mpiexec_version(launcher[0])) else launcher
+
+
+def fleet_under_mpi(ranks: int, *args: str) -> list[str]:
+    """The command line of `fleet ARGS` on `ranks` ranks under a real mpiexec."""
+    return [*mpi_launcher(), "-n", str(ranks), sys.executable, "-m", "fleet", *args]
+
+
+def mpi_env(extra: dict | None = None) -> dict:
+    """os.environ for a child mpiexec, passed explicitly: Open MPI's singleton MPI_Init (a test
+    that imports mpi4py in this process) sets variables in the C environment, which a child's
+    mpirun started with env=None would take for its own job's."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 def run_mpi(ranks: int, *args: str, timeout: float = 300, env: dict | None = None, cwd: Path = REPO):
     """`fleet ARGS` on `ranks` ranks under a real mpiexec; returns the completed process."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    command = [*mpi_launcher(), "-n", str(ranks), sys.executable, "-m", "fleet", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(fleet_under_mpi(ranks, *args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=mpi_env(env))
 
 
 SHM = Path("/dev/shm")

@@ -35,7 +35,7 @@ MPI_DIR = REPO / "tests" / "mpi"
 sys.path.append(str(MPI_DIR))  # collective_cases, also the home of the user model `plain_cnn`
 
 import collective_cases as cases  # noqa: E402
-from conftest import mpi_launcher  # noqa: E402
+from conftest import mpi_env, mpi_launcher  # noqa: E402
 
 TOL = {"float32": 1e-5, "float64": 1e-12}
 EQUIVALENCE_RTOL = 1e-5
@@ -191,7 +191,7 @@ def test_cuda_engine_in_a_group_of_one(kind):
 def run_ranks(size: int, suite: str, timeout: float = 150) -> tuple[list[dict], subprocess.CompletedProcess]:
     """Run collective_main.py SUITE on `size` ranks; the JSON line of every rank, by rank."""
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    env = mpi_env({"PYTHONPATH": path})
     command = [*mpi_launcher(), "-n", str(size), sys.executable, str(MPI_DIR / "collective_main.py"), suite]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import mpi_launcher, run_mpi
+from conftest import fleet_under_mpi, mpi_env, mpi_launcher, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -84,14 +84,10 @@ def epochs_by_model(run_dir: Path) -> dict[str, list[int]]:
 
 def start_train(ranks: int, spec: Path, run_dir: Path) -> subprocess.Popen:
     """`fleet train` under mpiexec in the background, in a session of its own (for killpg);
-    its stdout and stderr go to `job_log(run_dir)`. The environment is passed as os.environ
-    holds it: Open MPI's singleton MPI_Init (test_collectives imports mpi4py in this process)
-    sets variables in the C environment that a child's mpirun would take for its own job's."""
-    command = [*mpi_launcher(), "-n", str(ranks), sys.executable, "-m", "fleet", "train", str(spec), "--run-dir",
-               str(run_dir), "--quiet"]
+    its stdout and stderr go to `job_log(run_dir)`."""
+    command = fleet_under_mpi(ranks, "train", str(spec), "--run-dir", str(run_dir), "--quiet")
     with job_log(run_dir).open("w") as log:
-        return subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, env=mpi_env())
 
 
 def job_log(run_dir: Path) -> Path:
@@ -185,7 +181,7 @@ def test_a_node_without_room_in_dev_shm_sends_chunks_as_messages(tmp_path):
     command = [*mpi_launcher(), "-n", "3", sys.executable, "-c", patched, "train", str(spec), "--run-dir", str(run_dir),
                "--quiet"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).resolve().parent.parent)
+                          env=mpi_env(), cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     said = [line for line in (done.stdout + done.stderr).splitlines() if "/dev/shm has 0 MiB free" in line]
     assert len(said) == 1 and "chunks go by MPI messages" in said[0], done.stdout[-2000:]

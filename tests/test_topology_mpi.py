@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import quiet_mpi_launcher
+from conftest import mpi_env, quiet_mpi_launcher
 from fleet.runtime.jobenv import JobEnv
 from fleet.runtime.topology import (
     HOSTNAME_BYTES,
@@ -84,7 +83,7 @@ def run_probe(n: int, *args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=mpi_env(),
     )
 
 
@@ -174,9 +173,9 @@ def test_mismatch_ends_every_rank_with_2_and_one_line(n, args, line):
 
 def foreign_launcher_env(rank: int, size: int) -> dict[str, str]:
     """What a launcher of another MPI than mpi4py's sets: Open MPI's under MPICH, Hydra's under Open MPI."""
-    from mpi4py import MPI
+    from fleet.runtime.process import mpi_library
 
-    if MPI.get_vendor()[0] == "MPICH":
+    if mpi_library().startswith("MPICH"):
         return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
                 "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(size)}
     return {"PMI_RANK": str(rank), "PMI_SIZE": str(size)}
@@ -197,7 +196,7 @@ def test_another_mpis_launcher_is_one_line_from_its_rank_0_and_exit_2_everywhere
         subprocess.run(
             [sys.executable, "-m", "fleet", "train", str(spec), "--run-dir", str(run_dir)],
             cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **foreign_launcher_env(rank, 3)},
+            env=mpi_env(foreign_launcher_env(rank, 3)),
         )
         for rank in (0, 1)
     ]

@@ -29,9 +29,14 @@ def local_launch_flags(mpiexec_version: str) -> list[str]:
     """
     if "HYDRA" in mpiexec_version or "MPICH" in mpiexec_version:
         return ["-launcher", "fork"]
-    if "Open MPI" in mpiexec_version or "OpenRTE" in mpiexec_version:
+    if is_open_mpi(mpiexec_version):
         return ["--oversubscribe"]
     return []
+
+
+def is_open_mpi(mpiexec_version: str) -> bool:
+    """Whether ``mpiexec --version`` printed this (``mpiexec (OpenRTE) 4.1.4``, ``(Open MPI) 5.0.3``)."""
+    return "Open MPI" in mpiexec_version or "OpenRTE" in mpiexec_version
 
 
 def mpiexec_version(mpiexec: str) -> str:
