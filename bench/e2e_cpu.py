@@ -52,7 +52,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import runtime_option  # bench/pipeline.py, beside this script
+from pipeline import at_least, runtime_option  # bench/pipeline.py, beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("fleet-g", "fleet-adaptive", "baseline", "homogeneous")
@@ -178,13 +178,13 @@ def run_policy(policy: str, data: Path, root: Path, args, profile: Path) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trainers", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=3000)
-    parser.add_argument("--source-size", type=int, default=96, help="side of the JPEGs on disk")
-    parser.add_argument("--image-size", type=int, default=24, help="side the models train on")
-    parser.add_argument("--preprocessors", type=int, default=1, help="preprocessor ranks")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per trainer slot")
+    parser.add_argument("--trainers", type=at_least(1), default=4)
+    parser.add_argument("--epochs", type=at_least(1), default=2)
+    parser.add_argument("--samples", type=at_least(1), default=3000)
+    parser.add_argument("--source-size", type=at_least(1), default=96, help="side of the JPEGs on disk")
+    parser.add_argument("--image-size", type=at_least(1), default=24, help="side the models train on")
+    parser.add_argument("--preprocessors", type=at_least(1), default=1, help="preprocessor ranks")
+    parser.add_argument("--threads", type=at_least(1), default=1, help="torch threads per trainer slot")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one policy's run may take")
     parser.add_argument("--wait-timeout", type=float, default=600,
                         help="the runtime's timeout_s: how long any rank waits before it aborts the job")

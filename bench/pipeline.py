@@ -222,6 +222,21 @@ def path_run(spec: Path, profile: Path, run_dir: Path, fill: bool, ranks: int, e
     return rates, members, json.loads((run_dir / "results.json").read_text()).get("chunks_in_shared_memory", 0)
 
 
+def at_least(low: int, why: str = ""):
+    """An argparse type: an integer no smaller than `low` (`why` says what needs it)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}{why}")
+        return value
+
+    return parse
+
+
 def runtime_option(text: str) -> tuple[str, object]:
     """``poll=busy`` -> ("poll", "busy"); the value is read as YAML (numbers stay numbers)."""
     key, _, value = text.partition("=")
@@ -241,12 +256,12 @@ def epoch_rates(run_dir: Path, train_size: int) -> tuple[list[float], list[list]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trainers", type=int, default=3)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--chunk", type=int, default=168, help="samples per chunk (168: what auto picks here)")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=60000)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating (path, raw) measurement pairs")
+    parser.add_argument("--trainers", type=at_least(2, " (one model on all trainers but the last, one on the last)"), default=3)
+    parser.add_argument("--image-size", type=at_least(1), default=32)
+    parser.add_argument("--chunk", type=at_least(1), default=168, help="samples per chunk (168: what auto picks here)")
+    parser.add_argument("--epochs", type=at_least(2, " (epoch 1 fills the queues and is not timed)"), default=4)
+    parser.add_argument("--samples", type=at_least(1), default=60000)
+    parser.add_argument("--rounds", type=at_least(1), default=3, help="alternating (path, raw) measurement pairs")
     parser.add_argument("--runtime", action="append", default=[], metavar="KEY=VALUE",
                         help="a runtime option of the spec, e.g. poll=busy (repeatable)")
     parser.add_argument("--no-fill", dest="fill", action="store_false",

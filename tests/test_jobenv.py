@@ -17,6 +17,7 @@ from fleet.runtime.jobenv import (
     parse_cuda_visible_devices,
     parse_tasks_per_node,
     read_job_env,
+    without_allocation,
 )
 
 # What a batch script of `sbatch -N 2 --ntasks-per-node 3 --cpus-per-task 4` sees (first node).
@@ -309,3 +310,11 @@ def test_no_other_module_reads_launcher_variables():
         if path.name != "jobenv.py" and LAUNCHER_VARIABLE.search(path.read_text(encoding="utf-8"))
     ]
     assert readers == []
+
+
+def test_without_allocation_hides_the_batch_system_from_an_inner_mpiexec():
+    environ = {**SBATCH, "LSB_JOBID": "7", "LSB_MCPU_HOSTS": "a 2 b 2", "PBS_NODEFILE": "/x", "PE_HOSTFILE": "/y",
+               "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1", "OMPI_MCA_btl": "self,vader", "SLURMD_NODENAME": "nid0001"}
+    assert without_allocation(environ) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1", "OMPI_MCA_btl": "self,vader",
+                                           "SLURMD_NODENAME": "nid0001"}
+    assert read_job_env(without_allocation(environ)).scheduler is Scheduler.NONE

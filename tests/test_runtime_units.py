@@ -9,7 +9,7 @@ import pytest
 from fleet.errors import UserError
 from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
-from fleet.runtime.launch import find_mpiexec, local_launch_flags, mpiexec_command
+from fleet.runtime.launch import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, StreamLayout, StreamSource
 from fleet.runtime.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.stream import MemberClock, own_rows
@@ -255,6 +255,16 @@ def test_mpiexec_command_for_one_and_several_nodes():
     assert local_launch_flags("HYDRA build details:\n Version: 5.0") == ["-launcher", "fork"]
     assert local_launch_flags("mpiexec (Open MPI) 5.0.3") == ["--oversubscribe"]
     assert local_launch_flags("something else") == []
+
+
+def test_a_multi_node_allocation_gets_a_note_that_fleet_run_stays_on_this_node():
+    assert allocation_note({}) is None
+    assert allocation_note({"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "1"}) is None
+    assert allocation_note({"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "4"}) == (
+        "fleet: slurm job 9 has 4 nodes; this command starts every rank on this one "
+        "(for all of them: `fleet submit`, or `fleet train` under srun/jsrun)")
+    assert allocation_note({"LSB_JOBID": "5", "LSB_MCPU_HOSTS": "login 1 a 40 b 40"}).startswith(
+        "fleet: lsf job 5 has 3 nodes;")
 
 
 def test_fleet_mpiexec_chooses_the_launcher_and_a_wrong_one_is_named(tmp_path):

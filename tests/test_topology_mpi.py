@@ -205,3 +205,36 @@ def test_another_mpis_launcher_is_one_line_from_its_rank_0_and_exit_2_everywhere
     assert len(lines) == 1 and lines[0].startswith("fleet train: error: launch: the launcher "), lines
     assert "started 3 ranks but MPI sees 1 in each: mpi4py is built with " in lines[0]
     assert procs[1].stderr == "" and not run_dir.exists()
+
+
+def two_node_slurm_allocation(job_id: str = "4242") -> dict[str, str]:
+    """What a shell inside ``salloc -N 2 --ntasks-per-node 2`` has: this host and one more."""
+    import socket
+
+    nodes = f"{socket.gethostname()},fleet-ghost-node"
+    return {"SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_NODELIST": nodes, "SLURM_JOB_NODELIST": nodes,
+            "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+@pytest.mark.openmpi
+@pytest.mark.mpi
+def test_fleet_run_inside_a_multi_node_allocation_starts_every_rank_here(tmp_path):
+    """Open MPI's mpirun would start a daemon on the other node with srun, and Hydra with
+    ``-launcher fork`` would tell rank 2 it runs on the other node (PMI_HOSTNAME); `fleet run`
+    hides the allocation from its mpiexec and says so."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\ntrain: {max_epochs: 1}\n"
+        "cluster: {nodes: 1, gpus_per_node: 2, preprocessors_per_node: 1}\n"
+    )
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "run", str(spec), "--run-dir", str(run_dir), "--quiet"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, env=mpi_env(two_node_slurm_allocation()),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0] == (
+        "fleet: slurm job 4242 has 2 nodes; this command starts every rank on this one "
+        "(for all of them: `fleet submit`, or `fleet train` under srun/jsrun)")
+    results = json.loads((run_dir / "results.json").read_text())
+    assert [m["epochs"] for m in results["models"]] == [1]

@@ -47,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    import subprocess
-
-    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command
+    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command, start_here
     from fleet.spec import load_spec
 
     spec = load_spec(args.spec, run_dir=args.run_dir)
@@ -57,5 +55,4 @@ def _launch(args: argparse.Namespace) -> int:
     command[command.index("train")] = "profile"
     if args.gpus:
         command += ["--gpus", ",".join(str(g) for g in args.gpus)]
-    print(f"fleet: profiling on {command[command.index('-n') + 1]} ranks: {' '.join(command)}", flush=True)
-    return subprocess.call(command)
+    return start_here(command, f"profiling on {command[command.index('-n') + 1]} ranks")

@@ -22,9 +22,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import subprocess
-
-    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node
+    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
     from fleet.spec import load_spec
 
     spec = load_spec(args.spec, run_dir=args.run_dir)
@@ -32,8 +30,7 @@ def run(args: argparse.Namespace) -> int:
         return run_local(spec, args)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
-    print(f"fleet: starting {ranks} ranks: {' '.join(command)}", flush=True)
-    return subprocess.call(command)
+    return start_here(command, f"starting {ranks} ranks")
 
 
 def run_local(spec, args: argparse.Namespace) -> int:

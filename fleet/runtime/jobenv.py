@@ -302,6 +302,23 @@ LSF_JOB = SchedulerTable(Scheduler.LSF, job_id=("LSB_JOBID",), hosts=_lsf_hosts)
 SCHEDULERS: tuple[SchedulerTable, ...] = (SLURM_JOB, LSF_JOB)
 
 
+ALLOCATION_VARIABLES = ("SLURM_", "LSB_", "PBS_", "COBALT_", "PE_HOSTFILE")
+"""Prefixes of the variables by which an mpiexec finds a batch allocation (Slurm, LSF,
+PBS/Torque, Cobalt, Grid Engine): MPICH Hydra's resource-management kernels and Open MPI's
+ras/plm components read them to spread ranks over the allocation's nodes."""
+
+
+def without_allocation(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without the batch allocation's variables (`ALLOCATION_VARIABLES`).
+
+    For an mpiexec that must start every rank on this machine: inside a multi-node
+    allocation, Open MPI's mpirun otherwise starts daemons on the other nodes with srun, and
+    Hydra with ``-launcher fork`` forks every rank here but tells those it meant for other
+    nodes that they run there (``PMI_HOSTNAME``).
+    """
+    return {name: value for name, value in environ.items() if not name.startswith(ALLOCATION_VARIABLES)}
+
+
 # --- reading ----------------------------------------------------------------------------
 
 

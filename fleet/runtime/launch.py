@@ -73,6 +73,39 @@ def mpiexec_command(
     return command
 
 
+def start_here(command: list[str], what: str, environ: Mapping[str, str] = os.environ) -> int:
+    """Print `what` and the command line, run `command` (an `mpiexec_command`) and return its
+    exit code; every rank starts on this machine.
+
+    The batch allocation's variables are hidden from the mpiexec (`without_allocation`), so
+    inside a multi-node Slurm/LSF/PBS allocation neither MPICH nor Open MPI reaches for the
+    other nodes. The environment passed is Python's ``os.environ``: an MPI library that this
+    process initialised may have set variables in the C environment that an mpirun would take
+    for its own job's.
+    """
+    import subprocess
+
+    from fleet.runtime.jobenv import without_allocation
+
+    note = allocation_note(environ)
+    if note:
+        print(note, flush=True)
+    print(f"fleet: {what}: {' '.join(command)}", flush=True)
+    return subprocess.call(command, env=without_allocation(environ))
+
+
+def allocation_note(environ: Mapping[str, str] = os.environ) -> str | None:
+    """A line for the user when `fleet run` starts inside a batch job of several nodes."""
+    from fleet.runtime.jobenv import read_job_env
+
+    job = read_job_env(environ)
+    nodes = job.job_nodes or (len(job.job_hosts) if job.job_hosts else 0)
+    if nodes <= 1:
+        return None
+    return (f"fleet: {job.scheduler.value} job {job.job_id} has {nodes} nodes; this command starts every rank "
+            "on this one (for all of them: `fleet submit`, or `fleet train` under srun/jsrun)")
+
+
 def find_mpiexec(python: str = sys.executable, environ: Mapping[str, str] = os.environ) -> str:
     """``$FLEET_MPIEXEC`` when set (a path, or a name on PATH), else the mpiexec beside this
     Python (the mpich wheel's), else the first on PATH."""
