@@ -318,3 +318,9 @@ def test_without_allocation_hides_the_batch_system_from_an_inner_mpiexec():
     assert without_allocation(environ) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1", "OMPI_MCA_btl": "self,vader",
                                            "SLURMD_NODENAME": "nid0001"}
     assert read_job_env(without_allocation(environ)).scheduler is Scheduler.NONE
+
+
+def test_a_pmix_server_is_seen_whatever_launcher_it_is():
+    assert read_job_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_NAMESPACE": "n"}).pmix
+    assert read_job_env({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "PMIX_RANK": "0"}).pmix
+    assert not read_job_env({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}).pmix

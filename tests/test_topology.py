@@ -15,6 +15,7 @@ from fleet.runtime.topology import (
     assign_roles,
     bind_device,
     check_launch,
+    check_library,
     node_of_rank_virtual,
     number_nodes,
 )
@@ -258,3 +259,30 @@ def test_one_rank_world_under_a_launcher_of_several_is_a_mismatch_said_by_its_ra
 @pytest.mark.parametrize("world, size", [(1, 1), (1, None), (4, 4), (4, 1)])
 def test_a_world_the_launcher_agrees_with_or_cannot_judge_is_no_mismatch(world, size):
     check_launch(world, JobEnv(launcher=Launcher.MPICH, rank=0, size=size), "Open MPI 4.1.4")
+
+
+WHEEL_MPICH = ("MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 20:45:26 UTC 2026\n"
+               "MPICH Device:       ch4:ucx ofi\nMPICH configure:    --with-device=ch4:ucx,ofi --with-pm=hydra:gforker\n")
+
+
+def test_mpich_without_pmix_under_a_pmix_launcher_is_refused_before_mpi_init():
+    for rank in (0, 2):
+        with pytest.raises(LaunchMismatch) as caught:
+            check_library(JobEnv(launcher=Launcher.OPENMPI, rank=rank, size=3, pmix=True), WHEEL_MPICH)
+        assert caught.value.prints is (rank == 0) and caught.value.exit_code == 2
+    assert str(caught.value).startswith("launch: the launcher (openmpi) speaks PMIx, and mpi4py's MPI (MPICH 5.0.2) "
+                                        "is built without it, so MPI_Init would abort every rank: ")
+    with pytest.raises(LaunchMismatch, match=r"^launch: the launcher \(slurm\) speaks PMIx"):
+        check_library(JobEnv(launcher=Launcher.SLURM, rank=0, size=4, pmix=True), WHEEL_MPICH)
+
+
+@pytest.mark.parametrize("env, library", [
+    (JobEnv(launcher=Launcher.OPENMPI, size=3, pmix=True), WHEEL_MPICH.replace("gforker", "gforker --with-pmix=/usr")),
+    (JobEnv(launcher=Launcher.OPENMPI, size=3, pmix=True), "Open MPI v4.1.4, package: Debian OpenMPI"),
+    (JobEnv(launcher=Launcher.OPENMPI, size=3, pmix=True), "MPICH Version: 4.2.0\n"),  # no configure line: cannot tell
+    (JobEnv(launcher=Launcher.SLURM, size=3, pmix=True), "MPI VERSION    : CRAY MPICH version 8.1.28"),
+    (JobEnv(launcher=Launcher.MPICH, size=3, pmix=True), WHEEL_MPICH),  # Hydra's own PMI wins
+    (JobEnv(launcher=Launcher.SLURM, size=3, pmix=False), WHEEL_MPICH),  # srun --mpi=pmi2
+], ids=["mpich-with-pmix", "open-mpi", "no-configure-line", "cray-mpich", "hydra", "no-pmix"])
+def test_what_mpi_init_can_start_is_not_refused(env, library):
+    check_library(env, library)

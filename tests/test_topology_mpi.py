@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -222,14 +223,9 @@ def test_fleet_run_inside_a_multi_node_allocation_starts_every_rank_here(tmp_pat
     """Open MPI's mpirun would start a daemon on the other node with srun, and Hydra with
     ``-launcher fork`` would tell rank 2 it runs on the other node (PMI_HOSTNAME); `fleet run`
     hides the allocation from its mpiexec and says so."""
-    spec = tmp_path / "s.yaml"
-    spec.write_text(
-        "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\ntrain: {max_epochs: 1}\n"
-        "cluster: {nodes: 1, gpus_per_node: 2, preprocessors_per_node: 1}\n"
-    )
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet", "run", str(spec), "--run-dir", str(run_dir), "--quiet"],
+        [sys.executable, "-m", "fleet", "run", str(tiny_spec(tmp_path)), "--run-dir", str(run_dir), "--quiet"],
         cwd=REPO, capture_output=True, text=True, timeout=240, env=mpi_env(two_node_slurm_allocation()),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -238,3 +234,71 @@ def test_fleet_run_inside_a_multi_node_allocation_starts_every_rank_here(tmp_pat
         "(for all of them: `fleet submit`, or `fleet train` under srun/jsrun)")
     results = json.loads((run_dir / "results.json").read_text())
     assert [m["epochs"] for m in results["models"]] == [1]
+
+
+PMIX_LINE = ("fleet train: error: launch: the launcher (openmpi) speaks PMIx, and mpi4py's MPI (MPICH {}) is built "
+             "without it, so MPI_Init would abort every rank: start the job with MPICH's mpiexec (or srun "
+             "--mpi=pmi2), or give mpi4py the launcher's MPI (its wheel: MPI4PY_LIBMPI=libmpi.so.40 for Open MPI; "
+             "or MPICC=mpicc pip install --no-binary=mpi4py mpi4py)")
+
+
+def mpich_without_pmix() -> tuple[dict[str, str], str]:
+    """An environment in which mpi4py loads MPICH built without PMIx (the mpich wheel's: also
+    in the Open MPI leg, without its MPI4PY_LIBMPI), and that MPICH's version; skips otherwise."""
+    env = mpi_env()
+    env.pop("MPI4PY_LIBMPI", None)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+         "print(MPI.Get_library_version())"], capture_output=True, text=True, env=env, timeout=60)
+    from fleet.runtime.topology import _mpich_without_pmix
+
+    if probe.returncode != 0 or not _mpich_without_pmix(probe.stdout):
+        pytest.skip("mpi4py does not load an MPICH without PMIx here")
+    return env, probe.stdout.split("\n", 1)[0].partition(":")[2].strip()
+
+
+def tiny_spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\ntrain: {max_epochs: 1}\n"
+        "cluster: {nodes: 1, gpus_per_node: 2, preprocessors_per_node: 1}\n"
+    )
+    return spec
+
+
+@pytest.mark.mpi
+def test_mpich_under_a_pmix_launcher_is_one_line_before_mpi_init(tmp_path):
+    """What Open MPI's mpirun gives each rank (PMIx and OMPI_COMM_WORLD_*), with the mpich
+    wheel's mpi4py: MPICH's MPI_Init would abort every rank with its own error stack; fleet
+    says why in one line from rank 0, and every rank exits 2 before MPI_Init."""
+    env, version = mpich_without_pmix()
+    run_dir = tmp_path / "run"
+    procs = [
+        subprocess.run(
+            [sys.executable, "-m", "fleet", "train", str(tiny_spec(tmp_path)), "--run-dir", str(run_dir)],
+            cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+            env={**env, "PMIX_NAMESPACE": "prterun-x-1@1", "PMIX_RANK": str(rank), "OMPI_COMM_WORLD_RANK": str(rank),
+                 "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "3"},
+        )
+        for rank in (0, 1)
+    ]
+    assert [p.returncode for p in procs] == [2, 2], procs
+    assert procs[0].stderr.splitlines() == [PMIX_LINE.format(version)]
+    assert procs[1].stderr == "" and not run_dir.exists()
+
+
+@pytest.mark.mpi
+def test_the_mpich_wheel_under_open_mpis_mpirun_is_one_line(tmp_path):
+    """The same under a real Open MPI mpirun (``--quiet``: no block of its own)."""
+    launcher = shutil.which("mpiexec.openmpi") or pytest.skip("no Open MPI mpiexec.openmpi on PATH")
+    env, version = mpich_without_pmix()
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.run(
+        [launcher, "--quiet", "--oversubscribe", "-n", "3", sys.executable, "-m", "fleet", "train",
+         str(tiny_spec(tmp_path)), "--run-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [PMIX_LINE.format(version)]
+    assert not (tmp_path / "run").exists()

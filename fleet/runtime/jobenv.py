@@ -128,6 +128,8 @@ class JobEnv:
             absent on a first run, so None means "not restarted, or not Slurm").
         cuda_visible_devices: CUDA_VISIBLE_DEVICES as parsed by `parse_cuda_visible_devices`;
             None when unset (every GPU visible), ``()`` when set to hide them all.
+        pmix: A PMIx server started this process (PMIX_NAMESPACE or PMIX_RANK is set: Open
+            MPI's mpirun, ``srun --mpi=pmix``, jsrun, prterun), whatever `launcher` says.
     """
 
     launcher: Launcher = Launcher.UNKNOWN
@@ -147,6 +149,7 @@ class JobEnv:
     cpus_per_task: int | None = None
     restart_count: int | None = None
     cuda_visible_devices: tuple[str, ...] | None = None
+    pmix: bool = False
 
     @property
     def restarted(self) -> bool:
@@ -337,6 +340,7 @@ def read_job_env(environ: Mapping[str, str]) -> JobEnv:
         **launch,
         **job,
         cuda_visible_devices=None if devices is None else parse_cuda_visible_devices(devices),
+        pmix="PMIX_NAMESPACE" in environ or "PMIX_RANK" in environ,
     )
 
 

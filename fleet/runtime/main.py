@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import time
 import traceback
@@ -18,6 +19,10 @@ from typing import Any
 
 from fleet.errors import UserError
 from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object
+
+
+LINE_GRACE_S = 2.0
+"""How long ranks that print nothing wait before leaving, where MPI cannot end the job together."""
 
 
 @dataclass(frozen=True)
@@ -37,10 +42,18 @@ def train_entry(options: TrainOptions) -> int:
     # mpi4py's three-line warning about another MPI's launcher, given once MPI_Init has
     # returned a world of one: `check_launch` then says it in one line
     warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
-    from mpi4py import MPI
-
+    from fleet.runtime.process import init_mpi
     from fleet.runtime.signals import install_checkpoint_signals
+    from fleet.runtime.topology import LaunchMismatch
 
+    try:
+        MPI = init_mpi()
+    except LaunchMismatch as exc:  # before MPI_Init: no collective exit, each rank leaves on its own
+        if exc.prints:
+            sys.stderr.write(f"fleet train: error: {exc}\n")
+        else:  # the launcher ends the job at the first rank's exit: let the line out first
+            time.sleep(LINE_GRACE_S)
+        raise SystemExit(UserError.exit_code) from None
     world = MPI.COMM_WORLD
     who = RankIdentity(world.rank)
     process_start = time.monotonic()

@@ -30,7 +30,9 @@ out glued together. Write a whole line in one ``write`` call.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 
@@ -46,6 +48,32 @@ def exit_all(world: Any, code: int, message: str | None = None, root: int = 0) -
     sys.stderr.flush()
     finalize_mpi()
     raise SystemExit(code)
+
+
+def init_mpi(environ: Mapping[str, str] = os.environ) -> Any:
+    """Import mpi4py's ``MPI`` and initialize MPI (thread level "multiple"), once
+    `check_library` has found that ``MPI_Init`` can work under this launcher.
+
+    mpi4py would call ``MPI_Init`` on import (``mpi4py.rc.initialize``), before any check
+    could run, so the import is told not to, and mpi4py still finalizes at exit.
+
+    Raises:
+        LaunchMismatch: ``MPI_Init`` would abort (MPI is left uninitialized).
+    """
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = True
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        from fleet.runtime.jobenv import read_job_env
+        from fleet.runtime.topology import check_library
+
+        check_library(read_job_env(environ), MPI.Get_library_version())
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return MPI
 
 
 def mpi_library() -> str:

@@ -28,7 +28,7 @@ from enum import Enum
 from typing import Any
 
 from fleet.errors import UserError
-from fleet.runtime.jobenv import JobEnv
+from fleet.runtime.jobenv import JobEnv, Launcher
 from fleet.runtime.waiting import IDLE, wait_request
 from fleet.spec.sections import ClusterSpec, Device
 
@@ -68,6 +68,36 @@ def check_launch(world_size: int, env: JobEnv, library: str) -> None:
         f"(MPICC=mpicc pip install --no-binary=mpi4py mpi4py)",
         prints=env.rank in (0, None),
     )
+
+
+def check_library(env: JobEnv, library_version: str) -> None:
+    """Before ``MPI_Init``: raise `LaunchMismatch` where it would abort every rank.
+
+    MPICH built without PMIx (the PyPI mpich wheel's, say) aborts ``MPI_Init`` in a process
+    that a PMIx server started, with a block of its own ("Runtime environment uses
+    unsupported PMI version PMIx") on every rank: the mpich wheel's mpi4py under Open MPI's
+    mpirun or ``srun --mpi=pmix``. `library_version` is ``MPI_Get_library_version``'s text,
+    which MPICH gives before ``MPI_Init``, with its configure line. Other MPICH derivatives
+    (Cray, Intel, MVAPICH) name themselves differently and are left to ``MPI_Init``.
+    """
+    if not env.pmix or env.launcher is Launcher.MPICH or not _mpich_without_pmix(library_version):
+        return
+    version = library_version.split("\n", 1)[0].partition(":")[2].strip()
+    raise LaunchMismatch(
+        f"launch: the launcher ({env.launcher.value}) speaks PMIx, and mpi4py's MPI (MPICH {version}) is built "
+        f"without it, so MPI_Init would abort every rank: start the job with MPICH's mpiexec (or srun "
+        f"--mpi=pmi2), or give mpi4py the launcher's MPI (its wheel: MPI4PY_LIBMPI=libmpi.so.40 for Open MPI; "
+        f"or MPICC=mpicc pip install --no-binary=mpi4py mpi4py)",
+        prints=env.rank in (0, None),
+    )
+
+
+def _mpich_without_pmix(library_version: str) -> bool:
+    lines = library_version.splitlines()
+    if not lines or not lines[0].startswith("MPICH Version:"):
+        return False
+    configure = next((line for line in lines if line.startswith("MPICH configure:")), None)
+    return configure is not None and "pmix" not in configure.lower()
 
 
 class Role(str, Enum):
