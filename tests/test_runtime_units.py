@@ -83,10 +83,20 @@ def clock_end(first, epochs, n, c, done):
 
 @pytest.mark.parametrize("n, c", [(100, 10), (100, 30), (7, 3), (1000, 296), (5, 8)])
 def test_member_end_chunk_is_where_the_member_clock_ends_its_last_epoch(n, c):
-    cases = [(first, epochs, done) for first in (0, 1, 3, 11) for epochs in (1, 2, 5) for done in (0, 1, n // 2, n - 1)]
+    # done >= n: the member left partway through the chunk that ended its epoch
+    positions = (0, 1, n // 2, n - 1, n, n + c - 1)
+    cases = [(first, epochs, done) for first in (0, 1, 3, 11) for epochs in (1, 2, 5) for done in positions]
     for first, epochs, done in cases:
         assert member_end_chunk(first, epochs, n, c, done) == clock_end(first, epochs, n, c, done), (first, epochs, done)
     assert member_end_chunk(0, 2, 1000, 296) == 8  # 4 chunks an epoch, the last of 112
+
+
+def test_a_member_resumed_past_its_epochs_samples_gets_the_stream_it_needs():
+    """The bench's hang (32 emulated models, FLEET-G round 17): three members resumed 2,848 and
+    2,784 samples into 2,700-sample epochs; the stream ended at chunk 9, before their second
+    epoch did, and every rank waited for the other until the timeout."""
+    assert member_end_chunk(0, 2, 2700, 296, done=2848) == 11
+    assert member_end_chunk(0, 2, 2700, 296, done=2784) == 11
 
 
 def shares(sizes, epoch_end_at):

@@ -118,11 +118,14 @@ def member_end_chunk(first: int, epochs: int, n: int, chunk_samples: int, done: 
     the stream from chunk `first`, `done` samples into its current epoch.
 
     A member's epoch ends at the chunk that brings its count to `n`, and its next epoch starts
-    at zero with the next chunk (`MemberClock`); chunk k of an epoch holds min(C, n - k*C)."""
+    at zero with the next chunk (`MemberClock`); chunk k of an epoch holds min(C, n - k*C).
+    `done` may be `n` or more: a member that left partway through the chunk that ended its
+    epoch (its trainers had not reached that chunk's last batch) ends the epoch at its next
+    chunk."""
     per_epoch = math.ceil(n / chunk_samples)
     chunk = first
     for _ in range(epochs):
-        target = samples_before(chunk, n, chunk_samples) + n - done
+        target = samples_before(chunk, n, chunk_samples) + max(1, n - done)
         whole, rest = divmod(target, n)
         chunk = whole * per_epoch + -(-rest // chunk_samples)
         done = 0
