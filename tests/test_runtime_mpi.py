@@ -83,11 +83,28 @@ def epochs_by_model(run_dir: Path) -> dict[str, list[int]]:
 
 
 def start_train(ranks: int, spec: Path, run_dir: Path) -> subprocess.Popen:
-    """`fleet train` under mpiexec in the background, in a session of its own (for killpg);
+    """`fleet train` under mpiexec in the background, in a session of its own (for `kill_job`);
     its stdout and stderr go to `job_log(run_dir)`."""
     command = fleet_under_mpi(ranks, "train", str(spec), "--run-dir", str(run_dir), "--quiet")
     with job_log(run_dir).open("w") as log:
         return subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, env=mpi_env())
+
+
+def kill_job(job: subprocess.Popen) -> None:
+    """SIGKILL every process of a `start_train` job at once, as a batch system ends a job: its
+    whole session, not the launcher's process group (Open MPI's mpirun puts each rank in a
+    group of its own, and ranks killed with it alone train on until they miss it)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rpartition(")")[2].split()[3]) == job.pid:  # fields after the name: state ppid pgrp session
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    job.wait()
 
 
 def job_log(run_dir: Path) -> Path:
@@ -295,8 +312,7 @@ def test_resume_after_kill_continues_exactly(tmp_path):
     try:
         wait_for_epochs(job, killed, 3, "it could be killed")
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        kill_job(job)
     saved = {m: json.loads((killed / "checkpoints" / m / "latest.json").read_text())["epochs"] for m in ("x", "y")}
     assert sum(saved.values()) >= 3 and min(saved.values()) < 5, saved
     train(3, spec, killed)
@@ -353,8 +369,7 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
         job.wait(timeout=120)
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+            kill_job(job)
     output = job_log(run_dir).read_text()
     assert job.returncode == 75, output[-3000:]
     assert "checkpoint signal" in output and "to resume" in output
