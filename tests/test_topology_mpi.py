@@ -182,25 +182,33 @@ def foreign_launcher_env(rank: int, size: int) -> dict[str, str]:
     return {"PMI_RANK": str(rank), "PMI_SIZE": str(size)}
 
 
+def tiny_spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\ntrain: {max_epochs: 1}\n"
+        "cluster: {nodes: 1, gpus_per_node: 2, preprocessors_per_node: 1}\n"
+    )
+    return spec
+
+
+def train_as_ranks_0_and_1(tmp_path: Path, run_dir: Path, env_of) -> list[subprocess.CompletedProcess]:
+    """`fleet train` on `tiny_spec`, started one after the other as ranks 0 and 1 of a
+    launch of 3 that `env_of(rank)` describes (no real launcher)."""
+    spec = tiny_spec(tmp_path)
+    return [
+        subprocess.run([sys.executable, "-m", "fleet", "train", str(spec), "--run-dir", str(run_dir)],
+                       cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env_of(rank))
+        for rank in (0, 1)
+    ]
+
+
 @pytest.mark.openmpi
 @pytest.mark.mpi
 def test_another_mpis_launcher_is_one_line_from_its_rank_0_and_exit_2_everywhere(tmp_path):
     """mpi4py built for one MPI, started by another's launcher: each rank is a world of one. The
     launcher's rank 0 says so in one line; the others exit 2 quietly; no run directory is made."""
-    spec = tmp_path / "s.yaml"
-    spec.write_text(
-        "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\n"
-        "cluster: {nodes: 1, gpus_per_node: 2, preprocessors_per_node: 1}\n"
-    )
     run_dir = tmp_path / "run"
-    procs = [
-        subprocess.run(
-            [sys.executable, "-m", "fleet", "train", str(spec), "--run-dir", str(run_dir)],
-            cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-            env=mpi_env(foreign_launcher_env(rank, 3)),
-        )
-        for rank in (0, 1)
-    ]
+    procs = train_as_ranks_0_and_1(tmp_path, run_dir, lambda rank: mpi_env(foreign_launcher_env(rank, 3)))
     assert [p.returncode for p in procs] == [2, 2], procs
     lines = procs[0].stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("fleet train: error: launch: the launcher "), lines
@@ -257,15 +265,6 @@ def mpich_without_pmix() -> tuple[dict[str, str], str]:
     return env, probe.stdout.split("\n", 1)[0].partition(":")[2].strip()
 
 
-def tiny_spec(tmp_path: Path) -> Path:
-    spec = tmp_path / "s.yaml"
-    spec.write_text(
-        "name: x\ndata: {source: digits}\nmodels: [{family: mlp}]\ntrain: {max_epochs: 1}\n"
-        "cluster: {nodes: 1, gpus_per_node: 2, preprocessors_per_node: 1}\n"
-    )
-    return spec
-
-
 @pytest.mark.mpi
 def test_mpich_under_a_pmix_launcher_is_one_line_before_mpi_init(tmp_path):
     """What Open MPI's mpirun gives each rank (PMIx and OMPI_COMM_WORLD_*), with the mpich
@@ -273,16 +272,9 @@ def test_mpich_under_a_pmix_launcher_is_one_line_before_mpi_init(tmp_path):
     says why in one line from rank 0, and every rank exits 2 before MPI_Init."""
     env, version = mpich_without_pmix()
     run_dir = tmp_path / "run"
-    procs = [
-        subprocess.run(
-            [sys.executable, "-m", "fleet", "train", str(tiny_spec(tmp_path)), "--run-dir", str(run_dir)],
-            cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-            env={**env, "PMIX_NAMESPACE": "prterun-x-1@1", "PMIX_RANK": str(rank), "OMPI_COMM_WORLD_RANK": str(rank),
-                 "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
-                 "OMPI_COMM_WORLD_LOCAL_SIZE": "3"},
-        )
-        for rank in (0, 1)
-    ]
+    procs = train_as_ranks_0_and_1(tmp_path, run_dir, lambda rank: {
+        **env, "PMIX_NAMESPACE": "prterun-x-1@1", "PMIX_RANK": str(rank), "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "3"})
     assert [p.returncode for p in procs] == [2, 2], procs
     assert procs[0].stderr.splitlines() == [PMIX_LINE.format(version)]
     assert procs[1].stderr == "" and not run_dir.exists()

@@ -41,14 +41,15 @@ class TopologyError(UserError):
 
 
 class LaunchMismatch(UserError):
-    """MPI sees one rank where the launcher started several, so every rank is a job of its own.
+    """MPI and the launcher do not fit: MPI sees one rank where the launcher started several,
+    or ``MPI_Init`` would abort under this launcher.
 
-    Each such rank raises it; only the launcher's rank 0 (`prints`) should say so.
+    Each rank raises it; only the launcher's rank 0 (`prints`) should say so.
     """
 
-    def __init__(self, message: str, prints: bool):
+    def __init__(self, message: str, env: JobEnv):
         super().__init__(message)
-        self.prints = prints
+        self.prints = env.rank in (0, None)
 
 
 def check_launch(world_size: int, env: JobEnv, library: str) -> None:
@@ -66,7 +67,7 @@ def check_launch(world_size: int, env: JobEnv, library: str) -> None:
         f"mpi4py is built with {library}, which does not speak this launcher's protocol; start the job "
         f"with that MPI's mpiexec, or rebuild mpi4py against the launcher's MPI "
         f"(MPICC=mpicc pip install --no-binary=mpi4py mpi4py)",
-        prints=env.rank in (0, None),
+        env,
     )
 
 
@@ -88,7 +89,7 @@ def check_library(env: JobEnv, library_version: str) -> None:
         f"without it, so MPI_Init would abort every rank: start the job with MPICH's mpiexec (or srun "
         f"--mpi=pmi2), or give mpi4py the launcher's MPI (its wheel: MPI4PY_LIBMPI=libmpi.so.40 for Open MPI; "
         f"or MPICC=mpicc pip install --no-binary=mpi4py mpi4py)",
-        prints=env.rank in (0, None),
+        env,
     )
 
 
