@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -189,27 +190,18 @@ def test_cuda_engine_in_a_group_of_one(kind):
 
 
 def run_ranks(size: int, suite: str, timeout: float = 150) -> tuple[list[dict], subprocess.CompletedProcess]:
-    """Run collective_main.py SUITE on `size` ranks; the JSON line of every rank, by rank."""
+    """Run collective_main.py SUITE on `size` ranks; the record of every rank, by rank."""
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = mpi_env({"PYTHONPATH": path})
-    command = [*mpi_launcher(), "-n", str(size), sys.executable, str(MPI_DIR / "collective_main.py"), suite]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{suite} on {size} ranks ran past {timeout} s:\n{exc.stdout!s:.3000}\n{exc.stderr!s:.3000}")
-    lines = rank_lines(proc.stdout)
-    assert sorted(r["rank"] for r in lines) == list(range(size)), proc.stdout[-2000:] + proc.stderr[-3000:]
-    return sorted(lines, key=lambda r: r["rank"]), proc
-
-
-def rank_lines(stdout: str) -> list[dict]:
-    """Every ``{"rank": ...}`` object in the output (mpiexec may join two ranks' lines)."""
-    decoder, found, start = json.JSONDecoder(), [], stdout.find('{"rank"')
-    while start >= 0:
-        obj, end = decoder.raw_decode(stdout, start)
-        found.append(obj)
-        start = stdout.find('{"rank"', end)
-    return found
+    with tempfile.TemporaryDirectory(prefix="fleet-collectives-") as records:
+        command = [*mpi_launcher(), "-n", str(size), sys.executable, str(MPI_DIR / "collective_main.py"), suite, records]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"{suite} on {size} ranks ran past {timeout} s:\n{exc.stdout!s:.3000}\n{exc.stderr!s:.3000}")
+        results = [json.loads(path.read_text()) for path in sorted(Path(records).glob("rank-*.json"))]
+    assert sorted(r["rank"] for r in results) == list(range(size)), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return sorted(results, key=lambda r: r["rank"]), proc
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["n2", "n4"])

@@ -1,7 +1,8 @@
-"""Entry point of the collective MPI tests: ``mpiexec -n N python collective_main.py SUITE``.
+"""Entry point of the collective MPI tests: ``mpiexec -n N python collective_main.py SUITE DIR``.
 
-Every rank prints one JSON line (``{"rank": r, ...}``); tests/test_collectives.py asserts on
-all of them. Suites: ``checks`` (sums, broadcasts, equivalence, churn), ``nospin`` (CPU time
+Every rank writes its record (``{"rank": r, ...}``) to DIR/rank-R.json; tests/test_collectives.py
+asserts on all of them. Files, not stdout: Open MPI's output forwarding cuts lines longer than
+a few KB and interleaves the pieces of different ranks. Suites: ``checks`` (sums, broadcasts, equivalence, churn), ``nospin`` (CPU time
 of a rank waiting for a late one), ``timeout`` (a rank that never joins). The last two end
 every rank with `os._exit`, since operations are left pending on purpose.
 """
@@ -66,14 +67,22 @@ def timeout(world) -> dict:
     return out
 
 
-def everyone_printed(world) -> None:
-    """Return once every rank has printed: the launcher kills the others when the first rank exits
-    without MPI_Finalize, which could otherwise swallow a slower rank's line."""
+def write_record(result: dict, directory: str) -> None:
+    """DIR/rank-R.json, renamed into place so a reader never sees half a record."""
+    path = os.path.join(directory, f"rank-{result['rank']}.json")
+    with open(path + ".part", "w") as out:
+        json.dump(result, out)
+    os.replace(path + ".part", path)
+
+
+def everyone_wrote(world) -> None:
+    """Return once every rank has written: the launcher kills the others when the first rank exits
+    without MPI_Finalize, which could otherwise stop a slower rank before its record."""
     if world.rank == 0:
         for source in range(1, world.size):
-            recv_object(world, source, 8, f"rank {source}'s printed line", 60.0)
+            recv_object(world, source, 8, f"rank {source}'s record", 60.0)
     else:
-        wait_requests([world.issend("printed", dest=0, tag=8)], "rank 0 to hear the line was printed", 60.0)
+        wait_requests([world.issend("written", dest=0, tag=8)], "rank 0 to hear the record was written", 60.0)
 
 
 SUITES = {"checks": cases.all_checks, "nospin": nospin, "timeout": timeout}
@@ -82,12 +91,12 @@ SUITES = {"checks": cases.all_checks, "nospin": nospin, "timeout": timeout}
 def main() -> None:
     faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=True)
     world = MPI.COMM_WORLD
-    suite = sys.argv[1]
+    suite, directory = sys.argv[1:3]
     result = {"rank": world.rank, "size": world.size, "suite": suite, **SUITES[suite](world)}
-    print(json.dumps(result), flush=True)
+    write_record(result, directory)
     if suite != "checks":
         sys.stderr.flush()
-        everyone_printed(world)
+        everyone_wrote(world)
         os._exit(0)  # pending operations on purpose: skip MPI_Finalize
 
 
