@@ -401,8 +401,8 @@ class FakeReceive:
 
 
 class FakeDataComm:
-    def __init__(self):
-        self.receives, self.sends = {}, []
+    def __init__(self, size: int = 1):
+        self.receives, self.sends, self.messages, self.size = {}, [], [], size
 
     def Irecv(self, buffer, source, tag):
         self.receives[(tag - 100_000) % 4096] = FakeReceive(buffer)  # stream 0: chunk index
@@ -410,6 +410,7 @@ class FakeDataComm:
 
     def Issend(self, buffer, dest, tag):
         self.sends.append((dest, (tag - 100_000) % 4096))
+        self.messages.append(np.array(buffer, copy=True))
         return FakeReceive(buffer)
 
 
@@ -490,6 +491,57 @@ def test_preprocessors_and_masters_stop_at_the_stream_end():
     assert sorted(master.qp) == [2, 3, 4] and master.inbox == {}  # the only master: it owns all of them
     master.k = 5
     assert master._at_end()
+
+
+def test_once_every_member_has_left_the_chunks_before_the_switch_go_out_hollow():
+    # A round ends: every member of the stream leaves, and the switch (chunk 6) is past what
+    # the preprocessor had made (chunk 4 next). The master still takes chunks 4 and 5, as it
+    # takes every chunk before a switch, but they come as headers with nothing decoded, and
+    # the member, whose checkpoint command may still be unread, trains on nothing past them.
+    import threading
+    from types import SimpleNamespace
+
+    from fleet.runtime.chunks import HEADER_BYTES, Flag
+    from fleet.runtime.preprocessor import StreamProducer
+    from fleet.runtime.protocol import Regroup
+    from fleet.runtime.stream import MasterStream
+
+    source, chunks = StreamSource(1, 0, 0, 4), ChunkLayout(4, (1, 2, 2))
+    data = FakeDataComm()
+    producer = StreamProducer.__new__(StreamProducer)
+    producer.ctx = SimpleNamespace(data_parent=data, reader=None)  # nothing may be read
+    producer.layouts, producer.order = [(0, StreamLayout(0, 0, (2,), (8,)))], StreamOrder(np.arange(20), source)
+    producer.paused, producer.in_flight, producer.window, producer.stride = False, deque(), 4, 1
+    producer.next_chunk, producer.decoded, producer.hollow = 4, 0, 0
+    producer.regroup(Regroup(StreamLayout(0, 1, (2,), ()), 6))
+    while producer.can_produce():
+        producer.produce()
+    assert data.sends == [(8, 4), (8, 5)] and (producer.decoded, producer.hollow) == (0, 2)
+    hollow = data.messages[0].view(np.int64)
+    assert hollow.size * 8 == HEADER_BYTES and hollow[Field.FLAGS] == Flag.HOLLOW
+    assert (hollow[Field.REGROUP_VERSION], hollow[Field.REGROUP_SWITCH]) == (1, 6)  # the notice, as in any chunk
+    for request in producer.in_flight:
+        request.request.arrived = True
+    producer.progress()
+    assert producer.finished
+
+    group = FakeDataComm(size=2)  # the master and one worker
+    master = MasterStream.__new__(MasterStream)
+    master.ctx, master.group_comm, master.chunks = SimpleNamespace(timeout_s=5.0), group, chunks
+    master.qt, master.clock, master.leave_requested = SampleQueue(64, "Qt"), MemberClock(20), threading.Event()
+    master.forwarding, master.sends, master.send_window, master.claims, master.in_place = True, deque(), 2, deque(), [False, False]
+    master.k = 3
+    real = chunks.new_buffer()
+    write_header(chunks.header(real), 3, 0, 4)
+    master._forward(real, None)
+    master.k = 4
+    received = chunks.new_buffer()
+    received[:HEADER_BYTES] = data.messages[0].view(np.uint8)
+    master._forward(received, None)
+    assert master.clock.done == 4 and not master.forwarding  # chunk 3's samples, then nothing
+    assert master.qt.get(1.0).count == 2 and master.qt.get(1.0).leave
+    worker_heads = [m.view(np.int64) for m in group.messages if m.dtype == np.int64]
+    assert [int(h[Field.FLAGS]) for h in worker_heads] == [Flag.NONE, Flag.LEAVE]
 
 
 class ScriptedTraining:

@@ -41,6 +41,7 @@ class Flag(IntFlag):
     EPOCH_END = 1  # (shares) the member's epoch ends after this share
     LEAVE = 2  # (shares) no more data: the member leaves the stream
     IN_SHM = 4  # (chunks) a descriptor: the chunk is in a preprocessor's shared-memory slot
+    HOLLOW = 8  # (chunks) a header only, nothing decoded: every member of the stream is leaving
 
 
 @dataclass(frozen=True)

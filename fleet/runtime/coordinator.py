@@ -69,6 +69,7 @@ class LiveStream:
     done: set[int] = field(default_factory=set)
     decoded: int = 0
     shared: int = 0  # chunks its root masters took from shared memory
+    hollow: int = 0  # chunks sent without samples after its last members left
 
     @property
     def ended(self) -> bool:
@@ -559,9 +560,11 @@ class Coordinator:
         live.done.add(report.rank)
         live.decoded += report.decoded
         live.shared += report.shared
+        live.hollow += report.hollow
         if live.ended:
             self.finished_streams.append(self.streams.pop(report.stream))
-            self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared)
+            self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared,
+                           hollow_chunks=live.hollow)
 
     # -- results --------------------------------------------------------------------------------------
 

@@ -18,7 +18,10 @@ and reports the next index; `Regroup` gives the switch chunk and the new layout.
 decoded after the regroup carries the notice in its header, so each master learns the
 switch from the data before it has to act on it. No chunk at or past the newest layout's
 `end` is decoded: the stream waits there, still open, for the regroup that ends it (its
-last members leave) or moves its end (a join).
+last members leave) or moves its end (a join). Once the newest layout has no master, every
+member has left or is leaving, so the chunks still owed before its switch go out hollow (a
+header with the notice, nothing decoded): the masters take them in order, as they must, and
+the preprocessors' time goes to the next round's streams.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.runtime.chunks import ChunkLayout, StreamOrder, chunk_tag, write_header
+import numpy as np
+
+from fleet.runtime.chunks import HEADER_WORDS, ChunkLayout, Flag, StreamOrder, chunk_tag, write_header
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import KeepAlive, Pause, Paused, Regroup, Shutdown, StartStream, StreamDone, StreamLayout, Tag
 from fleet.runtime import waiting
@@ -62,6 +67,7 @@ class StreamProducer:
     free: list = field(default_factory=list)
     decoded: int = 0
     shared: int = 0  # chunks whose root took them from shared memory
+    hollow: int = 0  # chunks sent without their samples (see `ending`)
     last_progress: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
@@ -89,10 +95,18 @@ class StreamProducer:
         return (not self.paused and len(self.in_flight) < self.window and (end is None or self.next_chunk < end)
                 and bool(self.layout_at(self.next_chunk).masters))
 
+    @property
+    def ending(self) -> bool:
+        """The newest layout has no master: no member trains on this stream's chunks any more."""
+        return not self.layouts[-1][1].masters
+
     def produce(self) -> None:
         chunk = self.next_chunk
         layout = self.layout_at(chunk)
         dest = layout.owner(chunk)
+        if self.ending:
+            self._send_hollow(chunk, layout, dest)
+            return
         slot = self.slots.take() if self.slots is not None else None
         buffer = self.slots.buffers[slot] if slot is not None else (self.free.pop() if self.free else self.chunks.new_buffer())
         self.decoded += self._decode(chunk, buffer)
@@ -108,7 +122,18 @@ class StreamProducer:
         else:
             request = self.ctx.data_parent.Issend(buffer, dest=dest, tag=tag)
             self.in_flight.append(InFlight(chunk, None if slot is not None else buffer, request, dest, slot))
-        self.next_chunk += self.stride
+        self._sent(chunk)
+
+    def _send_hollow(self, chunk: int, layout: StreamLayout, dest: int) -> None:
+        header = np.empty(HEADER_WORDS, np.int64)
+        write_header(header, chunk, self.order.epoch_of(chunk), 0, Flag.HOLLOW, regroup=self._notice(chunk))
+        request = self.ctx.data_parent.Issend(header, dest=dest, tag=chunk_tag(layout.stream, chunk))
+        self.in_flight.append(InFlight(chunk, None, request, dest))
+        self.hollow += 1
+        self._sent(chunk)
+
+    def _sent(self, chunk: int) -> None:
+        self.next_chunk = chunk + self.stride
         self.last_progress = time.monotonic()
 
     def _decode(self, chunk: int, buffer) -> int:
@@ -117,10 +142,13 @@ class StreamProducer:
         raw = self.ctx.reader.read(indices)
         self.ctx.pipeline(raw, self.order.rng(chunk), train=True, out=self.chunks.images(buffer)[:count])
         self.chunks.labels(buffer)[:count] = raw.labels
-        newest_first, newest = self.layouts[-1]
-        notice = (newest.version, newest_first) if newest_first > chunk else (0, 0)
-        write_header(self.chunks.header(buffer), chunk, self.order.epoch_of(chunk), count, regroup=notice)
+        write_header(self.chunks.header(buffer), chunk, self.order.epoch_of(chunk), count, regroup=self._notice(chunk))
         return count
+
+    def _notice(self, chunk: int) -> tuple[int, int]:
+        """The newest regroup, for a chunk before its switch: the masters learn it from the data."""
+        newest_first, newest = self.layouts[-1]
+        return (newest.version, newest_first) if newest_first > chunk else (0, 0)
 
     def progress(self) -> bool:
         """Recycle the buffers of chunks their masters have taken."""
@@ -229,7 +257,7 @@ class PreprocessorLoop:
             if producer.finished:
                 del self.streams[stream_id]
                 self.decoded += producer.decoded
-                done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared)
+                done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared, producer.hollow)
                 send_object(self.ctx.ctrl, done, 0, Tag.REPORT, "the coordinator to take a stream report", self.ctx.timeout_s)
                 moved = True
         return moved

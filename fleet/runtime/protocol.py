@@ -202,3 +202,4 @@ class StreamDone:
     rank: int
     decoded: int
     shared: int = 0  # chunks its root master took from shared memory
+    hollow: int = 0  # chunks sent as a header only, after every member had left

@@ -17,6 +17,8 @@ cannot block on one.
 
 When the group leaves (converged, or checkpointed), the master stops forwarding, tells its
 workers, and keeps taking its chunks until the switch chunk of the regroup that removes it.
+A hollow chunk (a header alone: the stream's newest layout has no master) also ends the
+forwarding, since no member trains past it.
 No chunk at or past the stream's `end` (its layout's) comes: a master that gets there waits
 for the coordinator's next regroup, which removes it or moves the end. Each thread owns the
 communicator it is given (a Dup of the group's) and frees it.
@@ -267,10 +269,12 @@ class MasterStream(StreamThread):
             what = f"the other masters of stream {self.stream} to take chunk {old_chunk}"
             self._wait(lambda: all_done(requests), what)
         tag = chunk_tag(self.stream, chunk)
+        hollow = is_hollow(self.chunks.header(message))
         requests = []
         for master in (m for m in layout.masters if m != self.rank):
             in_place = claim is not None and self.pool.is_local(master)
-            requests.append(self.ctx.data_parent.Issend(message[:HEADER_BYTES] if in_place else data, dest=master, tag=tag))
+            header_only = in_place or hollow
+            requests.append(self.ctx.data_parent.Issend(message[:HEADER_BYTES] if header_only else data, dest=master, tag=tag))
             if claim is not None and not in_place:
                 claim.requests.append(requests[-1])
         self.fanout.append((chunk, requests))
@@ -319,12 +323,14 @@ class MasterStream(StreamThread):
     def _forward(self, data: np.ndarray, claim: Claim | None) -> None:
         """The group's shares of a chunk; a claim on its slot is queued for release only once
         nothing here reads the slot any more (its own rows copied, the workers' sends posted)."""
-        if not self.forwarding or self.leave_requested.is_set():
+        header = self.chunks.header(data)
+        if not self.forwarding or self.leave_requested.is_set() or is_hollow(header):
+            # a hollow chunk means the coordinator has ended this group's part (a checkpoint
+            # command the trainer may not have polled yet): the member stops before it
             if self.forwarding:
                 self._stop_forwarding()
             self._queue_release(claim)
             return
-        header = self.chunks.header(data)
         count = int(header[Field.COUNT])
         epoch_end = self.clock.consume(count)
         x, y = self.chunks.images(data), self.chunks.labels(data)
@@ -441,6 +447,11 @@ class WorkerShares(StreamThread):
 
     def cleanup(self) -> None:
         self.group_comm.Free()
+
+
+def is_hollow(header: np.ndarray) -> bool:
+    """A chunk sent without samples, once every member of its stream had left (see preprocessor.py)."""
+    return bool(int(header[Field.FLAGS]) & Flag.HOLLOW)
 
 
 def own_rows(x: np.ndarray, y: np.ndarray, lo: int, hi: int, copy: bool = False) -> tuple[np.ndarray, np.ndarray]:
