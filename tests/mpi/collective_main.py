@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collective_cases as cases
+from fleet.atomic import atomic_write_text
 from fleet.runtime.waiting import WaitTimeout, recv_object, wait_requests
 
 LATE_S = 2.0
@@ -67,14 +68,6 @@ def timeout(world) -> dict:
     return out
 
 
-def write_record(result: dict, directory: str) -> None:
-    """DIR/rank-R.json, renamed into place so a reader never sees half a record."""
-    path = os.path.join(directory, f"rank-{result['rank']}.json")
-    with open(path + ".part", "w") as out:
-        json.dump(result, out)
-    os.replace(path + ".part", path)
-
-
 def everyone_wrote(world) -> None:
     """Return once every rank has written: the launcher kills the others when the first rank exits
     without MPI_Finalize, which could otherwise stop a slower rank before its record."""
@@ -93,7 +86,7 @@ def main() -> None:
     world = MPI.COMM_WORLD
     suite, directory = sys.argv[1:3]
     result = {"rank": world.rank, "size": world.size, "suite": suite, **SUITES[suite](world)}
-    write_record(result, directory)
+    atomic_write_text(os.path.join(directory, f"rank-{world.rank}.json"), json.dumps(result))
     if suite != "checks":
         sys.stderr.flush()
         everyone_wrote(world)
