@@ -159,7 +159,6 @@ class GroupTraining:
             self._epoch_sums = self._group_epoch_sums()
             self._save_checkpoint()
         self.ctx.extras.setdefault("draining", []).append(stream)
-        self.collective.close()
         return MemberLeft(
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
             self.totals.samples, self.gpu_seconds, self.checkpoint_s, self.engine.num_parameters,
@@ -380,11 +379,15 @@ class TrainerLoop:
         try:
             training = GroupTraining(self.ctx, start, group_comm)
             left = training.run()
+            if start.ranks[0] == self.ctx.rank:
+                # the checkpoint is saved: the next round may be planned and its data decoded
+                # while the group closes its collective (a gloo group's close is two barriers)
+                send_object(self.ctx.ctrl, left, 0, Tag.REPORT, "the coordinator to take a leave report",
+                            self.ctx.timeout_s)
+            training.collective.close()
         finally:
             group_comm.Free()
         self.ctx.who.role = "trainer"
-        if start.ranks[0] == self.ctx.rank:
-            send_object(self.ctx.ctrl, left, 0, Tag.REPORT, "the coordinator to take a leave report", self.ctx.timeout_s)
 
     def _reap_draining(self) -> None:
         draining = self.ctx.extras.get("draining", [])
