@@ -578,3 +578,33 @@ def test_a_leave_stops_the_group_and_never_closes_an_epoch():
     training = ScriptedTraining([batch(4), batch(4, epoch_end=True), batch(4), batch(0, leave=True)])
     assert training._train(batcher=None, stream=None) is False
     assert training.steps == [4, 4, 4] and training.epochs_closed == 1  # the second epoch was cut short
+
+
+def test_a_master_reports_its_leave_before_its_group_closes_the_collective(monkeypatch):
+    """The next round is planned, and its data decoded, while the group closes its collective."""
+    import fleet.runtime.trainer as trainer
+    from types import SimpleNamespace
+
+    calls = []
+
+    class Comm:
+        def Free(self):
+            calls.append("free")
+
+    class Training:
+        def __init__(self, ctx, start, group_comm):
+            self.collective = SimpleNamespace(close=lambda: calls.append("close"))
+
+        def run(self):
+            calls.append("checkpointed")
+            return "left"
+
+    monkeypatch.setattr(trainer, "create_group_comm", lambda parent, ranks, uid: Comm())
+    monkeypatch.setattr(trainer, "GroupTraining", Training)
+    monkeypatch.setattr(trainer, "send_object", lambda comm, obj, dest, tag, what, timeout: calls.append(f"send {obj}"))
+    start = SimpleNamespace(model="m", ranks=(3, 4), group_uid=1)
+    for rank, expected in [(3, ["checkpointed", "send left", "close", "free"]), (4, ["checkpointed", "close", "free"])]:
+        calls.clear()
+        ctx = SimpleNamespace(rank=rank, who=SimpleNamespace(role=None), group_parent=None, ctrl=None, timeout_s=1.0)
+        trainer.TrainerLoop(ctx)._run_member(start)
+        assert calls == expected and ctx.who.role == "trainer"
