@@ -71,18 +71,22 @@ def build_document(
     preprocessing: Mapping[str, Any],
     hardware: Mapping[str, Any],
     timing: Mapping[str, Any],
+    timed_as: Mapping[str, str] | None = None,
 ) -> dict:
     """The profile.json dict.
 
     Args:
         measured: per model id, per m: ``{"rate", "step_s", "gpus"}`` or ``{"failed": reason, "gpus"}``.
+        timed_as: model id -> the id whose measurements stand for it (`profiler.plan.timed_as`);
+            such a model's entry names it under ``timed_as``.
         preprocessing: the preprocessors' block (``samples_per_s`` by process count, ...).
         hardware: device, device name, hosts, versions.
         timing: started/finished timestamps, seconds, batches, timed, m_t.
     """
     models, failures = [], []
     for model in spec.models:
-        by_m = measured.get(model.id, {})
+        source = (timed_as or {}).get(model.id, model.id)
+        by_m = measured.get(source, {})
         rates = model_rates(by_m)
         for m, entry in sorted(by_m.items()):
             if "failed" in entry:
@@ -98,6 +102,8 @@ def build_document(
             "step_s": {str(m): round(float(e["step_s"]), 6) for m, e in sorted(by_m.items()) if "step_s" in e},
             "trainers": {str(m): e["gpus"] for m, e in sorted(by_m.items()) if "gpus" in e},
         }
+        if source != model.id:
+            entry["timed_as"] = source
         parameters = by_m.get(1, {}).get("parameters")
         if parameters:
             entry["param_bytes"] = 4 * int(parameters)  # float32

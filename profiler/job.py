@@ -15,8 +15,9 @@ from typing import Any
 
 from profiler.document import build_document
 from profiler.measure import time_decoding, time_training
-from profiler.plan import Measurement, preprocessor_counts, threshold_gpus, waves
+from profiler.plan import Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
 from fleet.runtime.waiting import bcast_object, recv_object, send_object
+from fleet.spec.sections import Device
 
 RESULT_TAG = 91
 DECODE_SECONDS = 1.0
@@ -76,14 +77,15 @@ class _Driver:
         self.topology = ctx.topology
         self.gpus = self.spec.cluster.gpus
         self.uid = 0
-        self.measured: dict[str, dict[int, dict]] = {m.id: {} for m in self.spec.models}
+        self.timed_as = timed_as(self.spec.models, emulated=self.spec.cluster.device is Device.EMULATED)
+        self.measured: dict[str, dict[int, dict]] = {m: {} for m in self.timed_as.values()}
 
     def run(self) -> dict:
         started, began = dt.datetime.now(dt.timezone.utc), time.monotonic()
         sched = self.spec.scheduler
-        ids = [m.id for m in self.spec.models]
+        ids = list(self.measured)
         self.say(f"profile: {len(ids)} models on {self.gpus} trainer(s): {sched.profile_batches} batches each, "
-                 f"timing the last {sched.profile_timed}")
+                 f"timing the last {sched.profile_timed}{self._shared_note()}")
         self._measure([(model, 1) for model in ids])
         single = {m: e[1]["rate"] for m, e in self.measured.items() if "rate" in e.get(1, {})}
         m_t = threshold_gpus(single, self.spec.cluster.gpus_per_node, self.gpus)
@@ -98,7 +100,15 @@ class _Driver:
             "timed": sched.profile_timed, "m_t": m_t,
         }
         return build_document(self.spec, len(self.ctx.train_idx), self.measured, preprocessing,
-                              self._hardware(), timing)
+                              self._hardware(), timing, self.timed_as)
+
+    def _shared_note(self) -> str:
+        """How many spec models the timed ones stand for, when some train at the same speed."""
+        shared = len(self.timed_as) - len(self.measured)
+        if not shared:
+            return ""
+        return (f" ({len(self.timed_as)} in the spec: {shared} differ from a timed one only in learning rate, "
+                "schedule, epochs or stop rule, and take its rates)")
 
     # -- steps ------------------------------------------------------------------------------
 

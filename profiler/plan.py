@@ -4,11 +4,14 @@ The FLEET paper's profiler trains each model for at most `profile_batches` batch
 and times the last `timed` of them, for m = 1..M_t with
 M_t = max(ceil(max_i r_i(1) / min_i r_i(1)), 2 * gpus_per_node), capped by the GPUs there
 are; Eq. 5 extrapolates beyond. Independent (model, m) measurements run at the same time on
-disjoint trainers: `waves` packs them, node-local whenever m fits on one node.
+disjoint trainers: `waves` packs them, node-local whenever m fits on one node. Models that
+train at the same speed (`speed_key`: a sweep over learning rates, schedules or stop rules of
+one architecture) are timed once, by the first of them (`timed_as`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +27,24 @@ class Measurement:
     @property
     def m(self) -> int:
         return len(self.gpus)
+
+
+def speed_key(model, emulated: bool = False) -> str:
+    """What a model's step time depends on (a spec's `ModelSpec`): its architecture, batch size
+    and optimizer, with or without momentum and weight decay; not its learning rate, schedule,
+    epochs, stop rule or seed. On the emulated device, its id too (its rates are its own)."""
+    train = model.train
+    facts = {"family": model.family, "params": model.params, "optimizer": train.optimizer,
+             "batch_size": train.batch_size, "momentum": train.momentum > 0, "weight_decay": train.weight_decay > 0,
+             "id": model.id if emulated else None}
+    return json.dumps(facts, sort_keys=True, default=str)
+
+
+def timed_as(models: Sequence, emulated: bool = False) -> dict[str, str]:
+    """Each model's id -> the id of the first model (in the given order) of the same
+    `speed_key`: the one whose measurements stand for both."""
+    first: dict[str, str] = {}
+    return {model.id: first.setdefault(speed_key(model, emulated), model.id) for model in models}
 
 
 def threshold_gpus(single_rates: Mapping[str, float], gpus_per_node: int, total_gpus: int) -> int:

@@ -37,9 +37,11 @@ def events(run_dir: Path) -> list[dict]:
 
 def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_path):
     """3 trainers + 1 preprocessor; one model asks for a 2**36-unit layer: it cannot be
-    allocated, is recorded with its reason and left out of the plan. Then `fleet train` in
+    allocated, is recorded with its reason and left out of the plan. A copy of one model at
+    another learning rate is not timed again: it takes that model's rates. Then `fleet train` in
     the same run directory reuses the profile instead of measuring again."""
     models = [{"family": "mlp", "name": "small", "params": {"hidden": [32]}},
+              {"family": "mlp", "name": "small-lr", "params": {"hidden": [32]}, "train": {"lr": 0.2}},
               {"family": "mlp", "name": "wide", "params": {"hidden": [128, 64]}},
               {"family": "cnn", "name": "conv", "params": {"channels": [8], "hidden": 0}},
               {"family": "mlp", "name": "huge", "params": {"hidden": [2**36]}}]
@@ -48,7 +50,10 @@ def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_pa
     done = run_mpi(4, "profile", str(spec), "--run-dir", str(run_dir), "--gpus", "3,6", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rates = load_profile(run_dir / "profile.json")
-    assert set(rates.ids) == {"small", "wide", "conv"}
+    assert set(rates.ids) == {"small", "small-lr", "wide", "conv"}
+    assert rates.profile("small-lr").rates == rates.profile("small").rates
+    assert "(5 in the spec: 1 differ from a timed one only in learning rate" in done.stdout
+    assert "small-lr@" not in done.stdout  # no wave timed it
     assert all(r > 0 for p in rates.models for r in p.rates) and len(rates.models[0].rates) == 3  # M_t = 3
     document = json.loads((run_dir / "profile.json").read_text())
     assert [f["id"] for f in document["failures"]] == ["huge"]
@@ -57,7 +62,7 @@ def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_pa
     assert {m["batch_size"] for m in document["models"]} == {32}
     plan = json.loads((run_dir / "plan.json").read_text())
     planned = {m["model"] for r in plan["rounds"] for m in r["members"]}
-    assert planned == {"small", "wide", "conv"}
+    assert planned == {"small", "small-lr", "wide", "conv"}
     assert (run_dir / "plan-gantt.png").stat().st_size > 1000
     for policy in ("fleet-g", "fleet-l", "baseline", "homogeneous"):
         assert policy in done.stdout
@@ -74,7 +79,7 @@ def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_pa
     result = json.loads((run_dir / "results.json").read_text())
     by_id = {m["id"]: m for m in result["models"]}
     assert by_id["huge"]["epochs"] == 0 and "profiling failed" in by_id["huge"]["stop_reason"]
-    assert all(by_id[m]["epochs"] == 1 for m in ("small", "wide", "conv"))
+    assert all(by_id[m]["epochs"] == 1 for m in ("small", "small-lr", "wide", "conv"))
 
 
 def test_emulated_rates_are_recovered_within_five_percent(tmp_path):

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from fleet.spec import parse_spec
 from profiler.document import build_document, model_rates, reuse_verdict, stream_demand
-from profiler.plan import decode_capacity, needed_preprocessors, preprocessor_counts, threshold_gpus, waves
+from profiler.plan import decode_capacity, needed_preprocessors, preprocessor_counts, threshold_gpus, timed_as, waves
 
 
 def test_threshold_is_the_rate_spread_or_two_nodes_capped_by_the_gpus():
@@ -107,6 +107,35 @@ def test_document_lists_failures_and_leaves_them_out_of_the_rates():
     assert reuse_verdict(doc, spec(threads_per_trainer=2))[0] is False
     assert reuse_verdict({"schema": 1, "models": []}, s)[0] is True  # written by hand: taken as given
     assert reuse_verdict(None, s) == (False, "no profile.json")
+
+
+def test_models_that_differ_only_in_how_they_learn_are_timed_once():
+    s = parse_spec({
+        "name": "p", "data": {"source": "digits"}, "cluster": {"gpus_per_node": 2},
+        "models": [
+            {"family": "cnn", "name": "base", "params": {"channels": [8]}},
+            {"family": "cnn", "name": "lr", "params": {"channels": [8]},
+             "train": {"lr": 0.2, "max_epochs": 3, "schedule": {"kind": "cosine"}, "stop": {"patience": 2}}},
+            {"family": "cnn", "name": "batch", "params": {"channels": [8]}, "train": {"batch_size": 64}},
+            {"family": "cnn", "name": "adam", "params": {"channels": [8]}, "train": {"optimizer": "adam"}},
+            {"family": "cnn", "name": "plain-sgd", "params": {"channels": [8]}, "train": {"momentum": 0.0}},
+            {"family": "cnn", "name": "wider", "params": {"channels": [16]}},
+            {"family": "cnn", "name": "wider-lr", "params": {"channels": [16]}, "train": {"lr": 0.01}},
+            {"family": "cnn", "name": "no-decay", "params": {"channels": [8]}, "train": {"weight_decay": 0.0}},
+        ],
+    })
+    assert timed_as(s.models) == {"base": "base", "lr": "base", "batch": "batch", "adam": "adam",
+                                  "plain-sgd": "plain-sgd", "wider": "wider", "wider-lr": "wider",
+                                  "no-decay": "no-decay"}
+    assert set(timed_as(s.models, emulated=True).values()) == {m.id for m in s.models}  # rates by id
+    measured = {m: {1: {"rate": 10.0 * i, "step_s": 0.1, "gpus": [0], "parameters": 5}} for i, m in enumerate(
+        ["base", "batch", "adam", "plain-sgd", "no-decay"], start=1)}
+    measured["wider"] = {1: {"failed": "out of memory", "gpus": [0]}}
+    doc = build_document(s, 100, measured, {}, {}, {}, timed_as(s.models))
+    entries = {m["id"]: m for m in doc["models"]}
+    assert entries["lr"]["rates"] == entries["base"]["rates"] == {"1": 10.0}
+    assert entries["lr"]["timed_as"] == "base" and "timed_as" not in entries["base"]
+    assert [f["id"] for f in doc["failures"]] == ["wider", "wider-lr"]  # a copy shares its failure too
 
 
 def test_stream_demand_counts_each_stream_once_at_its_slowest_member():
