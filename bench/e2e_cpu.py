@@ -240,9 +240,10 @@ def main() -> None:
         print(f"{policy:<14}{res['makespan_s']:>11.1f}{base['makespan_s'] / res['makespan_s']:>12.2f}x"
               f"{predicted[policy]:>12.1f}{predicted['baseline'] / predicted[policy]:>18.2f}x"
               f"{res['rounds']:>8}{res['samples_decoded']:>10,}{res['samples_decoded'] / base['samples_decoded']:>14.2f}"
-              f"{accuracy:>15}{share(res, 'planning'):>10}{share(res, 'checkpoint'):>12}")
-    print("planning, checkpoint: the run's overhead seconds (results.json) as a share of its makespan; "
-          "checkpoint seconds are summed over the models, which checkpoint side by side")
+              f"{accuracy:>15}{share(res, 'planning'):>10}{checkpoint_share(res):>12}")
+    print("planning: the coordinator's planning seconds as a share of the makespan; checkpoint: the trainers' "
+          "seconds waiting for their group's saves (results.json's checkpoint_gpu) as a share of all trainers' "
+          "seconds (makespan x trainers)")
 
 
 def policy_list(text: str) -> list[str]:
@@ -256,6 +257,11 @@ def policy_list(text: str) -> list[str]:
 
 def share(result: dict, overhead: str) -> str:
     return f"{100 * result['overhead_s'][overhead] / result['makespan_s']:.3f}%"
+
+
+def checkpoint_share(result: dict) -> str:
+    seconds = result["overhead_s"].get("checkpoint_gpu")  # absent in results of older runs
+    return "-" if seconds is None else f"{100 * seconds / (result['makespan_s'] * result['gpus']):.3f}%"
 
 
 if __name__ == "__main__":

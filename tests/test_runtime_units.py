@@ -226,7 +226,7 @@ class RefiningCoordinator:
         self.make_policy = lambda: create_policy(policy_name)
         self.ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
         self.refiner, self.rejected, self.interrupted = RateRefiner(), None, False
-        self.planning_s, self.checkpoint_s, self.checkpoints_taken = 0.0, checkpoint_s, 1
+        self.planning_s, self.checkpoint_s, self.saves = 0.0, checkpoint_s, 1
         self.logged, self.log, self.console = [], self, self
 
     def write(self, event, **fields):
@@ -608,3 +608,24 @@ def test_a_master_reports_its_leave_before_its_group_closes_the_collective(monke
         ctx = SimpleNamespace(rank=rank, who=SimpleNamespace(role=None), group_parent=None, ctrl=None, timeout_s=1.0)
         trainer.TrainerLoop(ctx)._run_member(start)
         assert calls == expected and ctx.who.role == "trainer"
+
+
+def test_each_checkpoint_is_counted_once_and_weighed_by_its_group(tmp_path):
+    """The master reports the save seconds since its last report; the coordinator sums them,
+    and counts each save's seconds once per trainer of the group (they wait for it)."""
+    from types import SimpleNamespace
+
+    group = SimpleNamespace(checkpoint_s=0.0, reported_checkpoint_s=0.0)
+    unreported = GroupTraining._unreported_checkpoint_s.__get__(group)
+    reported = []
+    for save_s in (0.5, 0.25, 0.125):  # epoch 1, epoch 2, the leave
+        group.checkpoint_s += save_s
+        reported.append(unreported())
+    assert reported == [0.5, 0.25, 0.125]
+
+    books = SimpleNamespace(checkpoint_s=0.0, checkpoint_gpu_s=0.0, saves=0)
+    count = Coordinator._count_checkpoint.__get__(books)
+    for seconds, group_size in zip(reported, (2, 2, 2)):
+        count(seconds, group_size)
+    count(0.0, 3)  # a cancelled join: nothing saved
+    assert books.checkpoint_s == 0.875 and books.checkpoint_gpu_s == 1.75 and books.saves == 3

@@ -115,14 +115,15 @@ class Coordinator:
         self.groups_open = 0
         self.plan_rounds: list[dict] = []
         self.planning_s = 0.0
-        self.checkpoint_s = 0.0
+        self.checkpoint_s = 0.0  # masters' save seconds, summed over models
+        self.checkpoint_gpu_s = 0.0  # the same, times each group's size: its trainers wait for the save
         self.val_decoded = 0
         self.last_keepalive = time.monotonic()
         self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
         self.interrupted = False
         self.refiner = RateRefiner()
         self.rejected: RateTable | None = None  # the last proposal weighed and not taken
-        self.checkpoints_taken = 0
+        self.saves = 0  # checkpoints counted in checkpoint_s
         self.local_reports: deque = deque()  # reports the coordinator makes itself (a cancelled join)
 
     @property
@@ -201,11 +202,11 @@ class Coordinator:
         record = self.records[report.model]
         record.epochs = report.epoch
         record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason")})
-        self.checkpoint_s += report.checkpoint_s
+        group_size = len(self.ledger.model(report.model).gpus)
+        self._count_checkpoint(report.checkpoint_s, group_size)
         self.console.epoch(report.model, report.epoch, report.train_loss, report.val_accuracy,
                            report.samples_per_s, report.stream_samples_per_s)
         self.log.write("epoch", **report.__dict__)
-        group_size = len(self.ledger.model(report.model).gpus)
         if group_size:
             self.refiner.observe(report.model, group_size, report.samples_per_s)
         self.ledger.epoch_done(report.model, report.epoch)
@@ -232,16 +233,20 @@ class Coordinator:
         self.log.write("member_left", **report.__dict__)
         if report.converged:
             return
-        self.checkpoint_s += report.checkpoint_s
-        self.checkpoints_taken += 1
         record.epochs = report.epochs
         self.ledger.epoch_done(report.model, report.epochs)
         gpus = self.ledger.release(report.model, ModelState.PAUSED)
+        self._count_checkpoint(report.checkpoint_s, len(gpus))
         self.log.write("checkpoint", model=report.model, epochs=report.epochs, epoch_samples=report.epoch_samples)
         self.console.left(report.model, f"checkpointed at epoch {report.epochs} + {report.epoch_samples} samples")
         event = CheckpointCompleted(report.model, self.now, gpus)
         self._refine_rates()
         self._decide(lambda view: self.policy.on_event(event, view))
+
+    def _count_checkpoint(self, seconds: float, group_size: int) -> None:
+        self.checkpoint_s += seconds
+        self.checkpoint_gpu_s += seconds * max(1, group_size)
+        self.saves += seconds > 0
 
     # -- self-tuning rates ----------------------------------------------------------------------
 
@@ -288,8 +293,8 @@ class Coordinator:
         return None if verdict is None else (proposal, verdict)
 
     def _change_cost_s(self) -> float:
-        """A moved model pays a checkpoint and a restore: measured so far, else 1 s each."""
-        each = self.checkpoint_s / self.checkpoints_taken if self.checkpoints_taken else 1.0
+        """A moved model pays a checkpoint and a restore: the mean save so far, else 1 s each."""
+        each = self.checkpoint_s / self.saves if self.saves else 1.0
         return 2 * each
 
     # -- decisions -> commands --------------------------------------------------------------------

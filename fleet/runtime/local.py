@@ -116,6 +116,6 @@ def train_local(spec: Spec, device: str, on_epoch: Callable[[EpochRecord], None]
         makespan_s=time.perf_counter() - start,
         rounds=len(spec.models),
         samples_decoded=data.samples_decoded,
-        overhead_s={"planning": 0.0, "checkpoint": 0.0},
+        overhead_s={"planning": 0.0, "checkpoint": 0.0, "checkpoint_gpu": 0.0},
         models=results,
     )

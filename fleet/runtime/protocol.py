@@ -153,7 +153,7 @@ class EpochReport:
     stream_samples_per_s: float  # what the group actually consumed per second
     lr: float
     epoch_s: float
-    checkpoint_s: float
+    checkpoint_s: float  # the master's saves since its last report (the epoch's checkpoint)
     stop_reason: str | None
     samples: int = 0  # the epoch's samples, resumed part included
 
@@ -179,7 +179,7 @@ class MemberLeft:
     epochs: int
     epoch_samples: int
     gpu_seconds: float
-    checkpoint_s: float
+    checkpoint_s: float  # the master's saves since its last epoch report (the leave's checkpoint)
     parameters: int
     val_decoded: int = 0  # validation samples this rank decoded since its last report
 

@@ -202,7 +202,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=makespan,
         rounds=coordinator.ledger.round + 1, samples_decoded=coordinator.samples_decoded,
         overhead_s={"planning": coordinator.planning_s, "checkpoint": coordinator.checkpoint_s,
-                    "startup": startup_s},
+                    "checkpoint_gpu": coordinator.checkpoint_gpu_s, "startup": startup_s},
         validation_samples_decoded=coordinator.val_decoded,
         chunks_in_shared_memory=coordinator.chunks_shared,
         interrupted=coordinator.interrupted,
