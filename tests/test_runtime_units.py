@@ -610,13 +610,13 @@ def test_a_master_reports_its_leave_before_its_group_closes_the_collective(monke
         assert calls == expected and ctx.who.role == "trainer"
 
 
-def test_each_checkpoint_is_counted_once_and_weighed_by_its_group(tmp_path):
+def test_each_checkpoint_is_counted_once_and_weighed_by_its_group():
     """The master reports the save seconds since its last report; the coordinator sums them,
     and counts each save's seconds once per trainer of the group (they wait for it)."""
     from types import SimpleNamespace
 
-    group = SimpleNamespace(checkpoint_s=0.0, reported_checkpoint_s=0.0)
-    unreported = GroupTraining._unreported_checkpoint_s.__get__(group)
+    group = SimpleNamespace(checkpoint_s=0.0)
+    unreported = GroupTraining._take_checkpoint_s.__get__(group)
     reported = []
     for save_s in (0.5, 0.25, 0.125):  # epoch 1, epoch 2, the leave
         group.checkpoint_s += save_s

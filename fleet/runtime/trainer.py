@@ -97,8 +97,7 @@ class GroupTraining:
         self.collective.broadcast_engine(self.engine)
         self.totals = self._resumed_epoch(epoch_samples)
         self.stop_requested = False
-        self.checkpoint_s = 0.0  # this group's saves so far
-        self.reported_checkpoint_s = 0.0
+        self.checkpoint_s = 0.0  # seconds of this group's saves since its master's last report
         self.last_progress = time.monotonic()
 
     # -- set-up ---------------------------------------------------------------------------
@@ -162,7 +161,7 @@ class GroupTraining:
         self.ctx.extras.setdefault("draining", []).append(stream)
         return MemberLeft(
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
-            self.totals.samples, self.gpu_seconds, self._unreported_checkpoint_s(), self.engine.num_parameters,
+            self.totals.samples, self.gpu_seconds, self._take_checkpoint_s(), self.engine.num_parameters,
             self.ctx.extras.pop("val_decoded", 0),
         )
 
@@ -287,17 +286,17 @@ class GroupTraining:
         self._save_checkpoint()
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
-            metrics["accuracy"], compute_rate, samples / max(epoch_s, 1e-9), lr, epoch_s, self._unreported_checkpoint_s(),
+            metrics["accuracy"], compute_rate, samples / max(epoch_s, 1e-9), lr, epoch_s, self._take_checkpoint_s(),
             reason.value if reason else None, samples,
         )
         send_object(self.ctx.ctrl, report, 0, Tag.REPORT, "the coordinator to take an epoch report", self.ctx.timeout_s)
         return reason
 
-    def _unreported_checkpoint_s(self) -> float:
-        """Seconds of saves since the last report: the coordinator sums the reports, so each save counts once."""
-        unreported = self.checkpoint_s - self.reported_checkpoint_s
-        self.reported_checkpoint_s = self.checkpoint_s
-        return unreported
+    def _take_checkpoint_s(self) -> float:
+        """Seconds of saves since the last report, for this one: the coordinator sums the reports,
+        so each save counts once."""
+        seconds, self.checkpoint_s = self.checkpoint_s, 0.0
+        return seconds
 
     def _save_checkpoint(self) -> None:
         if not self.is_master:
