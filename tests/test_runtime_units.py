@@ -216,15 +216,17 @@ class RefiningCoordinator:
 
     _refine_rates = Coordinator._refine_rates
     _weigh_measured_rates = Coordinator._weigh_measured_rates
-    _change_cost_s = Coordinator._change_cost_s
+    _measured_overheads = Coordinator._measured_overheads
 
-    def __init__(self, policy_name: str, checkpoint_s: float):
+    def __init__(self, policy_name: str, checkpoint_s: float, rates: RateTable | None = None,
+                 epochs: tuple = (3, 3, 3)):
         from fleet.schedule.planners import create_policy
         from fleet.schedule.refine import RateRefiner
 
         self.policy = create_policy(policy_name)
         self.make_policy = lambda: create_policy(policy_name)
-        self.ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
+        rates = rates or rates3()
+        self.ledger = Ledger(rates, epochs, total_gpus=4, gpus_per_node=rates.gpus_per_node)
         self.refiner, self.rejected, self.interrupted = RateRefiner(), None, False
         self.planning_s, self.checkpoint_s, self.saves = 0.0, checkpoint_s, 1
         self.logged, self.log, self.console = [], self, self
@@ -254,6 +256,24 @@ def test_measured_rates_are_weighed_only_where_they_can_change_a_plan_and_once_w
     costly.refiner.observe("a", 1, 5.0)  # now by a third: weighed again
     costly._refine_rates()
     assert costly.logged == ["rates_kept", "rates_kept"] and costly.planning_s > 0
+
+
+def test_measured_rates_are_weighed_at_the_checkpoint_cost_the_run_measured():
+    """b trains 11% slower than profiled: planned on that, FLEET-G's schedule is 0.24 s shorter but
+    has two rounds more. At this run's 0.05-s saves that pays; the simulator's default costs (a
+    cluster's 5 s per checkpoint and per restore) would have priced each extra round at ~10 s."""
+    rates = RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 1000, "models": [
+        {"id": m, "rates": {str(k + 1): r * f for k, f in enumerate((1.0, 1.8, 2.4, 2.8))}}
+        for m, r in (("a", 200), ("b", 200), ("c", 400))]})
+    coordinator = RefiningCoordinator("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
+    coordinator.refiner.observe("b", 1, 178.0)
+    coordinator._refine_rates()
+    assert coordinator.logged == ["rates_refined"] and coordinator.ledger.rates.rate("b", 1) == 178.0
+    fresh = RefiningCoordinator("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
+    fresh.refiner.observe("b", 1, 178.0)
+    _, verdict = fresh._weigh_measured_rates()
+    assert verdict.cost_s == pytest.approx(0.1)  # one model moved: a save and a restore
+    assert 0.1 < verdict.gain_s < 1.0, verdict
 
 
 def test_mpiexec_command_for_one_and_several_nodes():

@@ -39,6 +39,7 @@ from fleet.runtime.protocol import (
 )
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 from fleet.schedule import CheckpointCompleted, Decision, EpochCompleted, ModelConverged, ModelState, StreamPlan
+from fleet.schedule.costs import Overheads
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.rates import RateTable
 from fleet.schedule.refine import RateRefiner, Refinement, makespan_simulator, rate_changes, weigh_refinement
@@ -287,15 +288,19 @@ class Coordinator:
             return None
         ids = [v.id for v in unfinished]
         remaining = [max(1.0, v.epochs_estimate - v.epochs_done) for v in unfinished]
-        simulate = makespan_simulator(self.make_policy, self.ledger.total_gpus)
+        costs = self._measured_overheads()
+        simulate = makespan_simulator(self.make_policy, self.ledger.total_gpus, costs)
         verdict = weigh_refinement(_subset(current, ids), _subset(proposal, ids), remaining, simulate,
-                                   self._change_cost_s())
+                                   costs.checkpoint_s(None) + costs.restore_s(None))
         return None if verdict is None else (proposal, verdict)
 
-    def _change_cost_s(self) -> float:
-        """A moved model pays a checkpoint and a restore: the mean save so far, else 1 s each."""
+    def _measured_overheads(self) -> Overheads:
+        """This run's costs, for the simulations that weigh a change of rates, and for the change
+        itself (a moved model pays a checkpoint and a restore): a checkpoint or a restore takes
+        the mean save so far (else 1 s), whatever the model's size. Not the simulator's default,
+        a cluster's 5 s each, which made every extra round of a plan look 10 s dearer than it is."""
         each = self.checkpoint_s / self.saves if self.saves else 1.0
-        return 2 * each
+        return Overheads(latency_s=each, bandwidth=float("inf"), planning_s=0.0)
 
     # -- decisions -> commands --------------------------------------------------------------------
 
