@@ -258,6 +258,25 @@ def test_measured_rates_are_weighed_only_where_they_can_change_a_plan_and_once_w
     assert costly.logged == ["rates_kept", "rates_kept"] and costly.planning_s > 0
 
 
+def test_fleet_g_s_rates_are_weighed_only_once_its_cluster_is_drained():
+    """FLEET-G plans only when no model runs or checkpoints: a weighing before then is wasted."""
+    coordinator = RefiningCoordinator("fleet-g", checkpoint_s=0.01)
+    ledger = coordinator.ledger
+    ledger.begin_launch()
+    stream = ledger.open_stream()
+    ledger.reserve("a", (0,), stream)
+    ledger.reserve("b", (1,), stream)
+    coordinator.refiner.observe("b", 1, 22.0)
+    ledger.release("a", ModelState.CONVERGED)
+    coordinator._refine_rates()  # b still runs
+    ledger.start_checkpoint("b")
+    coordinator._refine_rates()  # b still saves
+    assert coordinator.logged == [] and coordinator.planning_s == 0
+    ledger.release("b", ModelState.PAUSED)
+    coordinator._refine_rates()
+    assert coordinator.logged in (["rates_refined"], ["rates_kept"]) and coordinator.planning_s > 0
+
+
 def test_measured_rates_are_weighed_at_the_checkpoint_cost_the_run_measured():
     """b trains 11% slower than profiled: planned on that, FLEET-G's schedule is 0.24 s shorter but
     has two rounds more. At this run's 0.05-s saves that pays; the simulator's default costs (a

@@ -254,8 +254,11 @@ class Coordinator:
     def _refine_rates(self) -> None:
         """Before the policy may plan: fold the measured rates in when the simulator predicts
         a gain above the cost of the change (see `fleet.schedule.refine`). A proposal within
-        `MIN_CHANGE` of one already turned down is not weighed again."""
+        `MIN_CHANGE` of one already turned down is not weighed again. Nor are rates weighed
+        while a policy that plans only on a drained cluster cannot plan."""
         if self.interrupted or not self.refiner.measured or not self.policy.uses_refined_rates:
+            return
+        if self.policy.plans_only_when_drained and not self.ledger.drained:
             return
         began = time.perf_counter()
         weighed = self._weigh_measured_rates()

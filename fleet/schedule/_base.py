@@ -291,6 +291,10 @@ class Policy(abc.ABC):
     #: change this policy's plans: it never reads the rate values (only the model ids), or it
     #: folds every epoch's measured rate into rates of its own. The runtime then skips it.
     uses_refined_rates: ClassVar[bool] = True
+    #: True where the policy launches only onto a drained cluster (no model running or
+    #: checkpointing), as FLEET-G's rounds do. The runtime then weighs measured rates only at
+    #: those moments, right before the one plan they could change.
+    plans_only_when_drained: ClassVar[bool] = False
 
     @abc.abstractmethod
     def start(self, view: ClusterView) -> Decision:

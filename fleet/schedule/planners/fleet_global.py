@@ -34,6 +34,7 @@ class FleetGlobal(Policy):
     """
 
     name = "fleet-g"
+    plans_only_when_drained = True
 
     def __init__(self, alpha: float = DEFAULT_ALPHA, delta: float | None = None, seed: int = 0):
         if not 0 < alpha <= 1:
