@@ -58,3 +58,24 @@ def test_a_profile_that_was_wrong_is_replanned_when_the_gain_beats_the_cost():
     assert verdict.adopt and verdict.predicted_new_s < verdict.predicted_keep_s
     costly = weigh_refinement(profiled, proposal, [4.0] * 4, simulate, change_cost_s=verdict.gain_s + 1)
     assert costly is not None and not costly.adopt
+
+
+def test_models_timed_as_one_are_measured_as_one():
+    """A sweep's copies of one architecture train at one rate; their reports differ by noise.
+    Pooled, they keep one rate and stay matched in FLEET-G's flotillas."""
+    profiled = RateTable.from_dict({
+        "schema": 1, "gpus_per_node": 2, "samples_per_epoch": 1000,
+        "models": [{"id": "a", "rates": {"1": 100.0, "2": 180.0}},
+                   {"id": "a-lr2", "rates": {"1": 100.0, "2": 180.0}, "timed_as": "a"},
+                   {"id": "b", "rates": {"1": 100.0, "2": 180.0}}],
+    })
+    refiner = RateRefiner(profiled)
+    refiner.observe("a-lr2", 1, 60.0)
+    refiner.observe("a", 1, 80.0)  # averaged with a-lr2's report: 70
+    refiner.observe("b", 1, 50.0)
+    proposal = refiner.propose(profiled)
+    assert proposal.profile("a").rates == proposal.profile("a-lr2").rates == pytest.approx((70.0, 126.0))
+    assert proposal.profile("b").rates == pytest.approx((50.0, 90.0))
+    alone = RateRefiner()  # without the table, every model is its own measurement
+    alone.observe("a-lr2", 1, 60.0)
+    assert alone.propose(profiled).profile("a").rates == (100.0, 180.0)

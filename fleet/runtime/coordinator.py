@@ -122,7 +122,7 @@ class Coordinator:
         self.last_keepalive = time.monotonic()
         self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
         self.interrupted = False
-        self.refiner = RateRefiner()
+        self.refiner = RateRefiner(ledger.rates)
         self.rejected: RateTable | None = None  # the last proposal weighed and not taken
         self.saves = 0  # checkpoints counted in checkpoint_s
         self.local_reports: deque = deque()  # reports the coordinator makes itself (a cancelled join)

@@ -3,7 +3,10 @@
 Each epoch report gives a model's samples/s on its group of m GPUs. `RateRefiner` keeps an
 exponential average per (model, m) and proposes a table in which measured entries replace
 the profiled ones and the other group sizes of the same model move by the same factor (the
-geometric mean of measured/profiled), so the profile's scaling shape is kept.
+geometric mean of measured/profiled), so the profile's scaling shape is kept. Models the
+profiler timed as one (a profile entry's ``timed_as``: they differ only in how they learn) are
+measured as one: their reports share the average, so the noise between copies of a sweep does
+not give them rates apart and split the flotillas they were planned in.
 
 `weigh_refinement` decides whether to plan with the proposal: it simulates the remaining
 work, with the proposal as the truth, once planned on the current rates and once on the
@@ -52,13 +55,15 @@ class Refinement:
 
 
 class RateRefiner:
-    def __init__(self) -> None:
+    def __init__(self, rates: RateTable | None = None) -> None:
+        """`rates`: the table whose `timed_as` entries say which models are measured as one."""
         self.measured: dict[tuple[str, int], float] = {}
+        self.timed_as = {p.id: p.extra["timed_as"] for p in (rates.models if rates else ()) if "timed_as" in p.extra}
 
     def observe(self, model: str, m: int, rate: float) -> None:
         if not (rate > 0 and math.isfinite(rate)):
             return
-        key = (model, m)
+        key = (self.timed_as.get(model, model), m)
         old = self.measured.get(key)
         self.measured[key] = rate if old is None else EMA_WEIGHT * rate + (1 - EMA_WEIGHT) * old
 
@@ -66,7 +71,8 @@ class RateRefiner:
         """`rates` with the measurements folded in (models without any are unchanged)."""
         profiles = []
         for profile in rates.models:
-            seen = {m: r for (model, m), r in self.measured.items() if model == profile.id}
+            timed = self.timed_as.get(profile.id, profile.id)
+            seen = {m: r for (model, m), r in self.measured.items() if model == timed}
             profiles.append(self._refine(profile, seen, rates.gpus_per_node) if seen else profile)
         return RateTable(tuple(profiles), rates.gpus_per_node, rates.samples_per_epoch, rates.extra)
 
