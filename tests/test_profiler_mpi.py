@@ -111,9 +111,10 @@ def test_emulated_rates_are_recovered_within_five_percent(tmp_path):
 
 def test_measured_rates_refine_a_wrong_profile_between_rounds(tmp_path):
     """The profile says four matched models (1600 samples/s); on the emulated device `a` really
-    trains at 400. Its epoch reports feed the rate table: when `b` converges (its stream is
-    held to a's pace by small queues), the coordinator logs the change and the predicted gain
-    of planning with it before the next launch."""
+    trains at 400. Its epoch reports feed the rate table: `b` converges (its stream is held to
+    a's pace by small queues), the round ends, and once every model has left its GPUs the
+    coordinator logs the change and the predicted gain of planning with it before the next
+    launch."""
     from test_runtime_mpi import digits_train_size
 
     n = digits_train_size(0.2, 3)

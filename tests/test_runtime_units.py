@@ -217,6 +217,8 @@ class RefiningCoordinator:
     _refine_rates = Coordinator._refine_rates
     _weigh_measured_rates = Coordinator._weigh_measured_rates
     _measured_overheads = Coordinator._measured_overheads
+    _same_next_plan = Coordinator._same_next_plan
+    now = 0.0
 
     def __init__(self, policy_name: str, checkpoint_s: float, rates: RateTable | None = None,
                  epochs: tuple = (3, 3, 3)):
@@ -275,6 +277,16 @@ def test_fleet_g_s_rates_are_weighed_only_once_its_cluster_is_drained():
     ledger.release("b", ModelState.PAUSED)
     coordinator._refine_rates()
     assert coordinator.logged in (["rates_refined"], ["rates_kept"]) and coordinator.planning_s > 0
+
+
+def test_fleet_g_s_rates_are_weighed_only_when_they_change_the_plan_about_to_be_made():
+    coordinator = RefiningCoordinator("fleet-g", checkpoint_s=0.01)
+    coordinator.refiner.observe("b", 1, 100.0)  # 11% faster than profiled: still matched with a
+    coordinator._refine_rates()
+    assert coordinator.logged == [] and coordinator.rejected is None and coordinator.ledger.rates == rates3()
+    coordinator.refiner.observe("b", 1, 40.0)  # averaged, 70: b no longer runs at a's side
+    coordinator._refine_rates()
+    assert coordinator.logged in (["rates_refined"], ["rates_kept"])
 
 
 def test_measured_rates_are_weighed_at_the_checkpoint_cost_the_run_measured():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.runtime.chunks import resumed_end_chunk
@@ -290,12 +290,21 @@ class Coordinator:
         if not unfinished or (self.rejected is not None and not rate_changes(self.rejected, proposal)):
             return None
         ids = [v.id for v in unfinished]
+        old, new = _subset(current, ids), _subset(proposal, ids)
+        if not rate_changes(old, new) or (self.policy.plans_only_when_drained and self._same_next_plan(proposal)):
+            return None
         remaining = [max(1.0, v.epochs_estimate - v.epochs_done) for v in unfinished]
         costs = self._measured_overheads()
         simulate = makespan_simulator(self.make_policy, self.ledger.total_gpus, costs)
-        verdict = weigh_refinement(_subset(current, ids), _subset(proposal, ids), remaining, simulate,
-                                   costs.checkpoint_s(None) + costs.restore_s(None))
+        verdict = weigh_refinement(old, new, remaining, simulate, costs.checkpoint_s(None) + costs.restore_s(None))
         return None if verdict is None else (proposal, verdict)
+
+    def _same_next_plan(self, proposal: RateTable) -> bool:
+        """Whether the plan about to be made on this drained cluster is the same on either
+        table; then the proposal waits, at no loss, to be weighed before the next one."""
+        view = self.ledger.view(self.now)
+        plans = [self.make_policy().start(replace(view, rates=table)) for table in (view.rates, proposal)]
+        return plans[0] == plans[1]
 
     def _measured_overheads(self) -> Overheads:
         """This run's costs, for the simulations that weigh a change of rates, and for the change

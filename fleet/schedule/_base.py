@@ -292,8 +292,9 @@ class Policy(abc.ABC):
     #: folds every epoch's measured rate into rates of its own. The runtime then skips it.
     uses_refined_rates: ClassVar[bool] = True
     #: True where the policy launches only onto a drained cluster (no model running or
-    #: checkpointing), as FLEET-G's rounds do. The runtime then weighs measured rates only at
-    #: those moments, right before the one plan they could change.
+    #: checkpointing), as FLEET-G's rounds do, and plans there what `start` would plan for the
+    #: same view. The runtime then weighs measured rates only at those moments, and only when
+    #: they change the plan about to be made.
     plans_only_when_drained: ClassVar[bool] = False
 
     @abc.abstractmethod
