@@ -680,3 +680,32 @@ def test_each_checkpoint_is_counted_once_and_weighed_by_its_group():
         count(seconds, group_size)
     count(0.0, 3)  # a cancelled join: nothing saved
     assert books.checkpoint_s == 0.875 and books.checkpoint_gpu_s == 1.75 and books.saves == 3
+
+
+def test_a_trainer_that_starves_says_what_its_stream_thread_waits_for():
+    """The training thread's wait on Qt times out first; the cause is the stream thread's wait."""
+    from types import SimpleNamespace
+
+    from fleet.runtime.stream import StreamThread
+
+    thread = StreamThread("stream-3", SampleQueue(10, "Qt of m"))
+    thread.ctx = SimpleNamespace(timeout_s=0.2)
+    seen = []
+
+    def never():
+        seen.append(thread.describe())
+        return None
+
+    with pytest.raises(WaitTimeout, match="chunk 36 of stream 3"):
+        thread._poll(never, "chunk 36 of stream 3 from master rank 5")
+    assert seen[0] == "its stream thread waits for chunk 36 of stream 3 from master rank 5"
+    assert thread.describe() == "its stream thread is not waiting"
+    thread.waiting_for = "chunk 36 of stream 3 from master rank 5"
+
+    class Starved:
+        def get(self):
+            raise WaitTimeout("timed out after 0.2 s waiting for samples in Qt of m")
+
+    group = SimpleNamespace()
+    with pytest.raises(WaitTimeout, match=r"samples in Qt of m; its stream thread waits for chunk 36 of stream 3"):
+        GroupTraining._next_batch(group, Starved(), thread)

@@ -94,6 +94,7 @@ class StreamThread(threading.Thread):
         self.qt = qt
         self.error: BaseException | None = None
         self.leave_requested = threading.Event()
+        self.waiting_for: str | None = None  # what this thread's current wait is for, if any
 
     def run(self) -> None:
         try:
@@ -112,6 +113,17 @@ class StreamThread(threading.Thread):
 
     def request_leave(self) -> None:
         self.leave_requested.set()
+
+    def describe(self) -> str:
+        """Where this thread is, for the message of a wait on its queue that timed out."""
+        return f"its stream thread waits for {self.waiting_for}" if self.waiting_for else "its stream thread is not waiting"
+
+    def _poll(self, test, what: str, backoff=None):
+        self.waiting_for = what
+        try:
+            return poll(test, what, self.ctx.timeout_s, backoff)
+        finally:
+            self.waiting_for = None
 
 
 class MasterStream(StreamThread):
@@ -285,7 +297,7 @@ class MasterStream(StreamThread):
             self._release_ready()
             return test()
 
-        return poll(step, what, self.ctx.timeout_s, backoff)
+        return self._poll(step, f"{what} (at chunk {self.k}, layout version {self.versions[-1].layout.version})", backoff)
 
     def _release_ready(self) -> None:
         while self.claims and all_done(self.claims[0].requests) and self.pool.released(self.claims[0]):
@@ -416,10 +428,7 @@ class WorkerShares(StreamThread):
 
     def _receive(self, buffer: np.ndarray) -> np.ndarray:
         """The next message of the share protocol (header and labels, or rows), into `buffer`."""
-        message = poll(
-            lambda: self.group_comm.Improbe(source=0, tag=SHARE_TAG),
-            "a share from the group's master", self.ctx.timeout_s,
-        )
+        message = self._poll(lambda: self.group_comm.Improbe(source=0, tag=SHARE_TAG), "a share from the group's master")
         message.Recv(buffer)
         return buffer
 

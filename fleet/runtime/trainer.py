@@ -208,10 +208,10 @@ class GroupTraining:
     def _next_batch(self, batcher: Batcher, stream: StreamThread) -> Batch:
         try:
             batch = batcher.get()
-        except WaitTimeout:
+        except WaitTimeout as exc:
             if stream.error is not None:
                 raise stream.error
-            raise
+            raise WaitTimeout(f"{exc}; {stream.describe()}") from None
         if batch.leave and stream.error is not None:
             raise stream.error
         return batch
