@@ -706,6 +706,11 @@ def test_a_trainer_that_starves_says_what_its_stream_thread_waits_for():
         def get(self):
             raise WaitTimeout("timed out after 0.2 s waiting for samples in Qt of m")
 
-    group = SimpleNamespace()
+    group = SimpleNamespace(ctx=SimpleNamespace(extras={}))
     with pytest.raises(WaitTimeout, match=r"samples in Qt of m; its stream thread waits for chunk 36 of stream 3"):
+        GroupTraining._next_batch(group, Starved(), thread)
+    old = StreamThread("stream-3", SampleQueue(10, "Qt of old"))
+    old.waiting_for = "regroup 6 of stream 3 from the coordinator"
+    group.ctx.extras["draining"] = [old]
+    with pytest.raises(WaitTimeout, match=r"rank 5; the draining stream-3 of its last group waits for regroup 6"):
         GroupTraining._next_batch(group, Starved(), thread)

@@ -211,7 +211,9 @@ class GroupTraining:
         except WaitTimeout as exc:
             if stream.error is not None:
                 raise stream.error
-            raise WaitTimeout(f"{exc}; {stream.describe()}") from None
+            draining = [t for t in self.ctx.extras.get("draining", []) if t.waiting_for]
+            also = "".join(f"; the draining {t.name} of its last group waits for {t.waiting_for}" for t in draining)
+            raise WaitTimeout(f"{exc}; {stream.describe()}{also}") from None
         if batch.leave and stream.error is not None:
             raise stream.error
         return batch
