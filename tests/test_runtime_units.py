@@ -10,7 +10,7 @@ from fleet.errors import UserError
 from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
 from fleet.runtime.launch import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
-from fleet.runtime.protocol import Paused, StreamLayout, StreamSource
+from fleet.runtime.protocol import Paused, Regroup, StreamLayout, StreamSource
 from fleet.runtime.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.stream import MemberClock, own_rows
 from fleet.runtime.trainer import GroupTraining
@@ -457,6 +457,7 @@ class FakeDataComm:
 
     def Irecv(self, buffer, source, tag):
         self.receives[(tag - 100_000) % 4096] = FakeReceive(buffer)  # stream 0: chunk index
+        self.receives[(tag - 100_000) % 4096].source = source
         return self.receives[(tag - 100_000) % 4096]
 
     def Issend(self, buffer, dest, tag):
@@ -479,7 +480,7 @@ def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
     master = MasterStream.__new__(MasterStream)
     master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
     master.rank, master.stream, master.k, master.qp_chunks = 8, 0, 80, 30  # Qp: chunks 80-109
-    master.chunks, master.qp, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, deque()
+    master.chunks, master.qp, master.inbox, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, {}, deque()
     master.pool, master.claims = None, deque()
     master.versions = [Version(0, StreamLayout(0, 1, preprocessors, (6, 7, 8, 9, 10, 11, 13)))]
     master._post_qp()
@@ -714,3 +715,26 @@ def test_a_trainer_that_starves_says_what_its_stream_thread_waits_for():
     group.ctx.extras["draining"] = [old]
     with pytest.raises(WaitTimeout, match=r"rank 5; the draining stream-3 of its last group waits for regroup 6"):
         GroupTraining._next_batch(group, Starved(), thread)
+
+
+def test_a_joining_master_posts_its_receives_again_from_the_roots_of_the_next_layout():
+    """A fleet-adaptive hang: a model joined the stream on rank 5 at chunk 83 (layout 15,
+    masters 3, 4, 6, 5) and posted its receive of chunk 84 from rank 3 at once. Layout 16
+    (switch 84: rank 3's model converged) made rank 4 the root of chunk 84; the receive from
+    rank 3 never matched, rank 4's send never completed, and the stream stopped."""
+    from types import SimpleNamespace
+
+    from fleet.runtime.stream import MasterStream, Version
+
+    comm, preprocessors = FakeDataComm(), (0, 1, 2)
+    master = MasterStream.__new__(MasterStream)
+    master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
+    master.rank, master.stream, master.k, master.qp, master.inbox = 5, 0, 83, {}, {}
+    master.chunks = ChunkLayout(4, (1, 2, 2))
+    master.versions = [Version(83, StreamLayout(0, 15, preprocessors, (3, 4, 6, 5), 103))]
+    master._post_inbox()
+    assert {c: r.source for c, (r, _) in master.inbox.items()} == {83: 6, 84: 3}
+    first = comm.receives[84]
+    master._apply(Regroup(StreamLayout(0, 16, preprocessors, (4, 6, 5), 103), 84))
+    master._post_inbox()
+    assert first.cancelled and {c: r.source for c, (r, _) in master.inbox.items()} == {83: 6, 84: 4}

@@ -18,9 +18,9 @@ class Tag(int, Enum):
 
 
 INBOX_DEPTH = 2
-"""Chunks a master keeps receives posted for ahead of the one it takes; a switch chunk is
-chosen at least this far past what the preprocessors had made, or at the stream's end (see
-`Coordinator._on_paused`)."""
+"""Chunks a master keeps receives posted for ahead of the one it takes (posted again from the
+new roots at a regroup); a switch chunk is chosen at least this far past what the
+preprocessors had made, or at the stream's end (see `Coordinator._on_paused`)."""
 
 
 def stream_tag(stream: int) -> int:

@@ -235,10 +235,8 @@ class MasterStream(StreamThread):
     # -- the masters' distribution ------------------------------------------------------
 
     def _post_inbox(self) -> None:
-        """Keep receives posted for the next `INBOX_DEPTH` chunks other masters are root of.
-
-        The coordinator puts every switch at least `INBOX_DEPTH` chunks past what any
-        preprocessor had made when it paused, so no receive posted here crosses a switch."""
+        """Keep receives posted for the next `INBOX_DEPTH` chunks other masters are root of,
+        from the roots of the newest layout known; a regroup re-posts those past its switch."""
         for chunk in range(self.k, min(self.k + INBOX_DEPTH, self.end)):
             layout = self._version_at(chunk).layout
             if chunk in self.inbox or self.rank not in layout.masters or layout.owner(chunk) == self.rank:
@@ -329,6 +327,7 @@ class MasterStream(StreamThread):
         self._add_version(command.switch_chunk, command.layout)
         new = command.layout
         self._cancel_qp(keep=lambda c: c < command.switch_chunk or (bool(new.masters) and new.owner(c) == self.rank))
+        self._cancel_inbox(since=command.switch_chunk, at_regroup=True)
 
     # -- shares ---------------------------------------------------------------------------
 
@@ -409,13 +408,24 @@ class MasterStream(StreamThread):
         finally:
             self.group_comm.Free()
 
-    def _cancel_inbox(self) -> None:
-        for chunk, (request, buffer) in list(self.inbox.items()):
+    def _cancel_inbox(self, since: int = 0, at_regroup: bool = False) -> None:
+        """Cancel the receives from other masters of the chunks from `since` on.
+
+        At a regroup (`at_regroup`), those past its switch were posted for the roots of the
+        layout before it: a switch can fall within `INBOX_DEPTH` chunks of where a master
+        starts, since a master that joins at one switch posts its receives at once. They are
+        posted again from the new roots. A receive that completed before its cancel holds the
+        chunk's bytes and stays; at the end, its slot is released."""
+        for chunk in [c for c in self.inbox if c >= since]:
+            request, buffer = self.inbox.pop(chunk)
             request.Cancel()
             status = wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
-            if not status.Is_cancelled():
+            if status.Is_cancelled():
+                continue
+            if at_regroup:
+                self.inbox[chunk] = (request, buffer)
+            else:
                 self._drop(buffer)
-        self.inbox.clear()
 
 
 class WorkerShares(StreamThread):
