@@ -10,7 +10,7 @@ from fleet.errors import UserError
 from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
 from fleet.runtime.launch import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
-from fleet.runtime.protocol import Paused, Regroup, StreamLayout, StreamSource
+from fleet.runtime.protocol import Paused, Regroup, StreamLayout, StreamSource, stream_tag
 from fleet.runtime.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.stream import MemberClock, own_rows
 from fleet.runtime.trainer import GroupTraining
@@ -715,6 +715,37 @@ def test_a_trainer_that_starves_says_what_its_stream_thread_waits_for():
     group.ctx.extras["draining"] = [old]
     with pytest.raises(WaitTimeout, match=r"rank 5; the draining stream-3 of its last group waits for regroup 6"):
         GroupTraining._next_batch(group, Starved(), thread)
+
+
+def test_two_masters_of_one_stream_on_one_rank_each_get_their_regroups():
+    """Rank 6 left stream 3 at regroup 5 and joined it again at regroup 6. Its new thread reads
+    the coordinator's commands first: it must not take, and drop, the regroup 5 that its old
+    (draining) thread needs to learn that it left."""
+    from types import SimpleNamespace
+
+    from fleet.runtime.stream import RegroupBox
+
+    def regroup(version, switch):
+        return Regroup(StreamLayout(3, version, (0, 1, 2), (4, 3), 53), switch)
+
+    class Ctrl:
+        def __init__(self):
+            self.sent = deque()
+
+        def improbe(self, source, tag):
+            if tag == stream_tag(3) and self.sent:
+                command = self.sent.popleft()
+                return SimpleNamespace(recv=lambda: command)
+            return None
+
+    ctrl = Ctrl()
+    box = RegroupBox(ctrl)
+    ctrl.sent.extend([regroup(5, 32), regroup(7, 34)])
+    assert box.after(3, 6).layout.version == 7  # the new thread (newest: 6)
+    assert box.after(3, 4).layout.version == 5  # the old one (newest: 4) still finds its regroup
+    assert box.after(3, 7) is None
+    ctrl.sent.append(regroup(8, 35))
+    assert box.after(3, 7).switch_chunk == 35 and box.after(4, 0) is None
 
 
 def test_a_joining_master_posts_its_receives_again_from_the_roots_of_the_next_layout():

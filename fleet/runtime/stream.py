@@ -86,6 +86,28 @@ class Version:
         return (k for k in range(start, stop) if k % p in owned)
 
 
+class RegroupBox:
+    """The coordinator's Regroup commands that reached this rank, by stream, for all of the
+    rank's stream threads to read. A rank can be a stream's master twice at once: the draining
+    thread of a group that left, and the thread of a group that joined at a later regroup.
+    Both read every Regroup sent here (each the ones newer than its newest), so neither can
+    take, and drop, the one the other waits for (the regroup that tells the old thread it left)."""
+
+    def __init__(self, ctrl: Any):
+        self.ctrl = ctrl
+        self.lock = threading.Lock()
+        self.received: dict[int, list[Regroup]] = {}
+
+    def after(self, stream: int, version: int) -> Regroup | None:
+        """The oldest Regroup of `stream` newer than `version` that has reached this rank, or None."""
+        with self.lock:
+            while (message := self.ctrl.improbe(source=0, tag=stream_tag(stream))) is not None:
+                command = message.recv()
+                if isinstance(command, Regroup):
+                    self.received.setdefault(stream, []).append(command)
+            return next((c for c in self.received.get(stream, ()) if c.layout.version > version), None)
+
+
 class StreamThread(threading.Thread):
     """Base of the two stream threads: error capture and the leave request."""
 
@@ -148,6 +170,7 @@ class MasterStream(StreamThread):
         self.pool = ctx.pool
         self.claims: deque[Claim] = deque()  # slots read here, in order, until their sends complete
         self.in_place = [self.pool is not None and self.pool.is_local(r) for r in start.ranks]  # by group rank
+        self.regroups = ctx.extras.setdefault("regroups", RegroupBox(ctx.ctrl))
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -316,12 +339,10 @@ class MasterStream(StreamThread):
         always past such a chunk, so a master that is still in the stream learns of every
         regroup before it has to act on it; a master that has learnt it is leaving needs
         no more of them (and is sent none), so it stops at the regroup that removes it."""
-        tag = stream_tag(self.stream)
         while self.versions[-1].layout.version < block_for and self._stays():
             what = f"regroup {block_for} of stream {self.stream} from the coordinator"
-            command = self._wait(lambda: self.ctx.ctrl.improbe(source=0, tag=tag), what, backoff or waiting.HOT).recv()
-            if isinstance(command, Regroup) and command.layout.version > self.versions[-1].layout.version:
-                self._apply(command)
+            newest = self.versions[-1].layout.version
+            self._apply(self._wait(lambda: self.regroups.after(self.stream, newest), what, backoff or waiting.HOT))
 
     def _apply(self, command: Regroup) -> None:
         self._add_version(command.switch_chunk, command.layout)
