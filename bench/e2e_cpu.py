@@ -113,6 +113,20 @@ def profile_once(data: Path, root: Path, args) -> tuple[Path, float]:
     return path, json.loads(path.read_text())["profiler"]["seconds"]
 
 
+def profile_fits(profile: Path, data: Path, args) -> bool:
+    """Whether a kept profile is one `fleet run` reuses for these specs (else every policy's run
+    would profile again on its own): it exists and its fingerprint matches."""
+    from fleet.spec import parse_spec
+    from profiler.document import reuse_verdict
+
+    if not profile.exists():
+        return False
+    fits, why = reuse_verdict(json.loads(profile.read_text()), parse_spec(spec_for("fleet-g", data, args)))
+    if not fits:
+        print(f"kept profile not reused ({why}): profiling again", flush=True)
+    return fits
+
+
 def predictions(profile: Path, data: Path, args) -> dict[str, float]:
     """The simulator's makespan of each policy at the profiled rates (and decode limit)."""
     from fleet.schedule_io import load_profile
@@ -212,7 +226,7 @@ def main() -> None:
                            progress=False)
             (data / ".made").touch()
         profile = root / "profile" / "profile.json"
-        if going_on and profile.exists():
+        if going_on and profile_fits(profile, data, args):
             profile_s = json.loads(profile.read_text())["profiler"]["seconds"]
             print(f"profile kept from an earlier invocation (profiled in {profile_s:.1f} s)", flush=True)
         else:

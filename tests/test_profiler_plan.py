@@ -109,6 +109,26 @@ def test_document_lists_failures_and_leaves_them_out_of_the_rates():
     assert reuse_verdict(None, s) == (False, "no profile.json")
 
 
+def test_a_profile_stays_valid_when_only_how_the_models_learn_changes():
+    """A sweep's next try changes learning rates or epochs: `fleet train` reuses its profile.
+    What a step's time depends on, or the models' ids, still asks for a new one."""
+    def sweep(**train):
+        return parse_spec({
+            "name": "p", "data": {"source": "digits"}, "cluster": {"gpus_per_node": 2},
+            "models": [{"family": "mlp", "name": "a", "train": train}, {"family": "mlp", "name": "b"}],
+        })
+
+    measured = {m: {1: {"rate": 100.0, "step_s": 0.3, "gpus": [0]}} for m in ("a", "b")}
+    doc = build_document(sweep(), 1000, measured, {}, {"device": "cpu"}, {"seconds": 1.0, "m_t": 1})
+    for learning in ({"lr": 0.2}, {"max_epochs": 30}, {"schedule": {"kind": "cosine"}}, {"stop": {"patience": 1}}):
+        assert reuse_verdict(doc, sweep(**learning)) == (True, "measured for this ensemble"), learning
+    for timing in ({"batch_size": 64}, {"optimizer": "adam"}, {"momentum": 0.0}):
+        assert reuse_verdict(doc, sweep(**timing))[0] is False, timing
+    renamed = parse_spec({"name": "p", "data": {"source": "digits"}, "cluster": {"gpus_per_node": 2},
+                          "models": [{"family": "mlp", "name": "a2"}, {"family": "mlp", "name": "b"}]})
+    assert reuse_verdict(doc, renamed)[0] is False
+
+
 def test_models_that_differ_only_in_how_they_learn_are_timed_once():
     s = parse_spec({
         "name": "p", "data": {"source": "digits"}, "cluster": {"gpus_per_node": 2},
