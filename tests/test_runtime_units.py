@@ -231,6 +231,7 @@ class RefiningCoordinator:
         self.ledger = Ledger(rates, epochs, total_gpus=4, gpus_per_node=rates.gpus_per_node)
         self.refiner, self.rejected, self.interrupted = RateRefiner(), None, False
         self.planning_s, self.checkpoint_s, self.saves = 0.0, checkpoint_s, 1
+        self.start_s, self.starts = 0.0, 0
         self.logged, self.log, self.console = [], self, self
 
     def write(self, event, **fields):
@@ -769,3 +770,15 @@ def test_a_joining_master_posts_its_receives_again_from_the_roots_of_the_next_la
     master._apply(Regroup(StreamLayout(0, 16, preprocessors, (4, 6, 5), 103), 84))
     master._post_inbox()
     assert first.cancelled and {c: r.source for c, (r, _) in master.inbox.items()} == {83: 6, 84: 4}
+
+
+def test_a_member_reports_its_start_once():
+    """From the StartMember to the first batch: set-up, restore and the stream's first data.
+    The coordinator's weighing charges the mean to every start it simulates."""
+    from types import SimpleNamespace
+
+    group = SimpleNamespace(created=10.0, first_batch=None, start_reported=False)
+    take = GroupTraining._take_start_s.__get__(group)
+    assert take() == 0.0  # no batch yet (a leave before any data): nothing to report
+    group.first_batch = 10.25
+    assert take() == 0.25 and take() == 0.0

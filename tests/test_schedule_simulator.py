@@ -137,6 +137,17 @@ def test_round_end_costs_checkpoint_and_restore_by_hand():
     assert result.samples_decoded == pytest.approx(120)
 
 
+def test_every_start_costs_the_start_time_by_hand():
+    # as above, and each of the two launches (a new model, then a restored one) takes 1 s more
+    # before its first step: 1 + 10 = 11, checkpoint -> 16, restore and start 6 -> 22 + 6 = 28.
+    rates = RateTable((ModelProfile("X", (6.0, 10.0), param_bytes=0),), 2, 60)
+    costs = Overheads(latency_s=5.0, bandwidth=1e9, planning_s=0.0, start_s=1.0)
+    result = simulate(CheckpointOnce(), scenario([2], rates=rates), costs)
+    assert result.makespan == pytest.approx(28)
+    first, second = result.timeline.members
+    assert (first.launched, first.start) == pytest.approx((0, 1)) and (second.launched, second.start) == pytest.approx((16, 22))
+
+
 class Bad(Policy):
     name = "bad"
 

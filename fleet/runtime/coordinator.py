@@ -125,6 +125,7 @@ class Coordinator:
         self.refiner = RateRefiner(ledger.rates)
         self.rejected: RateTable | None = None  # the last proposal weighed and not taken
         self.saves = 0  # checkpoints counted in checkpoint_s
+        self.start_s, self.starts = 0.0, 0  # members' starts (StartMember to first batch), summed; counted
         self.local_reports: deque = deque()  # reports the coordinator makes itself (a cancelled join)
 
     @property
@@ -205,6 +206,7 @@ class Coordinator:
         record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason")})
         group_size = len(self.ledger.model(report.model).gpus)
         self._count_checkpoint(report.checkpoint_s, group_size)
+        self._count_start(report.start_s)
         self.console.epoch(report.model, report.epoch, report.train_loss, report.val_accuracy,
                            report.samples_per_s, report.stream_samples_per_s)
         self.log.write("epoch", **report.__dict__)
@@ -231,6 +233,7 @@ class Coordinator:
         record.gpu_seconds = report.gpu_seconds
         record.parameters = report.parameters
         self.val_decoded += report.val_decoded
+        self._count_start(report.start_s)
         self.log.write("member_left", **report.__dict__)
         if report.converged:
             return
@@ -243,6 +246,11 @@ class Coordinator:
         event = CheckpointCompleted(report.model, self.now, gpus)
         self._refine_rates()
         self._decide(lambda view: self.policy.on_event(event, view))
+
+    def _count_start(self, seconds: float) -> None:
+        if seconds > 0:
+            self.start_s += seconds
+            self.starts += 1
 
     def _count_checkpoint(self, seconds: float, group_size: int) -> None:
         self.checkpoint_s += seconds
@@ -309,10 +317,12 @@ class Coordinator:
     def _measured_overheads(self) -> Overheads:
         """This run's costs, for the simulations that weigh a change of rates, and for the change
         itself (a moved model pays a checkpoint and a restore): a checkpoint or a restore takes
-        the mean save so far (else 1 s), whatever the model's size. Not the simulator's default,
-        a cluster's 5 s each, which made every extra round of a plan look 10 s dearer than it is."""
+        the mean save so far (else 1 s), whatever the model's size, and every member's start
+        the mean start so far (set-up and first data). Not the simulator's default, a cluster's
+        5 s each, which made every extra round of a plan look 10 s dearer than it is."""
         each = self.checkpoint_s / self.saves if self.saves else 1.0
-        return Overheads(latency_s=each, bandwidth=float("inf"), planning_s=0.0)
+        start = self.start_s / self.starts if self.starts else 0.0
+        return Overheads(latency_s=each, bandwidth=float("inf"), planning_s=0.0, start_s=start)
 
     # -- decisions -> commands --------------------------------------------------------------------
 

@@ -156,6 +156,7 @@ class EpochReport:
     checkpoint_s: float  # the master's saves since its last report (the epoch's checkpoint)
     stop_reason: str | None
     samples: int = 0  # the epoch's samples, resumed part included
+    start_s: float = 0.0  # the member's start, from its StartMember to its first batch (first report only)
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class MemberLeft:
     checkpoint_s: float  # the master's saves since its last epoch report (the leave's checkpoint)
     parameters: int
     val_decoded: int = 0  # validation samples this rank decoded since its last report
+    start_s: float = 0.0  # as in EpochReport, when no epoch report carried it
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,9 @@ class GroupTraining:
     """One model trained by one group until it converges or is asked to leave."""
 
     def __init__(self, ctx: RunContext, start: StartMember, group_comm: Any):
+        self.created = time.monotonic()
+        self.first_batch: float | None = None  # when the first batch came (the member's start is over)
+        self.start_reported = False
         self.ctx, self.start, self.group_comm = ctx, start, group_comm
         self.model = ctx.spec.model(start.model)
         self.is_master = group_comm.rank == 0
@@ -162,7 +165,7 @@ class GroupTraining:
         return MemberLeft(
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
             self.totals.samples, self.gpu_seconds, self._take_checkpoint_s(), self.engine.num_parameters,
-            self.ctx.extras.pop("val_decoded", 0),
+            self.ctx.extras.pop("val_decoded", 0), self._take_start_s(),
         )
 
     def _claim_stream_end(self) -> None:
@@ -216,6 +219,8 @@ class GroupTraining:
             raise WaitTimeout(f"{exc}; {stream.describe()}{also}") from None
         if batch.leave and stream.error is not None:
             raise stream.error
+        if self.first_batch is None and not batch.leave:
+            self.first_batch = time.monotonic()
         return batch
 
     def _step(self, batch: Batch | None, count: int, total: float) -> None:
@@ -289,10 +294,18 @@ class GroupTraining:
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, samples / max(epoch_s, 1e-9), lr, epoch_s, self._take_checkpoint_s(),
-            reason.value if reason else None, samples,
+            reason.value if reason else None, samples, self._take_start_s(),
         )
         send_object(self.ctx.ctrl, report, 0, Tag.REPORT, "the coordinator to take an epoch report", self.ctx.timeout_s)
         return reason
+
+    def _take_start_s(self) -> float:
+        """The member's start (set-up, restore, first data), in the first report after its first
+        batch; 0 in every other report."""
+        if self.first_batch is None or self.start_reported:
+            return 0.0
+        self.start_reported = True
+        return self.first_batch - self.created
 
     def _take_checkpoint_s(self) -> float:
         """Seconds of saves since the last report, for this one: the coordinator sums the reports,

@@ -30,6 +30,9 @@ class Overheads:
         default_param_bytes: size assumed for a model whose profile has no ``param_bytes``.
         planning_s: seconds charged for each policy call that launches something; ``None``
             means "measure it" with ``time.perf_counter`` (not deterministic).
+        start_s: seconds from any member's launch to its first step, besides a restore
+            (group set-up, the stream's first data); the runtime's weighing of measured rates
+            sets it from what its members took.
     """
 
     latency_s: float = 5.0
@@ -37,6 +40,7 @@ class Overheads:
     state_factor: float = 3.0
     default_param_bytes: int = 100_000_000
     planning_s: float | None = 0.0
+    start_s: float = 0.0
 
     def checkpoint_s(self, param_bytes: int | None) -> float:
         """Seconds to checkpoint a model of ``param_bytes`` parameter bytes."""

@@ -454,7 +454,7 @@ class _Run:
         model.generation += 1
         model.launched = self.now
         model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
-        return model, self.now + delay + restore
+        return model, self.now + delay + restore + self.costs.start_s
 
     def _new_stream(self) -> _Stream:
         stream = _Stream(len(self.streams) + len(self.finished_streams), self.round)
