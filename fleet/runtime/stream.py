@@ -241,19 +241,18 @@ class MasterStream(StreamThread):
             request = self.ctx.data_parent.Irecv(buffer, source=source, tag=chunk_tag(self.stream, chunk))
             self.qp[chunk] = (request, buffer)
 
-    def _cancel_qp(self, keep=lambda chunk: False) -> None:
-        """Cancel the receives of the chunks this master no longer takes (`keep` false).
-
-        A receive that completed before its cancel holds a chunk its preprocessor sent here:
-        the preprocessor knows newer layouts than this thread, and a later layout can give a
-        chunk back to a master an earlier one took it from. That chunk stays in Qp, received
-        (request None), for when this thread learns the layout that makes it the owner."""
-        for chunk in [c for c in self.qp if not keep(c) and self.qp[c][0] is not None]:
-            request, buffer = self.qp.pop(chunk)
+    def _cancel(self, receives: dict, keep=lambda chunk: False) -> None:
+        """Cancel the pending receives in `receives` (Qp or the inbox) of the chunks `keep` is
+        false for. A receive that completed before its cancel holds its chunk's bytes: it stays,
+        received (request None). In Qp, the preprocessor knew newer layouts than this thread,
+        and a later layout can give a chunk back to a master an earlier one took it from; the
+        chunk waits for the layout that makes this master its owner."""
+        for chunk in [c for c in receives if not keep(c) and receives[c][0] is not None]:
+            request, buffer = receives.pop(chunk)
             request.Cancel()
             status = wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
             if not status.Is_cancelled():
-                self.qp[chunk] = (None, buffer)
+                receives[chunk] = (None, buffer)
 
     # -- the masters' distribution ------------------------------------------------------
 
@@ -276,7 +275,8 @@ class MasterStream(StreamThread):
         root = layout.owner(chunk)
         if root != self.rank:
             request, buffer = self.inbox.pop(chunk)
-            self._wait(request.Test, f"chunk {chunk} of stream {self.stream} from master rank {root}")
+            if request is not None:
+                self._wait(request.Test, f"chunk {chunk} of stream {self.stream} from master rank {root}")
             return self._open(buffer)
         request, buffer = self.qp.pop(chunk)
         source = layout.preprocessors[chunk % len(layout.preprocessors)]
@@ -347,8 +347,12 @@ class MasterStream(StreamThread):
     def _apply(self, command: Regroup) -> None:
         self._add_version(command.switch_chunk, command.layout)
         new = command.layout
-        self._cancel_qp(keep=lambda c: c < command.switch_chunk or (bool(new.masters) and new.owner(c) == self.rank))
-        self._cancel_inbox(since=command.switch_chunk, at_regroup=True)
+        switch = command.switch_chunk
+        self._cancel(self.qp, keep=lambda c: c < switch or (bool(new.masters) and new.owner(c) == self.rank))
+        # the inbox's receives past the switch were posted for the roots of the layout before
+        # it (a master that joins at one switch posts them at once, and the next switch can be
+        # one chunk later): they are posted again from the new roots
+        self._cancel(self.inbox, keep=lambda c: c < switch)
 
     # -- shares ---------------------------------------------------------------------------
 
@@ -412,10 +416,10 @@ class MasterStream(StreamThread):
         try:
             if self.forwarding and self.error is None:
                 self._stop_forwarding()
-            self._cancel_qp()
-            for _, buffer in self.qp.values():  # received, never taken (a job ending on an error)
-                self._drop(buffer)
-            self._cancel_inbox()
+            for receives in (self.qp, self.inbox):
+                self._cancel(receives)
+                for _, buffer in receives.values():  # received, never taken (a job ending on an error)
+                    self._drop(buffer)
             for chunk, requests in self.fanout:
                 wait_requests(requests, f"the other masters to take chunk {chunk}", self.ctx.timeout_s)
             for request, _ in self.sends:
@@ -428,25 +432,6 @@ class MasterStream(StreamThread):
                 self.pool.release(claim)
         finally:
             self.group_comm.Free()
-
-    def _cancel_inbox(self, since: int = 0, at_regroup: bool = False) -> None:
-        """Cancel the receives from other masters of the chunks from `since` on.
-
-        At a regroup (`at_regroup`), those past its switch were posted for the roots of the
-        layout before it: a switch can fall within `INBOX_DEPTH` chunks of where a master
-        starts, since a master that joins at one switch posts its receives at once. They are
-        posted again from the new roots. A receive that completed before its cancel holds the
-        chunk's bytes and stays; at the end, its slot is released."""
-        for chunk in [c for c in self.inbox if c >= since]:
-            request, buffer = self.inbox.pop(chunk)
-            request.Cancel()
-            status = wait_request(request, f"cancelling the receive of chunk {chunk}", self.ctx.timeout_s)
-            if status.Is_cancelled():
-                continue
-            if at_regroup:
-                self.inbox[chunk] = (request, buffer)
-            else:
-                self._drop(buffer)
 
 
 class WorkerShares(StreamThread):
