@@ -23,9 +23,8 @@ def fingerprint(spec) -> str:
     """A digest of everything in `spec` the measured rates depend on: per model, its id and
     its `speed_key`. A learning rate, schedule, `max_epochs`, stop rule or seed changed in the
     spec keeps the profile (the same models time the same)."""
-    emulated = spec.cluster.device.value == "emulated"
     facts = {
-        "models": [[m.id, speed_key(m, emulated)] for m in spec.models],
+        "models": [[m.id, speed_key(m)] for m in spec.models],  # the id covers the emulated device's own rates
         "data": {k: v for k, v in spec.data.model_dump(mode="json").items() if k not in ("path",)},
         "preprocess": [op.model_dump(mode="json") if hasattr(op, "model_dump") else op for op in spec.preprocess],
         "device": spec.cluster.device.value,
