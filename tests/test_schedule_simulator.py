@@ -148,6 +148,30 @@ def test_every_start_costs_the_start_time_by_hand():
     assert (first.launched, first.start) == pytest.approx((0, 1)) and (second.launched, second.start) == pytest.approx((16, 22))
 
 
+
+def test_fleet_g_ends_a_round_at_alpha_of_the_gpus_its_flotilla_took():
+    # Three copies of one architecture, each at its best on 2 of the 8 GPUs: the flotilla takes
+    # 6 (the 2 left over cannot move all three copies up). A late report of a model of the
+    # round before (A) leaves 6 busy, not fewer than 0.8 x 6: the round goes on (with
+    # alpha x M = 6.4 it ended at once). One copy converging leaves 4 < 4.8: it ends.
+    from fleet.schedule.ledger import Ledger
+    from fleet.schedule._base import ModelConverged, ModelState
+
+    copies = [ModelProfile(f"C{k}", (100.0, 190.0, 180.0)) for k in (1, 2, 3)]
+    rates = RateTable((ModelProfile("A", (500.0,)), *copies), 8, 1000)
+    ledger = Ledger(rates, [2, 2, 2, 2], total_gpus=8, gpus_per_node=8)
+    ledger.release("A", ModelState.CONVERGED)
+    policy = create_policy("fleet-g", alpha=0.8)
+    decision = policy.start(ledger.view(0.0))
+    (plan,) = decision.launch
+    assert sorted(len(m.gpus) for m in plan.members) == [2, 2, 2]
+    stream = ledger.open_stream()
+    for member in plan.members:
+        ledger.reserve(member.model, member.gpus, stream)
+    assert policy.on_event(ModelConverged("A", 2, 0.0, (), 500.0), ledger.view(0.0)) == NO_DECISION
+    released = ledger.release("C1", ModelState.CONVERGED)
+    assert policy.on_event(ModelConverged("C1", 2, 1.0, released, 190.0), ledger.view(1.0)) == END_ROUND
+
 class Bad(Policy):
     name = "bad"
 

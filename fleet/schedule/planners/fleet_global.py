@@ -2,7 +2,11 @@
 
 Each round trains one flotilla (Alg. 2, placed by Alg. 3/4) on all GPUs with one shared
 stream. A model that converges releases its GPUs at once; they stay idle until the round
-ends, which happens as soon as fewer than ``alpha * M`` GPUs are busy. Then every running
+ends, which happens as soon as fewer than ``alpha`` times the GPUs the round's flotilla
+took are busy: ``alpha * M`` when it fills the cluster, as Alg. 2's leftovers make it
+unless no member can use them (past the peak of its curve, or too few GPUs to move tied
+copies up together). A flotilla that starts below ``alpha * M`` is then not ended by the
+first convergence report, nor by a late one of the round before. Then every running
 model is checkpointed, and when the last checkpoint is done a new flotilla is created from
 all models not yet converged (*re-flotillation*).
 """
@@ -28,7 +32,7 @@ class FleetGlobal(Policy):
     """FLEET's global paradigm.
 
     Args:
-        alpha: a round ends when fewer than ``alpha * M`` GPUs are busy.
+        alpha: a round ends when fewer than ``alpha`` times the GPUs its flotilla took are busy.
         delta: Alg. 2's rate tolerance in samples/s (``None``: 10 % of ``r_fast``).
         seed: unused (the policy is deterministic); accepted for a uniform constructor.
     """
@@ -40,6 +44,7 @@ class FleetGlobal(Policy):
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.alpha, self.delta = alpha, delta
+        self.round_gpus = 0  # GPUs the running round's flotilla took
 
     def start(self, view: ClusterView) -> Decision:
         return self._new_round(view)
@@ -47,7 +52,7 @@ class FleetGlobal(Policy):
     def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
         if view.drained:
             return self._new_round(view)
-        if view.busy_gpus < self.alpha * view.total_gpus:
+        if view.busy_gpus < self.alpha * self.round_gpus:
             return END_ROUND
         return NO_DECISION
 
@@ -59,4 +64,5 @@ class FleetGlobal(Policy):
         if not candidates:
             return NO_DECISION
         stream = flotilla_stream(view.rates, candidates, view.free_gpus, view.gpus_per_node, self.delta)
+        self.round_gpus = sum(len(member.gpus) for member in stream.members)
         return Decision.launching([stream])
