@@ -95,3 +95,16 @@ def test_leftovers_step_over_a_dip_in_a_measured_curve():
     assert [(m.gpus, m.rate) for m in create_flotilla(t, ["Y"], 2).members] == [(1, 2533.0)]
     falling = table({"Z": [100, 150, 120, 110]})  # past the peak: the last two GPUs stay free
     assert [m.gpus for m in create_flotilla(falling, ["Z"], 4).members] == [2]
+
+
+def test_copies_tied_at_the_slowest_rate_take_leftovers_together_or_not_at_all():
+    # Three copies of one architecture (a sweep's learning rates) tie at 95 samples/s. One
+    # more GPU for one copy leaves the stream's pace at 95 and lets that copy run ahead and
+    # converge first: with 2 leftovers for 3 copies the GPUs stay free; with 3 each copy takes one.
+    t = table({"A": [100, 180], "C1": [95, 180], "C2": [95, 180], "C3": [95, 180]}, gpn=4)
+    short = create_flotilla(t, ["A", "C1", "C2", "C3"], 6, delta=10)
+    assert {m.model: m.gpus for m in short.members} == {"A": 1, "C1": 1, "C2": 1, "C3": 1}
+    assert short.pace == 95 and short.gpus == 4
+    enough = create_flotilla(t, ["A", "C1", "C2", "C3"], 7, delta=10)
+    assert {m.model: m.gpus for m in enough.members} == {"A": 1, "C1": 2, "C2": 2, "C3": 2}
+    assert enough.pace == 100

@@ -11,11 +11,15 @@ single-GPU model:
    are considered: ``m`` qualifies if ``r_i(m)`` beats every smaller count of the same
    model. (Eq. 5 bends down past some ``m``; without this rule a model could be matched on
    the falling side of its curve, e.g. on 52 GPUs for the rate it reaches on 6.)
-3. Hand each leftover GPU to the currently slowest member, again at useful counts only: a
+3. Hand leftover GPUs to the currently slowest member, again at useful counts only: a
    member whose measured rate dips at m + 1 but rises past r(m) at m + 2 takes two GPUs
-   at once if two are free. (When no larger count within the free GPUs raises the slowest
-   member's rate, past the peak of Eq. 5, the GPUs stay free: giving them to anyone else
-   cannot speed up the stream.)
+   at once if two are free. Members tied at the slowest rate (the copies of one
+   architecture in a sweep) move up together, or not at all: lifting one of them does not
+   speed up the stream, it only lets that one run ahead of the others by up to its queues
+   and converge first, which ends a FLEET-G round while its peers are a queue short of
+   done. (When the free GPUs cannot raise the slowest rate, past the peak of Eq. 5 or for
+   want of GPUs for every tied member, they stay free: giving them to anyone else cannot
+   speed up the stream.)
 
 Ties are broken by the smaller GPU count, then by the order of ``candidates``, so the result
 is deterministic.
@@ -32,6 +36,7 @@ from fleet.schedule.rates import RateTable
 
 DEFAULT_RELATIVE_DELTA = 0.1
 """When no ``delta`` is given, Alg. 2 uses ``delta = 0.1 * r_fast`` samples/s."""
+TIE = 1e-9  # relative: members whose rates differ by less are tied (step 3)
 
 
 @dataclass(frozen=True)
@@ -141,14 +146,20 @@ def useful_counts(table: np.ndarray) -> np.ndarray:
 
 
 def _hand_out_leftovers(table: np.ndarray, counts: dict[int, int], free: int) -> None:
-    """Step 3 of Alg. 2: leftover GPUs go to the currently slowest member, which moves to its
-    next useful count (one GPU more unless its measured curve dips there first)."""
+    """Step 3 of Alg. 2: leftover GPUs go to the currently slowest members (all of those tied
+    at the slowest rate, or none), each to its next useful count (one GPU more unless its
+    measured curve dips there first)."""
     useful = useful_counts(table)
     while free > 0:
-        slowest = min(counts, key=lambda row: (table[row, counts[row] - 1], row))
-        m = counts[slowest]
-        higher = np.flatnonzero(useful[slowest, m:m + free])
-        if not higher.size:
-            return
-        counts[slowest] = m + 1 + int(higher[0])
-        free -= 1 + int(higher[0])
+        rate = {row: table[row, m - 1] for row, m in counts.items()}
+        pace = min(rate.values())
+        lifts = {}
+        for row in sorted(r for r in counts if rate[r] <= pace * (1 + TIE)):
+            m = counts[row]
+            higher = np.flatnonzero(useful[row, m:m + free - sum(lifts.values())])
+            if not higher.size:
+                return
+            lifts[row] = 1 + int(higher[0])
+        for row, extra in lifts.items():
+            counts[row] += extra
+        free -= sum(lifts.values())
