@@ -11,7 +11,9 @@ from fleet.schedule import (
     Cluster,
     Decision,
     Member,
+    ModelConverged,
     ModelProfile,
+    ModelState,
     Overheads,
     Policy,
     PolicyError,
@@ -24,6 +26,7 @@ from fleet.schedule import (
     simulate,
 )
 from fleet.schedule.costs import FREE
+from fleet.schedule.ledger import Ledger
 from fleet.schedule.simulator import Outcome
 
 # n = 60, M = 2. X: r(1) = 6, r(2) = 10. Y: r(1) = 30, r(2) = 48.
@@ -154,9 +157,6 @@ def test_fleet_g_ends_a_round_at_alpha_of_the_gpus_its_flotilla_took():
     # 6 (the 2 left over cannot move all three copies up). A late report of a model of the
     # round before (A) leaves 6 busy, not fewer than 0.8 x 6: the round goes on (with
     # alpha x M = 6.4 it ended at once). One copy converging leaves 4 < 4.8: it ends.
-    from fleet.schedule.ledger import Ledger
-    from fleet.schedule._base import ModelConverged, ModelState
-
     copies = [ModelProfile(f"C{k}", (100.0, 190.0, 180.0)) for k in (1, 2, 3)]
     rates = RateTable((ModelProfile("A", (500.0,)), *copies), 8, 1000)
     ledger = Ledger(rates, [2, 2, 2, 2], total_gpus=8, gpus_per_node=8)

@@ -153,13 +153,13 @@ def _hand_out_leftovers(table: np.ndarray, counts: dict[int, int], free: int) ->
     while free > 0:
         rate = {row: table[row, m - 1] for row, m in counts.items()}
         pace = min(rate.values())
-        lifts = {}
+        lifts, left = {}, free
         for row in sorted(r for r in counts if rate[r] <= pace * (1 + TIE)):
-            m = counts[row]
-            higher = np.flatnonzero(useful[row, m:m + free - sum(lifts.values())])
+            higher = np.flatnonzero(useful[row, counts[row]:counts[row] + left])
             if not higher.size:
                 return
             lifts[row] = 1 + int(higher[0])
+            left -= lifts[row]
         for row, extra in lifts.items():
             counts[row] += extra
-        free -= sum(lifts.values())
+        free = left
