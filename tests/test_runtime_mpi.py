@@ -341,6 +341,29 @@ def rank_pids(run_dir: Path) -> list[int]:
     return pids
 
 
+def three_cnns_on_two_slots() -> tuple[list, dict, dict]:
+    """Models, data and cluster of the signal tests: three small CNNs, synthetic 16x16 images
+    (2,160 training samples), two trainer slots."""
+    models = [{"family": "cnn", "name": n, "params": {"channels": [8, 16], "hidden": 32}} for n in ("x", "y", "z")]
+    data = {"source": "synthetic", "samples": 2400, "image_size": 16, "channels": 3, "val_fraction": 0.1}
+    return models, data, {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}
+
+
+def signal_job(job: subprocess.Popen, run_dir: Path, epochs: int, signum: int = signal.SIGUSR1) -> None:
+    """Send the checkpoint signal to every rank once the run has logged `epochs` epochs in all
+    (a little into the next one); the job must exit 75."""
+    try:
+        wait_for_epochs(job, run_dir, epochs, "the signal")
+        time.sleep(0.3)  # into the next epoch: the checkpoint lands mid-epoch
+        for pid in rank_pids(run_dir):
+            os.kill(pid, signum)
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            kill_job(job)
+    assert job.returncode == 75, job_log(run_dir).read_text()[-3000:]
+
+
 @pytest.mark.parametrize("signum, policy, rot", [pytest.param(signal.SIGUSR1, "fleet-g", False, marks=pytest.mark.openmpi),
                                                  (signal.SIGTERM, "fleet-g", True),
                                                  (signal.SIGUSR1, "baseline", True)],
@@ -354,24 +377,12 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
     `rot`: one model's newest checkpoint then rots on disk, so it resumes from the older kept
     file, further back than its stream's end was computed for. Under fleet-g the round ends
     first (its partner converges), under baseline it trains on alone and claims the end."""
-    models = [{"family": "cnn", "name": n, "params": {"channels": [8, 16], "hidden": 32}} for n in ("x", "y", "z")]
-    data = {"source": "synthetic", "samples": 2400, "image_size": 16, "channels": 3, "val_fraction": 0.1}
-    cluster = {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}
+    models, data, cluster = three_cnns_on_two_slots()
     train_cfg = {"batch_size": 32, "max_epochs": 4, "optimizer": "sgd", "lr": 0.05}
     spec = write_spec(tmp_path / "s.yaml", models, cluster, policy, data=data, train=train_cfg)
     run_dir = tmp_path / "run"
-    job = start_train(3, spec, run_dir)
-    try:
-        wait_for_epochs(job, run_dir, 2, "the signal")
-        time.sleep(0.3)  # into the next epoch: the checkpoint lands mid-epoch
-        for pid in rank_pids(run_dir):
-            os.kill(pid, signum)
-        job.wait(timeout=120)
-    finally:
-        if job.poll() is None:
-            kill_job(job)
+    signal_job(start_train(3, spec, run_dir), run_dir, 2, signum)
     output = job_log(run_dir).read_text()
-    assert job.returncode == 75, output[-3000:]
     assert "checkpoint signal" in output and "to resume" in output
     first = results(run_dir)
     assert first["interrupted"] is True
@@ -397,6 +408,29 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
         assert all(2160 <= h["samples"] < 2160 + 64 for h in model["history"]), model
     resumed = [e for e in events(run_dir) if e["event"] == "member_start" and e["resume"]]
     assert resumed, "the second start did not resume from the checkpoints"
+
+
+@pytest.mark.parametrize("policy", ["fleet-l", "fleet-adaptive"])
+def test_a_job_signalled_again_and_again_resumes_every_time(tmp_path, policy):
+    """The requeued job that stalled: after two checkpoint signals every model waiting is
+    partly trained (none untouched), and fleet-l and fleet-adaptive started only untouched
+    models ("stalled with 3 models left"). Each start must train on, and the last one finish
+    with every epoch trained exactly once."""
+    models, data, cluster = three_cnns_on_two_slots()
+    train_cfg = {"batch_size": 32, "max_epochs": 4, "optimizer": "sgd", "lr": 0.05, "stop": {"patience": 100}}
+    spec = write_spec(tmp_path / "s.yaml", models, cluster, policy, data=data, train=train_cfg)
+    run_dir = tmp_path / "run"
+    for _ in range(2):
+        logged = sum(len(v) for v in epochs_by_model(run_dir).values()) if run_dir.exists() else 0
+        signal_job(start_train(3, spec, run_dir), run_dir, logged + 1)
+    saved = {p.parent.name: json.loads(p.read_text())["epochs"] for p in (run_dir / "checkpoints").glob("*/latest.json")}
+    assert len(saved) >= 2 and any(epochs < 4 for epochs in saved.values()), saved
+    train(3, spec, run_dir)
+    final = results(run_dir)
+    assert final["interrupted"] is False
+    for model in final["models"]:
+        assert [h["epoch"] for h in model["history"]] == [1, 2, 3, 4], model["id"]
+        assert all(2160 <= h["samples"] < 2160 + 64 for h in model["history"]), model
 
 
 def test_sixteen_emulated_trainers_match_the_simulator(tmp_path):

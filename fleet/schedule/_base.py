@@ -13,7 +13,9 @@ Vocabulary
     example after ``end_round``).
 
 Calls (the driver owns the loop; the policy only answers)
-    1. ``policy.start(view)`` once, with every model ``PENDING`` and every GPU free.
+    1. ``policy.start(view)`` once, with every GPU free and every model ``PENDING`` -- or,
+       in a run resumed from checkpoints, ``PAUSED`` with its ``epochs_done`` (a model that
+       converged before the resume is not in the view at all).
     2. ``policy.on_event(event, view)`` for each :data:`Event`, one at a time, in time
        order. ``view`` is the state *after* the event took effect (a converged model's
        GPUs are already free, a checkpointed model is already ``PAUSED``).
@@ -38,7 +40,9 @@ What a decision may contain (the driver rejects anything else with :class:`Polic
       checkpoint completes. It cannot be combined with ``launch`` or ``checkpoint``.
     * nothing (:data:`NO_DECISION`).
     When no model is running or checkpointing and some are not converged, the policy must
-    launch something, or the driver stops with :class:`PolicyError` ("stalled").
+    launch something, or the driver stops with :class:`PolicyError` ("stalled"). A model
+    waiting to run is ``PENDING`` or ``PAUSED``; a policy must run both kinds (a ``PAUSED``
+    model it did not checkpoint itself comes from a resumed run).
 
 What a policy may know
     The view holds the profiled :class:`~fleet.schedule.rates.RateTable` and, per model, an
@@ -148,6 +152,10 @@ class ClusterView:
     def ids_in(self, *states: ModelState) -> list[str]:
         """Ids of the models in any of ``states``, in rate-table order."""
         return [m.id for m in self.models if m.state in states]
+
+    def waiting(self) -> list[str]:
+        """Ids of the models waiting to run (``PENDING`` or ``PAUSED``), in rate-table order."""
+        return self.ids_in(ModelState.PENDING, ModelState.PAUSED)
 
     def model(self, model_id: str) -> ModelView:
         """The view of one model."""
@@ -299,7 +307,8 @@ class Policy(abc.ABC):
 
     @abc.abstractmethod
     def start(self, view: ClusterView) -> Decision:
-        """First call of a run: every model is ``PENDING`` and every GPU is free."""
+        """First call of a run: every GPU is free; models are ``PENDING``, or ``PAUSED`` when
+        the run resumes from checkpoints."""
 
     def on_event(self, event: Event, view: ClusterView) -> Decision:
         """Dispatch ``event`` to the matching ``on_*`` hook."""

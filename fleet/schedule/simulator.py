@@ -22,6 +22,14 @@ Model of a run
       these overheads. Costs common to every policy (first model build, data loading) are
       left out.
 
+Interrupts and resumes
+    ``simulate(..., interrupt_at=t)`` does what the runtime does on the checkpoint signal:
+    at ``t`` every running model is checkpointed, nothing new starts, and the run ends when
+    the last checkpoint is done (``SimResult.interrupted``). :func:`resumed_scenario` then
+    gives the scenario of the run started again from those checkpoints: the models not yet
+    converged, each ``PAUSED`` at the (fractional) epochs it had trained, or ``PENDING``
+    when it never started (``Scenario.resumed``).
+
 Results: makespan, rounds, samples decoded, a GPU-time breakdown (useful training, pacing
 slack, overheads, idle), each GPU's idle time, the planning time of every planning call,
 and the full timeline of rounds, streams and members.
@@ -59,7 +67,7 @@ from fleet.schedule.rates import RateTable
 _EPS = 1e-9
 
 # kinds of entries in the simulator's event queue (ties at one time go in this order)
-_START, _CHECKPOINT_DONE, _BOUNDARY, _DEFERRED = range(4)
+_START, _CHECKPOINT_DONE, _BOUNDARY, _DEFERRED, _INTERRUPT = range(5)
 
 
 def whole_epochs(epochs: Sequence[float]) -> tuple[int, ...]:
@@ -106,6 +114,9 @@ class Scenario:
             models in the same order); None: the policy sees `rates`.
         decode_rate: samples/s all the run's preprocessors decode together, shared by the
             running streams; None: decoding keeps up with every stream.
+        resumed: for a run resumed from checkpoints, per model the epochs it had trained
+            (fractional: a partial epoch carries over; the model starts ``PAUSED``), or None
+            for one that never started (``PENDING``); empty: a fresh run.
     """
 
     rates: RateTable
@@ -114,6 +125,7 @@ class Scenario:
     cluster: Cluster
     planning_rates: RateTable | None = None
     decode_rate: float | None = None
+    resumed: tuple[float | None, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)
@@ -125,6 +137,11 @@ class Scenario:
             raise ValueError("every model needs at least one epoch")
         if self.decode_rate is not None and not self.decode_rate > 0:
             raise ValueError("decode_rate must be positive (or None)")
+        if self.resumed and len(self.resumed) != n:
+            raise ValueError("resumed needs one entry per model (or none)")
+        for done, epochs in zip(self.resumed, self.true_epochs):
+            if done is not None and not 0 <= done < epochs:
+                raise ValueError(f"a resumed model must have trained 0 to fewer than its {epochs} epochs, not {done}")
 
 
 class Outcome(enum.Enum):
@@ -227,6 +244,9 @@ class SimResult:
         planning_s: duration of each policy call that launched something.
         checkpoints: number of model checkpoints taken.
         timeline: the :class:`Timeline`.
+        interrupted: the run was stopped by ``interrupt_at`` before every model converged.
+        epochs_trained: per model, the (fractional) epochs it had trained at the end, those
+            of the scenario's ``resumed`` included.
     """
 
     policy: str
@@ -239,6 +259,8 @@ class SimResult:
     planning_s: tuple[float, ...]
     checkpoints: int
     timeline: Timeline
+    interrupted: bool = False
+    epochs_trained: tuple[float, ...] = ()
 
     @property
     def mean_gpu_wait(self) -> float:
@@ -246,13 +268,39 @@ class SimResult:
         return float(np.mean(self.idle_per_gpu)) if self.idle_per_gpu else 0.0
 
 
-def simulate(policy: Policy, scenario: Scenario, overheads: Overheads = Overheads()) -> SimResult:
-    """Run ``policy`` on ``scenario`` until every model converged.
+def simulate(
+    policy: Policy, scenario: Scenario, overheads: Overheads = Overheads(), interrupt_at: float | None = None
+) -> SimResult:
+    """Run ``policy`` on ``scenario`` until every model converged, or until the run stopped
+    by the checkpoint signal at ``interrupt_at`` has checkpointed its running models.
 
     Raises:
         PolicyError: when the policy breaks the protocol or stalls.
     """
-    return _Run(policy, scenario, overheads).run()
+    return _Run(policy, scenario, overheads, interrupt_at).run()
+
+
+def resumed_scenario(scenario: Scenario, result: SimResult) -> Scenario | None:
+    """The scenario of a run started again from the checkpoints an interrupted run left:
+    its models not yet converged, with the epochs they trained. None when all converged."""
+    keep = [i for i, done in enumerate(result.epochs_trained) if done < scenario.true_epochs[i] - _EPS]
+    if not keep:
+        return None
+
+    def subset(table: RateTable | None) -> RateTable | None:
+        if table is None:
+            return None
+        return RateTable(tuple(table.models[i] for i in keep), table.gpus_per_node, table.samples_per_epoch, table.extra)
+
+    before = scenario.resumed or (None,) * len(scenario.true_epochs)
+    launched = {r.model for r in result.timeline.members}
+    ids = scenario.rates.ids
+    resumed = tuple(result.epochs_trained[i] if before[i] is not None or ids[i] in launched else None for i in keep)
+    return replace(
+        scenario, rates=subset(scenario.rates), planning_rates=subset(scenario.planning_rates),
+        true_epochs=tuple(scenario.true_epochs[i] for i in keep),
+        epochs_estimate=tuple(scenario.epochs_estimate[i] for i in keep), resumed=resumed,
+    )
 
 
 # ----------------------------------------------------------------- internal state
@@ -330,8 +378,9 @@ class _Stream:
 class _Run:
     """One simulated run; :meth:`run` is the event loop."""
 
-    def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads):
+    def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads, interrupt_at: float | None = None):
         self.policy, self.scenario, self.costs = policy, scenario, overheads
+        self.interrupt_at, self.interrupted = interrupt_at, False
         self.rates = scenario.rates if scenario.planning_rates is None else scenario.planning_rates  # what the policy sees
         self.cluster = scenario.cluster
         self.n = scenario.rates.samples_per_epoch
@@ -361,12 +410,20 @@ class _Run:
         self.last_release = 0.0
         self._stale_view = True
         self._cached: tuple[tuple[StreamView, ...], tuple[int, ...]] = ((), ())
+        for model, done in zip(self.models, scenario.resumed):
+            if done is not None:
+                model.state, model.samples, model.epochs_done = ModelState.PAUSED, done * self.n, int(done + _EPS)
+                self._refresh_view(model)
 
     # -- the loop --------------------------------------------------------------------
 
     def run(self) -> SimResult:
+        if self.interrupt_at is not None:
+            self._push(self.interrupt_at, _INTERRUPT, ())
         self._decide(lambda view: self.policy.start(view))
         while self.converged < len(self.models):
+            if self.interrupted and not any(owner != -1 for owner in self.owner):
+                break  # every checkpoint the signal asked for is done
             if not self.queue:
                 raise PolicyError(f"{self.policy.name}: stalled with {self._unconverged()} models left")
             when, kind, _, payload = heapq.heappop(self.queue)
@@ -383,14 +440,25 @@ class _Run:
             self._finish_checkpoint(*payload)
         elif kind == _BOUNDARY:
             self._stream_boundary(*payload)
+        elif kind == _INTERRUPT:
+            self._interrupt()
         else:
             self._notify(payload[0])
+
+    def _interrupt(self) -> None:
+        """The checkpoint signal: checkpoint every running model; the policy is not asked again."""
+        self.interrupted = True
+        for model in self.models:
+            if model.state is ModelState.RUNNING:
+                self._checkpoint(model)
 
     def _push(self, when: float, kind: int, payload: tuple) -> None:
         self.seq += 1
         heapq.heappush(self.queue, (when, kind, self.seq, payload))
 
     def _decide(self, call) -> None:
+        if self.interrupted:
+            return  # winding down after the checkpoint signal: nothing new starts
         view = self._view()
         began = _time.perf_counter()
         decision = call(view)
@@ -680,6 +748,7 @@ class _Run:
             self.policy.name, self.cluster.total_gpus, makespan, len(self.rounds),
             float(sum(s.pos for s in streams)), gpu_time, idle, tuple(self.planning),
             self.checkpoints, Timeline(tuple(self.rounds), records, members),
+            self.converged < len(self.models), tuple(m.samples / self.n for m in self.models),
         )
 
 

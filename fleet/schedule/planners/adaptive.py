@@ -25,6 +25,9 @@ busy:
    (``Overheads``). Such a model is checkpointed and relaunched with more GPUs, joining a
    stream that matches its new rate or on a stream of its own.
 
+A run resumed from checkpoints queues its partly trained (``PAUSED``) models with the
+untouched ones, by their estimated remaining time.
+
 Estimates are refined as the run goes: a model that outlives its epoch estimate is assumed to
 need one more epoch at a time, and each model's rate curve is rescaled by the ratio of its
 measured to its profiled rate after every epoch.
@@ -59,6 +62,9 @@ from fleet.schedule.bounds import malleable_bound
 from fleet.schedule.costs import Overheads
 from fleet.schedule.flotilla import useful_counts
 from fleet.schedule.placement import place
+
+
+_WAITING = (ModelState.PENDING, ModelState.PAUSED)  # PAUSED: resumed from a checkpoint, or resized
 
 
 @dataclass
@@ -150,6 +156,9 @@ class FleetAdaptive(Policy):
         if wanted is None:
             return self._fill(view)
         count = min(wanted, len(view.free_gpus))
+        if count == 0:  # its GPUs went to others meanwhile: it waits at the head of the queue
+            self.queue.insert(0, event.model)
+            return NO_DECISION
         gpus = place([count], view.free_gpus, view.gpus_per_node)[0]
         rate = self._rate(view, event.model, count)
         drafts = [_Draft(s.id, self._member_rates(view, s.members)) for s in view.streams if s.pace > 0]
@@ -197,7 +206,7 @@ class FleetAdaptive(Policy):
     # -- filling free GPUs -------------------------------------------------------------
 
     def _fill(self, view: ClusterView) -> Decision:
-        self.queue = [m for m in self.queue if view.model(m).state is ModelState.PENDING]
+        self.queue = [m for m in self.queue if view.model(m).state in _WAITING and m not in self.resizing]
         free = len(view.free_gpus)
         drafts = [_Draft(s.id, self._member_rates(view, s.members)) for s in view.streams if s.pace > 0]
         while free > 0 and self.queue:

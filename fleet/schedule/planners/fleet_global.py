@@ -20,7 +20,6 @@ from fleet.schedule._base import (
     ClusterView,
     Decision,
     ModelConverged,
-    ModelState,
     Policy,
 )
 from fleet.schedule.planners._common import flotilla_stream
@@ -60,7 +59,7 @@ class FleetGlobal(Policy):
         return self._new_round(view) if view.drained else NO_DECISION
 
     def _new_round(self, view: ClusterView) -> Decision:
-        candidates = view.ids_in(ModelState.PENDING, ModelState.PAUSED)
+        candidates = view.waiting()
         if not candidates:
             return NO_DECISION
         stream = flotilla_stream(view.rates, candidates, view.free_gpus, view.gpus_per_node, self.delta)
