@@ -27,7 +27,7 @@ broadcast alone varies 1.5-2x between repetitions with how the OS schedules its 
 ranks, hence the medians; run nothing else meanwhile.
 
 On one node the masters read each chunk in the preprocessor's shared-memory slot
-(`fleet.runtime.shm`); `--bytes-too` also runs the path with `runtime.shared_memory: false`
+(`fleet.runtime.data.shm`); `--bytes-too` also runs the path with `runtime.shared_memory: false`
 (chunks as MPI messages) in each round, for the two side by side.
 
 Usage: .venv/bin/python bench/pipeline.py [--trainers 3] [--image-size 32] [--chunk 168]
@@ -82,7 +82,7 @@ def raw_bcast(chunk_bytes: int, chunks: int) -> None:
             seconds[name].append(time.perf_counter() - started)
     seconds["pattern"] = [message_pattern(world, chunk_bytes, chunks, wait_request) for _ in range(RAW_REPEATS)]
     if world.rank == 0:
-        from fleet.runtime.process import mpi_library
+        from fleet.runtime.launch.process import mpi_library
 
         print(json.dumps({**seconds, "library": mpi_library()}))
 
@@ -137,8 +137,9 @@ def patched_pipeline(spec: str, run_dir: str, fill: bool) -> None:
     chunk's header and labels (and, with `fill`, copying pre-decoded rows)."""
     import numpy as np
 
-    from fleet.runtime import preprocessor, trainer
-    from fleet.runtime.chunks import write_header
+    from fleet.runtime.data import preprocessor
+    from fleet.runtime.train import trainer
+    from fleet.runtime.data.chunks import write_header
     from fleet.runtime.main import TrainOptions, train_entry
 
     ready: dict = {}
@@ -169,7 +170,7 @@ def patched_pipeline(spec: str, run_dir: str, fill: bool) -> None:
 
 
 def mpiexec(ranks: int) -> list[str]:
-    from fleet.runtime.launch import find_mpiexec, launcher_for
+    from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for
 
     return [*launcher_for(find_mpiexec()), "-n", str(ranks), sys.executable]
 
@@ -276,8 +277,8 @@ def main() -> None:
     if args.patched:
         return patched_pipeline(*args.patched, args.fill)
 
-    from fleet.runtime.chunks import ChunkLayout
-    from fleet.runtime.launch import find_mpiexec
+    from fleet.runtime.data.chunks import ChunkLayout
+    from fleet.runtime.launch.mpiexec import find_mpiexec
 
     ranks = args.trainers + 1
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -56,7 +56,7 @@ def _execute(ctx, step: tuple) -> Any:
 
 
 def _time_group(ctx, model: str, ranks: tuple[int, ...], uid: int, batches: int, timed: int) -> dict | None:
-    from fleet.runtime.trainer import create_group_comm
+    from fleet.runtime.train.trainer import create_group_comm
 
     ctx.who.role = f"profiling {model} on {len(ranks)} trainer(s)"
     comm = create_group_comm(ctx.group_parent, ranks, uid)

@@ -129,7 +129,7 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
     Every member calls it; every member returns the same ``{"rate": samples/s, "step_s": s}``
     or ``{"failed": reason}`` (the first reason seen on this rank, else a member's).
     """
-    from fleet.runtime.trainer import build_collective, build_engine
+    from fleet.runtime.train.trainer import build_collective, build_engine
 
     model = ctx.spec.model(model_id)
     size, timeout = group_comm.size, ctx.timeout_s
@@ -177,7 +177,7 @@ def _finish(engine, collective, device: str, reason: str | None) -> dict:
 
 def time_decoding(ctx, seconds: float) -> dict:
     """Decode and augment chunks of the training split for about `seconds`; samples/s."""
-    from fleet.runtime.chunks import ChunkLayout
+    from fleet.runtime.data.chunks import ChunkLayout
 
     chunk = ctx.chunk_samples
     layout = ChunkLayout(chunk, ctx.input_shape)

@@ -18,7 +18,7 @@ CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s pe
 def _scenario(rates, spec, gpus: int):
     """The run to predict: the spec's epochs, and decoding limited to what the spec's
     preprocessors were measured to decode (when the profile measured it)."""
-    from fleet.runtime.rates_source import epochs_estimate
+    from fleet.runtime.control.rates_source import epochs_estimate
     from fleet.schedule import whole_epochs
     from fleet.schedule_io import profile_scenario
 
@@ -29,7 +29,7 @@ def _scenario(rates, spec, gpus: int):
 def predict(spec, scenario, policies=POLICIES) -> dict:
     """Simulated runs of `policies` on `scenario`: ``{policy: SimResult}``."""
     from fleet.schedule import Overheads, create_policy, simulate
-    from fleet.runtime.setup import policy_for
+    from fleet.runtime.control.setup import policy_for
 
     overheads = Overheads(latency_s=CHECKPOINT_LATENCY_S)
     out = {}

@@ -33,7 +33,7 @@ def fleet_cli():
 def mpi_launcher() -> list[str]:
     """``[mpiexec, <local flags>]`` for tests that start real MPI jobs (skips without mpiexec)."""
     from fleet.errors import UserError
-    from fleet.runtime.launch import find_mpiexec, launcher_for
+    from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for
 
     try:
         return launcher_for(find_mpiexec())
@@ -45,7 +45,7 @@ def quiet_mpi_launcher() -> list[str]:
     """`mpi_launcher()`, with ``--quiet`` for Open MPI: its mpirun reports ranks that exit non-zero
     in a block of its own on stderr (MPICH's says nothing), which a test of fleet's one-line
     errors must not count. Not for `fleet run`: ``--quiet`` also hides a missing executable."""
-    from fleet.runtime.launch import is_open_mpi, mpiexec_version
+    from fleet.runtime.launch.mpiexec import is_open_mpi, mpiexec_version
 
     launcher = mpi_launcher()
     return [*launcher, "--quiet"] if is_open_mpi(mpiexec_version(launcher[0])) else launcher

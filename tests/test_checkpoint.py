@@ -9,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-import fleet.runtime.checkpoint as checkpoint_module
+import fleet.runtime.train.checkpoint as checkpoint_module
 from fleet.engines import TorchEngine
 from fleet.errors import UserError
-from fleet.runtime.checkpoint import CheckpointStore, ModelCheckpoint
-from fleet.runtime.stop import StopTracker
+from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
+from fleet.runtime.train.stop import StopTracker
 from fleet.spec import ModelSpec, StopRule, TrainSpec
 
 SHAPE, CLASSES = (1, 8, 8), 4

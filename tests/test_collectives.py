@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from fleet.errors import UserError
-from fleet.runtime.collectives import (
+from fleet.runtime.train.collectives import (
     BACKENDS,
     CollectiveError,
     CollectiveState,
@@ -160,7 +160,7 @@ def test_broadcast_root_must_be_a_member():
 
 
 def test_torch_collective_refuses_an_unknown_store():
-    from fleet.runtime.collectives.torch_dist import TorchCollective
+    from fleet.runtime.train.collectives.torch_dist import TorchCollective
 
     with pytest.raises(ValueError, match="store 'nfs'"):
         TorchCollective(MPI.COMM_SELF, "cpu", 5.0, store="nfs")
@@ -170,7 +170,7 @@ def test_torch_collective_refuses_an_unknown_store():
 @pytest.mark.parametrize("kind", ["mpi", "torch"])
 def test_cuda_engine_in_a_group_of_one(kind):
     """The CUDA paths on one rank: host copies for mpi, NCCL on the device for torch."""
-    from fleet.runtime.collectives.torch_dist import TorchCollective
+    from fleet.runtime.train.collectives.torch_dist import TorchCollective
 
     coll = MPICollective(MPI.COMM_SELF, 60.0) if kind == "mpi" else TorchCollective(MPI.COMM_SELF, "cuda:0", 60.0)
     assert coll.name == ("mpi" if kind == "mpi" else "torch-nccl")

@@ -13,7 +13,7 @@ import torch
 
 from fleet.engines import EmulatedEngine, Engine, EnginePhase, TorchEngine, create_engine
 from fleet.errors import UserError
-from fleet.runtime.stop import StopReason, StopTracker
+from fleet.runtime.train.stop import StopReason, StopTracker
 from fleet.schedule.rates import RateTable
 from fleet.spec import ModelSpec, StopRule, TrainSpec
 
@@ -165,7 +165,7 @@ def test_the_default_wait_is_a_real_sleep_not_a_busy_wait():
 
 
 def run_until_stopped(engine: EmulatedEngine, tracker: StopTracker, steps_per_epoch: int = 4, limit: int = 500):
-    """The runtime's epoch loop in miniature (evaluate before end_epoch, as fleet.runtime.local)."""
+    """The runtime's epoch loop in miniature (evaluate before end_epoch, as fleet.runtime.train.local)."""
     while not tracker.converged and tracker.epochs < limit:
         losses = [engine.train_step(*batch(8)) for _ in range(steps_per_epoch)]
         metrics = engine.evaluate(*batch(16))

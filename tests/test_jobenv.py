@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import UserError
-from fleet.runtime.jobenv import (
+from fleet.runtime.launch.jobenv import (
     JobEnv,
     JobEnvError,
     Launcher,

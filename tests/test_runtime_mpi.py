@@ -193,7 +193,7 @@ def test_a_node_without_room_in_dev_shm_sends_chunks_as_messages(tmp_path):
                       "fleet-g", train={"batch_size": 32, "max_epochs": 2})
     run_dir = tmp_path / "run"
     write_profile(run_dir, {"a": 3000.0}, {"a": 2}, 2, n, 2)
-    patched = ("import sys; import fleet.runtime.shm as shm; shm.shm_free_bytes = lambda path='/dev/shm': 0; "
+    patched = ("import sys; import fleet.runtime.data.shm as shm; shm.shm_free_bytes = lambda path='/dev/shm': 0; "
                "from fleet.cli import main; sys.exit(main())")
     command = [*mpi_launcher(), "-n", "3", sys.executable, "-c", patched, "train", str(spec), "--run-dir", str(run_dir),
                "--quiet"]

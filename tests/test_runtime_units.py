@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from fleet.errors import UserError
-from fleet.runtime.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
-from fleet.runtime.coordinator import Coordinator, Group, LiveStream, ModelRecord
-from fleet.runtime.launch import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
+from fleet.runtime.data.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
+from fleet.runtime.control.coordinator import Coordinator, Group, LiveStream, ModelRecord
+from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, Regroup, StreamLayout, StreamSource, stream_tag
-from fleet.runtime.queues import Batch, Batcher, SampleQueue, Share
-from fleet.runtime.stream import MemberClock, own_rows
-from fleet.runtime.trainer import GroupTraining
+from fleet.runtime.data.queues import Batch, Batcher, SampleQueue, Share
+from fleet.runtime.data.stream import MemberClock, own_rows
+from fleet.runtime.train.trainer import GroupTraining
 from fleet.runtime.waiting import Backoff, WaitTimeout, poll
 from fleet.schedule import Member, ModelState, PolicyError, RateTable, StreamPlan
 from fleet.schedule.ledger import Ledger
@@ -475,7 +475,7 @@ def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
     from types import SimpleNamespace
 
     from fleet.runtime.protocol import Regroup
-    from fleet.runtime.stream import MasterStream, Version
+    from fleet.runtime.data.stream import MasterStream, Version
 
     comm, preprocessors = FakeDataComm(), (0, 1, 2, 3, 4, 5)
     master = MasterStream.__new__(MasterStream)
@@ -519,9 +519,9 @@ def test_a_switch_is_never_past_the_stream_end_and_a_join_moves_the_end():
 def test_preprocessors_and_masters_stop_at_the_stream_end():
     from types import SimpleNamespace
 
-    from fleet.runtime.preprocessor import StreamProducer
+    from fleet.runtime.data.preprocessor import StreamProducer
     from fleet.runtime.protocol import Regroup
-    from fleet.runtime.stream import MasterStream, Version
+    from fleet.runtime.data.stream import MasterStream, Version
 
     layout = StreamLayout(0, 0, (0, 1), (8,), end=5)
     producer = StreamProducer.__new__(StreamProducer)
@@ -554,10 +554,10 @@ def test_once_every_member_has_left_the_chunks_before_the_switch_go_out_hollow()
     import threading
     from types import SimpleNamespace
 
-    from fleet.runtime.chunks import HEADER_BYTES, Flag
-    from fleet.runtime.preprocessor import StreamProducer
+    from fleet.runtime.data.chunks import HEADER_BYTES, Flag
+    from fleet.runtime.data.preprocessor import StreamProducer
     from fleet.runtime.protocol import Regroup
-    from fleet.runtime.stream import MasterStream
+    from fleet.runtime.data.stream import MasterStream
 
     source, chunks = StreamSource(1, 0, 0, 4), ChunkLayout(4, (1, 2, 2))
     data = FakeDataComm()
@@ -635,7 +635,7 @@ def test_a_leave_stops_the_group_and_never_closes_an_epoch():
 
 def test_a_master_reports_its_leave_before_its_group_closes_the_collective(monkeypatch):
     """The next round is planned, and its data decoded, while the group closes its collective."""
-    import fleet.runtime.trainer as trainer
+    import fleet.runtime.train.trainer as trainer
     from types import SimpleNamespace
 
     calls = []
@@ -688,7 +688,7 @@ def test_a_trainer_that_starves_says_what_its_stream_thread_waits_for():
     """The training thread's wait on Qt times out first; the cause is the stream thread's wait."""
     from types import SimpleNamespace
 
-    from fleet.runtime.stream import StreamThread
+    from fleet.runtime.data.stream import StreamThread
 
     thread = StreamThread("stream-3", SampleQueue(10, "Qt of m"))
     thread.ctx = SimpleNamespace(timeout_s=0.2)
@@ -724,7 +724,7 @@ def test_two_masters_of_one_stream_on_one_rank_each_get_their_regroups():
     (draining) thread needs to learn that it left."""
     from types import SimpleNamespace
 
-    from fleet.runtime.stream import RegroupBox
+    from fleet.runtime.data.stream import RegroupBox
 
     def regroup(version, switch):
         return Regroup(StreamLayout(3, version, (0, 1, 2), (4, 3), 53), switch)
@@ -756,7 +756,7 @@ def test_a_joining_master_posts_its_receives_again_from_the_roots_of_the_next_la
     rank 3 never matched, rank 4's send never completed, and the stream stopped."""
     from types import SimpleNamespace
 
-    from fleet.runtime.stream import MasterStream, Version
+    from fleet.runtime.data.stream import MasterStream, Version
 
     comm, preprocessors = FakeDataComm(), (0, 1, 2)
     master = MasterStream.__new__(MasterStream)

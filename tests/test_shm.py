@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fleet.runtime.chunks import HEADER_WORDS, ChunkLayout, Field, Flag, write_header
-from fleet.runtime.shm import ChunkPool, Slots, claim_of, describe, segment_bytes
+from fleet.runtime.data.chunks import HEADER_WORDS, ChunkLayout, Field, Flag, write_header
+from fleet.runtime.data.shm import ChunkPool, Slots, claim_of, describe, segment_bytes
 from fleet.runtime.waiting import WaitTimeout
 
 

@@ -174,7 +174,7 @@ def test_srun_pmi2_starts_mpi4py_ranks_of_the_mpich_wheel(slurm_env):
     """srun --mpi=pmi2 wires up MPICH's ranks (PMI-1 over Slurm's pmi2 plugin): distinct ranks,
     a correct allreduce, and the job-environment adapter sees an srun step."""
     probe = (
-        "import os; from mpi4py import MPI; from fleet.runtime.jobenv import read_job_env; "
+        "import os; from mpi4py import MPI; from fleet.runtime.launch.jobenv import read_job_env; "
         "c = MPI.COMM_WORLD; e = read_job_env(os.environ); "
         "print(c.rank, c.size, c.allreduce(c.rank + 1), e.launcher.value, e.rank, e.local_rank, flush=True)"
     )
@@ -207,7 +207,7 @@ def test_checkpoint_signal_requeues_and_the_job_resumes_without_losing_an_epoch(
     """The checkpoint signal as Slurm sends it (see CHECKPOINT_SIGNALS); fleet train
     checkpoints and exits 75; the script requeues the job; the requeued job resumes.
 
-    Needs the runtime's checkpoint signal (fleet/runtime/signals.py)."""
+    Needs the runtime's checkpoint signal (fleet/runtime/launch/signals.py)."""
     epochs = 12
     run_dir, job_id = signal_after_the_first_epoch(slurm_env, jobs, tmp_path, epochs, CHECKPOINT_SIGNALS[delivery])
 

@@ -1,6 +1,6 @@
 import math
 
-from fleet.runtime.stop import StopReason, StopTracker
+from fleet.runtime.train.stop import StopReason, StopTracker
 from fleet.spec import StopRule
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleet.errors import UserError
-from fleet.runtime.jobenv import JobEnv, Launcher
-from fleet.runtime.topology import (
+from fleet.runtime.launch.jobenv import JobEnv, Launcher
+from fleet.runtime.launch.topology import (
     RankPlacement,
     Role,
     Topology,

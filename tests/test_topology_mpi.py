@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import mpi_env, quiet_mpi_launcher
-from fleet.runtime.jobenv import JobEnv
-from fleet.runtime.topology import (
+from fleet.runtime.launch.jobenv import JobEnv
+from fleet.runtime.launch.topology import (
     HOSTNAME_BYTES,
     TopologyError,
     build_topology,
@@ -174,7 +174,7 @@ def test_mismatch_ends_every_rank_with_2_and_one_line(n, args, line):
 
 def foreign_launcher_env(rank: int, size: int) -> dict[str, str]:
     """What a launcher of another MPI than mpi4py's sets: Open MPI's under MPICH, Hydra's under Open MPI."""
-    from fleet.runtime.process import mpi_library
+    from fleet.runtime.launch.process import mpi_library
 
     if mpi_library().startswith("MPICH"):
         return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
@@ -258,7 +258,7 @@ def mpich_without_pmix() -> tuple[dict[str, str], str]:
     probe = subprocess.run(
         [sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
          "print(MPI.Get_library_version())"], capture_output=True, text=True, env=env, timeout=60)
-    from fleet.runtime.topology import _mpich_without_pmix
+    from fleet.runtime.launch.topology import _mpich_without_pmix
 
     if probe.returncode != 0 or not _mpich_without_pmix(probe.stdout):
         pytest.skip("mpi4py does not load an MPICH without PMIx here")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from fleet.errors import UserError
-from fleet.runtime import signals
+from fleet.runtime.launch import signals
 from fleet.spec import Device, Spec
 
 CHECKPOINT_WARNING_S = 120

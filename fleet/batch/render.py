@@ -80,7 +80,7 @@ def render_erf(job: BatchJob) -> str:
 
     On each node the first ``preprocessors_per_node`` ranks are CPU-only preprocessors and the
     next ``trainers_per_node`` are trainers, trainer i with ``gpu: {i}`` (none on a CPU job),
-    as `fleet.runtime.topology` assigns roles. Local rank k takes the hardware threads
+    as `fleet.runtime.launch.topology` assigns roles. Local rank k takes the hardware threads
     ``k*c*SMT .. (k+1)*c*SMT - 1`` (c = cpus_per_task), packed in node-local order.
     """
     threads = job.cpus_per_task * SMT

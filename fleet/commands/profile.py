@@ -34,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.runtime.jobenv import read_job_env
+    from fleet.runtime.launch.jobenv import read_job_env
 
     env = read_job_env(os.environ)
     if (env.size or 1) > 1:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command, start_here
+    from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, start_here
     from fleet.spec import load_spec
 
     spec = load_spec(args.spec, run_dir=args.run_dir)

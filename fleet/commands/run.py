@@ -22,7 +22,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.runtime.launch import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
+    from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
     from fleet.spec import load_spec
 
     spec = load_spec(args.spec, run_dir=args.run_dir)
@@ -39,7 +39,7 @@ def run_local(spec, args: argparse.Namespace) -> int:
     from fleet.atomic import atomic_write_text
     from fleet.report.results import leaderboard_rows, write_results
     from fleet.runtime.events import EventLog
-    from fleet.runtime.local import train_local
+    from fleet.runtime.train.local import train_local
 
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

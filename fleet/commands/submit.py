@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from fleet.atomic import atomic_write_text
     from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
     from fleet.batch.submit import require_submitter, submit
-    from fleet.runtime.setup import check_same_ensemble
+    from fleet.runtime.control.setup import check_same_ensemble
     from fleet.spec import load_spec
 
     system = BatchSystem(args.scheduler)

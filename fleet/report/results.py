@@ -40,7 +40,7 @@ class RunResult:
     overhead_s: dict[str, float]
     models: list[ModelResult] = field(default_factory=list)
     validation_samples_decoded: int = 0
-    chunks_in_shared_memory: int = 0  # chunks whose root master read them in place (fleet.runtime.shm)
+    chunks_in_shared_memory: int = 0  # chunks whose root master read them in place (fleet.runtime.data.shm)
     interrupted: bool = False  # stopped by the checkpoint signal; run again to resume
 
 

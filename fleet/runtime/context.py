@@ -30,7 +30,7 @@ class RunContext:
     device: str
     run_dir: str
     rates: Any = None  # RateTable, needed by the emulated device
-    pool: Any = None  # this node's shared-memory chunk pool (fleet.runtime.shm.ChunkPool), if any
+    pool: Any = None  # this node's shared-memory chunk pool (fleet.runtime.data.shm.ChunkPool), if any
     extras: dict = field(default_factory=dict)
 
     @cached_property

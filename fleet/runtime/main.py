@@ -42,9 +42,9 @@ def train_entry(options: TrainOptions) -> int:
     # mpi4py's three-line warning about another MPI's launcher, given once MPI_Init has
     # returned a world of one: `check_launch` then says it in one line
     warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
-    from fleet.runtime.process import init_mpi
-    from fleet.runtime.signals import install_checkpoint_signals
-    from fleet.runtime.topology import LaunchMismatch
+    from fleet.runtime.launch.process import init_mpi
+    from fleet.runtime.launch.signals import install_checkpoint_signals
+    from fleet.runtime.launch.topology import LaunchMismatch
 
     try:
         MPI = init_mpi()
@@ -84,8 +84,8 @@ def train_entry(options: TrainOptions) -> int:
 def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
     """`_start`; an error every rank meets alike (spec, topology, run directory) ends the job
     cleanly: rank 0 prints one line and every rank exits 2."""
-    from fleet.runtime.process import exit_all
-    from fleet.runtime.topology import LaunchMismatch, TopologyError
+    from fleet.runtime.launch.process import exit_all
+    from fleet.runtime.launch.topology import LaunchMismatch, TopologyError
     from fleet.spec import SpecError
 
     try:
@@ -103,9 +103,9 @@ class SameOnEveryRank(UserError):
 def _start(world: Any, who: RankIdentity, options: TrainOptions):
     """Spec, topology and communicators; rank 0 prepares the run directory and the plan."""
     from fleet.runtime.context import RunContext
-    from fleet.runtime.jobenv import read_job_env
-    from fleet.runtime.process import mpi_library
-    from fleet.runtime.topology import bind_device, build_topology, check_launch
+    from fleet.runtime.launch.jobenv import read_job_env
+    from fleet.runtime.launch.process import mpi_library
+    from fleet.runtime.launch.topology import bind_device, build_topology, check_launch
     from fleet.spec import load_spec
 
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
@@ -145,9 +145,9 @@ def _chunk_pool(ctx):
     """Collective: this node's shared-memory chunk pool (`runtime.shared_memory`), or None."""
     if not ctx.spec.runtime.shared_memory:
         return None
-    from fleet.runtime.chunks import ChunkLayout
-    from fleet.runtime.shm import create_pool
-    from fleet.runtime.stream import FANOUT_WINDOW
+    from fleet.runtime.data.chunks import ChunkLayout
+    from fleet.runtime.data.shm import create_pool
+    from fleet.runtime.data.stream import FANOUT_WINDOW
 
     slot_bytes = ChunkLayout(ctx.chunk_samples, ctx.input_shape).nbytes
     return create_pool(ctx.world, ctx.topology, 2 * ctx.qp_chunks + FANOUT_WINDOW, slot_bytes, ctx.timeout_s)
@@ -163,7 +163,7 @@ def _from_rank0(ctx, make, what: str) -> Any:
 
 def _rank0_rates(ctx) -> dict | str:
     """Whether to profile first, and the rates an emulated device's steps take."""
-    from fleet.runtime.setup import prepare_run_dir, rates_decision
+    from fleet.runtime.control.setup import prepare_run_dir, rates_decision
 
     try:
         run_dir = prepare_run_dir(ctx.spec)
@@ -204,7 +204,7 @@ def _warm_up(ctx, role: str) -> None:
     if role != "trainer":
         return
     _ = ctx.validation
-    modules = ["fleet.engines", "fleet.runtime.collectives", "fleet.runtime.trainer"]  # torch is the slow part
+    modules = ["fleet.engines", "fleet.runtime.train.collectives", "fleet.runtime.train.trainer"]  # torch is the slow part
     if ctx.spec.runtime.collective != "mpi":
         modules.append("torch.distributed")
     for module in modules:
@@ -234,7 +234,7 @@ def _visible_gpus(spec) -> int | None:
 
 def _rank0_setup(ctx) -> dict | str:
     """The plan on rank 0; a user error becomes its message for every rank."""
-    from fleet.runtime.setup import epoch_limits, plan_run
+    from fleet.runtime.control.setup import epoch_limits, plan_run
 
     try:
         plan = plan_run(ctx.spec, Path(ctx.run_dir), len(ctx.train_idx))
@@ -257,16 +257,16 @@ def _dry_run_report(ctx, options: TrainOptions) -> None:
 def _run_role(ctx, options: TrainOptions) -> None:
     """The rank's loop. Each role imports only its own modules: a preprocessor never loads
     torch, whose import would steal a core from the others just as the run starts."""
-    from fleet.runtime.topology import Role
+    from fleet.runtime.launch.topology import Role
 
     role = ctx.topology.placements[ctx.rank].role
     coordinator = _start_coordinator(ctx, options) if ctx.rank == 0 else None
     if role is Role.TRAINER:
-        from fleet.runtime.trainer import TrainerLoop
+        from fleet.runtime.train.trainer import TrainerLoop
 
         TrainerLoop(ctx).run()
     else:
-        from fleet.runtime.preprocessor import PreprocessorLoop
+        from fleet.runtime.data.preprocessor import PreprocessorLoop
 
         PreprocessorLoop(ctx).run()
     if coordinator is not None:
@@ -301,11 +301,11 @@ def _start_coordinator(ctx, options: TrainOptions) -> CoordinatorThread:
 
 
 def _coordinate(ctx, options: TrainOptions) -> None:
-    from fleet.runtime.console import Console
-    from fleet.runtime.coordinator import Coordinator
+    from fleet.runtime.control.console import Console
+    from fleet.runtime.control.coordinator import Coordinator
     from fleet.runtime.events import EventLog
-    from fleet.runtime.setup import write_run
-    from fleet.runtime.signals import EXIT_CHECKPOINTED
+    from fleet.runtime.control.setup import write_run
+    from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 
     spec, plan = ctx.spec, ctx.extras["plan"]
     run_dir = Path(ctx.run_dir)
@@ -322,7 +322,7 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         f"{spec.cluster.device.value} trainer(s), {len(ctx.topology.preprocessor_ranks())} preprocessor(s); "
         f"rates {plan.rates_source}"
     )
-    from fleet.runtime.setup import policy_for
+    from fleet.runtime.control.setup import policy_for
 
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
                               make_policy=lambda: policy_for(spec))

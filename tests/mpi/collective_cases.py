@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from fleet.engines import TorchEngine
-from fleet.runtime.collectives import MPICollective
-from fleet.runtime.collectives.torch_dist import TorchCollective
+from fleet.runtime.train.collectives import MPICollective
+from fleet.runtime.train.collectives.torch_dist import TorchCollective
 from fleet.spec import ModelSpec, TrainSpec
 from fleet.runtime.waiting import IDLE, wait_request
 

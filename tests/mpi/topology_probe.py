@@ -13,9 +13,9 @@ import json
 import os
 import sys
 
-from fleet.runtime.jobenv import read_job_env
-from fleet.runtime.process import exit_all
-from fleet.runtime.topology import TopologyError, bind_device, build_topology
+from fleet.runtime.launch.jobenv import read_job_env
+from fleet.runtime.launch.process import exit_all
+from fleet.runtime.launch.topology import TopologyError, bind_device, build_topology
 from fleet.spec import ClusterSpec
 
 

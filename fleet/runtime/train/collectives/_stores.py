@@ -15,8 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from fleet.runtime.collectives._base import CollectiveError
-from fleet.runtime.collectives._comm import broadcast_text
+from fleet.runtime.train.collectives._base import CollectiveError
+from fleet.runtime.train.collectives._comm import broadcast_text
 
 STORE_KINDS = ("auto", "file", "tcp")
 FAILED = "!"

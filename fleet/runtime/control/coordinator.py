@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fleet.runtime.chunks import resumed_end_chunk
-from fleet.runtime.console import Console
+from fleet.runtime.data.chunks import resumed_end_chunk
+from fleet.runtime.control.console import Console
 from fleet.runtime.context import RunContext
 from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
@@ -455,7 +455,7 @@ class Coordinator:
         """The stream chunk after the one where `model`, taking the stream from `first_chunk`,
         ends its last epoch (`max_epochs`, or the emulated device's limit), counted from the
         checkpoint it resumes from: the same count as its master's `MemberClock`."""
-        from fleet.runtime.checkpoint import CheckpointStore
+        from fleet.runtime.train.checkpoint import CheckpointStore
 
         info = CheckpointStore(self.ctx.run_dir).latest_info(model)
         epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
@@ -463,7 +463,7 @@ class Coordinator:
         return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx), source.chunk_samples)
 
     def _has_checkpoint(self, model: str) -> bool:
-        from fleet.runtime.checkpoint import CheckpointStore
+        from fleet.runtime.train.checkpoint import CheckpointStore
 
         return CheckpointStore(self.ctx.run_dir).latest_info(model) is not None
 

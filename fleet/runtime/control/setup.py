@@ -17,9 +17,9 @@ import yaml
 from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.report.results import ModelResult, RunResult, write_results
-from fleet.runtime.checkpoint import CheckpointStore
-from fleet.runtime.coordinator import ModelRecord
-from fleet.runtime.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
+from fleet.runtime.train.checkpoint import CheckpointStore
+from fleet.runtime.control.coordinator import ModelRecord
+from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
 from fleet.schedule import RateTable, create_policy
 from fleet.schedule.ledger import Ledger
 from fleet.spec import Spec, parse_spec

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.collectives._base import Collective, check_host_array, comm_label
-from fleet.runtime.collectives._comm import dup_comm
+from fleet.runtime.train.collectives._base import Collective, check_host_array, comm_label
+from fleet.runtime.train.collectives._comm import dup_comm
 from fleet.runtime.waiting import wait_request
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.checkpoint import CheckpointStore, ModelCheckpoint
-from fleet.runtime.chunks import resumed_end_chunk
+from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
+from fleet.runtime.data.chunks import resumed_end_chunk
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import (
     CheckpointModel,
@@ -30,10 +30,10 @@ from fleet.runtime.protocol import (
     StartMember,
     Tag,
 )
-from fleet.runtime.queues import Batch, Batcher, SampleQueue
-from fleet.runtime.signals import EXIT_CHECKPOINTED
-from fleet.runtime.stop import StopReason, StopTracker
-from fleet.runtime.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
+from fleet.runtime.data.queues import Batch, Batcher, SampleQueue
+from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
+from fleet.runtime.train.stop import StopReason, StopTracker
+from fleet.runtime.data.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
 PROGRESS_EVERY_S = 10.0
@@ -61,7 +61,7 @@ def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int 
 
 def build_collective(ctx: RunContext, group_comm: Any):
     """The gradient collective of this trainer's group (`runtime.collective`)."""
-    from fleet.runtime.collectives import create_collective
+    from fleet.runtime.train.collectives import create_collective
 
     device = "cpu" if ctx.device == "emulated" else ctx.device
     return create_collective(ctx.spec.runtime.collective, group_comm, device, ctx.timeout_s)

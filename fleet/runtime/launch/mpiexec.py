@@ -85,7 +85,7 @@ def start_here(command: list[str], what: str, environ: Mapping[str, str] = os.en
     """
     import subprocess
 
-    from fleet.runtime.jobenv import without_allocation
+    from fleet.runtime.launch.jobenv import without_allocation
 
     note = allocation_note(environ)
     if note:
@@ -96,7 +96,7 @@ def start_here(command: list[str], what: str, environ: Mapping[str, str] = os.en
 
 def allocation_note(environ: Mapping[str, str] = os.environ) -> str | None:
     """A line for the user when `fleet run` starts inside a batch job of several nodes."""
-    from fleet.runtime.jobenv import read_job_env
+    from fleet.runtime.launch.jobenv import read_job_env
 
     job = read_job_env(environ)
     nodes = job.job_nodes or (len(job.job_hosts) if job.job_hosts else 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fleet.runtime.collectives._base import Collective, check_host_array
+from fleet.runtime.train.collectives._base import Collective, check_host_array
 
 
 class SoloCollective(Collective):

@@ -23,7 +23,7 @@ No chunk at or past the stream's `end` (its layout's) comes: a master that gets 
 for the coordinator's next regroup, which removes it or moves the end. Each thread owns the
 communicator it is given (a Dup of the group's) and frees it.
 
-A chunk may come as a descriptor of a preprocessor's shared-memory slot (`fleet.runtime.shm`):
+A chunk may come as a descriptor of a preprocessor's shared-memory slot (`fleet.runtime.data.shm`):
 the master then reads it in place, passes the descriptor on to the masters of its node and
 the bytes to the others, and copies its own share out. A worker on its node gets only its
 share's header (a descriptor too, with the share's first row) and copies its rows out of the
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.chunks import HEADER_BYTES, HEADER_WORDS, ChunkLayout, Field, Flag, chunk_tag, share_bounds, write_header
+from fleet.runtime.data.chunks import HEADER_BYTES, HEADER_WORDS, ChunkLayout, Field, Flag, chunk_tag, share_bounds, write_header
 from fleet.runtime.protocol import INBOX_DEPTH, Regroup, StartMember, StreamLayout, stream_tag
-from fleet.runtime.queues import SampleQueue, Share
-from fleet.runtime.shm import Claim, claim_of, describe
+from fleet.runtime.data.queues import SampleQueue, Share
+from fleet.runtime.data.shm import Claim, claim_of, describe
 from fleet.runtime import waiting
 from fleet.runtime.waiting import all_done, poll, wait_request, wait_requests
 

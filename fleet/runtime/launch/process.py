@@ -68,8 +68,8 @@ def init_mpi(environ: Mapping[str, str] = os.environ) -> Any:
     from mpi4py import MPI
 
     if not MPI.Is_initialized():
-        from fleet.runtime.jobenv import read_job_env
-        from fleet.runtime.topology import check_library
+        from fleet.runtime.launch.jobenv import read_job_env
+        from fleet.runtime.launch.topology import check_library
 
         check_library(read_job_env(environ), MPI.Get_library_version())
         MPI.Init_thread(MPI.THREAD_MULTIPLE)

@@ -11,7 +11,7 @@ and what the spec needs. The MPI part only finds each rank's node: `node_of_rank
 all-gathers host names without spinning, and `node_of_rank_virtual` cuts one machine into
 virtual nodes of consecutive ranks. `build_topology` picks one and calls `assign_roles`;
 every rank gets the same node list, so every rank returns the same topology or raises the
-same error (no rank is left waiting on one that failed). `fleet.runtime.process.exit_all`
+same error (no rank is left waiting on one that failed). `fleet.runtime.launch.process.exit_all`
 turns that error into one line and exit status 2 for the whole job.
 
 `bind_device` maps a trainer to ``cuda:<i>`` through CUDA_VISIBLE_DEVICES semantics; it
@@ -28,7 +28,7 @@ from enum import Enum
 from typing import Any
 
 from fleet.errors import UserError
-from fleet.runtime.jobenv import JobEnv, Launcher
+from fleet.runtime.launch.jobenv import JobEnv, Launcher
 from fleet.runtime.waiting import IDLE, wait_request
 from fleet.spec.sections import ClusterSpec, Device
 

@@ -44,9 +44,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from fleet.runtime.collectives._base import Collective, CollectiveError, check_host_array, comm_label
-from fleet.runtime.collectives._comm import all_on_one_host, barrier, dup_comm, node_address
-from fleet.runtime.collectives._stores import STORE_KINDS, GroupStore, one_line
+from fleet.runtime.train.collectives._base import Collective, CollectiveError, check_host_array, comm_label
+from fleet.runtime.train.collectives._comm import all_on_one_host, barrier, dup_comm, node_address
+from fleet.runtime.train.collectives._stores import STORE_KINDS, GroupStore, one_line
 from fleet.runtime.waiting import WaitTimeout, poll
 
 LOOPBACK = "127.0.0.1"

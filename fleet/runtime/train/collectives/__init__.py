@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.errors import UserError
-from fleet.runtime.collectives._base import Collective, CollectiveError, CollectiveState
-from fleet.runtime.collectives.mpi import MPICollective
-from fleet.runtime.collectives.solo import SoloCollective
+from fleet.runtime.train.collectives._base import Collective, CollectiveError, CollectiveState
+from fleet.runtime.train.collectives.mpi import MPICollective
+from fleet.runtime.train.collectives.solo import SoloCollective
 
 KINDS = ("auto", "mpi", "torch")
 BACKENDS = ("mpi", "torch-gloo", "torch-nccl")
@@ -81,7 +81,7 @@ def create_collective(
         return SoloCollective(timeout_s, label or "a group of 1 rank")
     if backend == "mpi":
         return MPICollective(group_comm, timeout_s, label)
-    from fleet.runtime.collectives.torch_dist import TorchCollective
+    from fleet.runtime.train.collectives.torch_dist import TorchCollective
 
     return TorchCollective(group_comm, device, timeout_s, label)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.chunks import HEADER_WORDS, Field, Flag
+from fleet.runtime.data.chunks import HEADER_WORDS, Field, Flag
 from fleet.runtime.waiting import WaitTimeout, bcast_object
 
 SLOT_LIMIT = 1 << 16  # a descriptor's place word: owner rank * SLOT_LIMIT + slot

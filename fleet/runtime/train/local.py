@@ -14,7 +14,7 @@ import numpy as np
 
 from fleet.inspect import input_shape
 from fleet.report.results import ModelResult, RunResult
-from fleet.runtime.stop import StopTracker
+from fleet.runtime.train.stop import StopTracker
 from fleet.spec import ModelSpec, Spec
 
 

@@ -9,7 +9,7 @@ of the stream's Qp among the stream's preprocessors, so that a stream is decoded
 Qp ahead of its masters' Qp, however many preprocessors it has. Preprocessors never create
 communicators, so they never block on another rank.
 
-Where the node has a chunk pool (`fleet.runtime.shm`), a chunk is decoded into one of this
+Where the node has a chunk pool (`fleet.runtime.data.shm`), a chunk is decoded into one of this
 rank's shared-memory slots and its root master, when on this node, is sent only a
 descriptor; the slot is free again once the node's masters of the chunk have released it.
 
@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.chunks import HEADER_WORDS, ChunkLayout, Flag, StreamOrder, chunk_tag, write_header
+from fleet.runtime.data.chunks import HEADER_WORDS, ChunkLayout, Flag, StreamOrder, chunk_tag, write_header
 from fleet.runtime.context import RunContext
 from fleet.runtime.protocol import KeepAlive, Pause, Paused, Regroup, Shutdown, StartStream, StreamDone, StreamLayout, Tag
 from fleet.runtime import waiting
-from fleet.runtime.shm import Slots, describe
-from fleet.runtime.signals import EXIT_CHECKPOINTED
+from fleet.runtime.data.shm import Slots, describe
+from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
 

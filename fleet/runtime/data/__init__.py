@@ -1,0 +1,1 @@
+"""The data plane: preprocessors, shared streams, chunks, bounded queues and shared memory."""
