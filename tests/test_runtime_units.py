@@ -2,20 +2,23 @@
 
 import shutil
 from collections import deque
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from fleet.errors import UserError
 from fleet.runtime.data.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
-from fleet.runtime.control.coordinator import Coordinator, Group, LiveStream, ModelRecord
+from fleet.runtime.control.accounting import ModelRecord, RunAccount
+from fleet.runtime.control.membership import Group, LiveStream, Membership
+from fleet.runtime.control.tuning import RateTuner
 from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
-from fleet.runtime.protocol import Paused, Regroup, StreamLayout, StreamSource, stream_tag
+from fleet.runtime.protocol import Paused, Regroup, StartMember, StreamLayout, StreamSource, stream_tag
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.data.stream import MemberClock, own_rows
 from fleet.runtime.train.trainer import GroupTraining
 from fleet.runtime.waiting import Backoff, WaitTimeout, poll
-from fleet.schedule import Member, ModelState, PolicyError, RateTable, StreamPlan
+from fleet.schedule import Member, ModelState, Overheads, PolicyError, RateTable, StreamPlan, create_policy
 from fleet.schedule.ledger import Ledger
 from fleet.spec import parse_spec
 
@@ -211,83 +214,80 @@ def test_ledger_tracks_streams_gpus_and_rounds():
     assert ledger.unfinished == 2
 
 
-class RefiningCoordinator:
-    """The coordinator's rate refinement over a real ledger and policy, its log recorded."""
+class RecordingLog:
+    """An event log and console that keep what they were given."""
 
-    _refine_rates = Coordinator._refine_rates
-    _weigh_measured_rates = Coordinator._weigh_measured_rates
-    _measured_overheads = Coordinator._measured_overheads
-    _same_next_plan = Coordinator._same_next_plan
-    now = 0.0
-
-    def __init__(self, policy_name: str, checkpoint_s: float, rates: RateTable | None = None,
-                 epochs: tuple = (3, 3, 3)):
-        from fleet.schedule.planners import create_policy
-        from fleet.schedule.refine import RateRefiner
-
-        self.policy = create_policy(policy_name)
-        self.make_policy = lambda: create_policy(policy_name)
-        rates = rates or rates3()
-        self.ledger = Ledger(rates, epochs, total_gpus=4, gpus_per_node=rates.gpus_per_node)
-        self.refiner, self.rejected, self.interrupted = RateRefiner(), None, False
-        self.planning_s, self.checkpoint_s, self.saves = 0.0, checkpoint_s, 1
-        self.start_s, self.starts = 0.0, 0
-        self.logged, self.log, self.console = [], self, self
+    def __init__(self):
+        self.logged, self.events, self.banners = [], [], []
 
     def write(self, event, **fields):
         self.logged.append(event)
+        self.events.append((event, fields))
 
     def banner(self, text):
+        self.banners.append(text)
+
+    def member(self, *args):
         pass
+
+
+def rate_tuner(policy_name: str, checkpoint_s: float, rates: RateTable | None = None,
+               epochs: tuple = (3, 3, 3)) -> RateTuner:
+    """A `RateTuner` over a real ledger and policy, its log recorded, at a save cost of `checkpoint_s`."""
+    rates = rates or rates3()
+    ledger = Ledger(rates, epochs, total_gpus=4, gpus_per_node=rates.gpus_per_node)
+    costs = Overheads(latency_s=checkpoint_s, bandwidth=float("inf"), planning_s=0.0)
+    log = RecordingLog()
+    return RateTuner(ledger, create_policy(policy_name), lambda: create_policy(policy_name), lambda: costs, log, log)
 
 
 def test_measured_rates_are_weighed_only_where_they_can_change_a_plan_and_once_within_ten_percent():
     # baseline and homogeneous never read a rate; fleet-adaptive rescales its own curves by
     # each epoch's measured rate: the coordinator's weighing could not change their plans
     for name in ("baseline", "homogeneous", "fleet-adaptive"):
-        blind = RefiningCoordinator(name, checkpoint_s=0.0)
-        blind.refiner.observe("a", 1, 25.0)
-        blind._refine_rates()
-        assert blind.logged == [] and blind.ledger.rates == rates3()
-    costly = RefiningCoordinator("fleet-g", checkpoint_s=1e6)  # no gain pays for the change
-    costly.refiner.observe("a", 1, 25.0)
-    costly._refine_rates()
-    assert costly.logged == ["rates_kept"] and costly.ledger.rates == rates3()
-    costly.refiner.observe("a", 1, 26.0)  # the proposal moves by 2%: the same verdict, not simulated again
-    costly._refine_rates()
-    assert costly.logged == ["rates_kept"]
-    costly.refiner.observe("a", 1, 5.0)  # now by a third: weighed again
-    costly._refine_rates()
-    assert costly.logged == ["rates_kept", "rates_kept"] and costly.planning_s > 0
+        blind = rate_tuner(name, checkpoint_s=0.0)
+        blind.observe("a", 1, 25.0)
+        blind.refine(0.0)
+        assert blind.log.logged == [] and blind.ledger.rates == rates3()
+    costly = rate_tuner("fleet-g", checkpoint_s=1e6)  # no gain pays for the change
+    costly.observe("a", 1, 25.0)
+    costly.refine(0.0)
+    assert costly.log.logged == ["rates_kept"] and costly.ledger.rates == rates3()
+    costly.observe("a", 1, 26.0)  # the proposal moves by 2%: the same verdict, not simulated again
+    costly.refine(0.0)
+    assert costly.log.logged == ["rates_kept"]
+    costly.observe("a", 1, 5.0)  # now by a third: weighed again
+    costly.refine(0.0)
+    assert costly.log.logged == ["rates_kept", "rates_kept"] and costly.seconds > 0
 
 
 def test_fleet_g_s_rates_are_weighed_only_once_its_cluster_is_drained():
     """FLEET-G plans only when no model runs or checkpoints: a weighing before then is wasted."""
-    coordinator = RefiningCoordinator("fleet-g", checkpoint_s=0.01)
-    ledger = coordinator.ledger
+    tuner = rate_tuner("fleet-g", checkpoint_s=0.01)
+    ledger = tuner.ledger
     ledger.begin_launch()
     stream = ledger.open_stream()
     ledger.reserve("a", (0,), stream)
     ledger.reserve("b", (1,), stream)
-    coordinator.refiner.observe("b", 1, 22.0)
+    tuner.observe("b", 1, 22.0)
     ledger.release("a", ModelState.CONVERGED)
-    coordinator._refine_rates()  # b still runs
+    tuner.refine(0.0)  # b still runs
     ledger.start_checkpoint("b")
-    coordinator._refine_rates()  # b still saves
-    assert coordinator.logged == [] and coordinator.planning_s == 0
+    tuner.refine(0.0)  # b still saves
+    assert tuner.log.logged == [] and tuner.seconds == 0
     ledger.release("b", ModelState.PAUSED)
-    coordinator._refine_rates()
-    assert coordinator.logged in (["rates_refined"], ["rates_kept"]) and coordinator.planning_s > 0
+    tuner.refine(0.0)
+    assert tuner.log.logged in (["rates_refined"], ["rates_kept"]) and tuner.seconds > 0
 
 
 def test_fleet_g_s_rates_are_weighed_only_when_they_change_the_plan_about_to_be_made():
-    coordinator = RefiningCoordinator("fleet-g", checkpoint_s=0.01)
-    coordinator.refiner.observe("b", 1, 100.0)  # 11% faster than profiled: still matched with a
-    coordinator._refine_rates()
-    assert coordinator.logged == [] and coordinator.rejected is None and coordinator.ledger.rates == rates3()
-    coordinator.refiner.observe("b", 1, 40.0)  # averaged, 70: b no longer runs at a's side
-    coordinator._refine_rates()
-    assert coordinator.logged in (["rates_refined"], ["rates_kept"])
+    tuner = rate_tuner("fleet-g", checkpoint_s=0.01)
+    tuner.observe("b", 1, 100.0)  # 11% faster than profiled: still matched with a
+    tuner.refine(0.0)
+    assert tuner.log.logged == [] and tuner.rejected is None and tuner.ledger.rates == rates3()
+    tuner.observe("b", 1, 40.0)  # averaged, 70: b no longer runs at a's side
+    tuner.refine(0.0)
+    assert tuner.log.logged in (["rates_refined"], ["rates_kept"])
 
 
 def test_measured_rates_are_weighed_at_the_checkpoint_cost_the_run_measured():
@@ -297,13 +297,13 @@ def test_measured_rates_are_weighed_at_the_checkpoint_cost_the_run_measured():
     rates = RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 1000, "models": [
         {"id": m, "rates": {str(k + 1): r * f for k, f in enumerate((1.0, 1.8, 2.4, 2.8))}}
         for m, r in (("a", 200), ("b", 200), ("c", 400))]})
-    coordinator = RefiningCoordinator("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
-    coordinator.refiner.observe("b", 1, 178.0)
-    coordinator._refine_rates()
-    assert coordinator.logged == ["rates_refined"] and coordinator.ledger.rates.rate("b", 1) == 178.0
-    fresh = RefiningCoordinator("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
-    fresh.refiner.observe("b", 1, 178.0)
-    _, verdict = fresh._weigh_measured_rates()
+    tuner = rate_tuner("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
+    tuner.observe("b", 1, 178.0)
+    tuner.refine(0.0)
+    assert tuner.log.logged == ["rates_refined"] and tuner.ledger.rates.rate("b", 1) == 178.0
+    fresh = rate_tuner("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
+    fresh.observe("b", 1, 178.0)
+    _, verdict = fresh.weigh(0.0)
     assert verdict.cost_s == pytest.approx(0.1)  # one model moved: a save and a restore
     assert 0.1 < verdict.gain_s < 1.0, verdict
 
@@ -341,69 +341,88 @@ def test_fleet_mpiexec_chooses_the_launcher_and_a_wrong_one_is_named(tmp_path):
         find_mpiexec(python, {"FLEET_MPIEXEC": "/no/mpirun"})
 
 
-class RecordingCoordinator:
-    """The coordinator's regroup with its sends, starts and log recorded instead of sent."""
+class OneNode:
+    """A topology fake: preprocessor ranks first, then a trainer rank per GPU, all on node 0."""
 
-    _regroup = Coordinator._regroup
-    _request_change = Coordinator._request_change
-    _checkpoint = Coordinator._checkpoint
-    _cancel_join = Coordinator._cancel_join
-    _remove_group = Coordinator._remove_group
-    _rerecord = Coordinator._rerecord
-    _on_paused = Coordinator._on_paused
+    def __init__(self, preprocessors: tuple[int, ...], trainer_of_gpu: dict[int, int]):
+        self.preprocessors, self.trainer_of_gpu = preprocessors, trainer_of_gpu
 
-    def __init__(self, ledger=None, streams=None):
-        self.sent, self.started, self.logged = [], [], []
-        self.log = self
-        self.ledger, self.streams = ledger, streams or {}
-        self.records = {m: ModelRecord(family="mlp", epochs=2) for m in "abc"}
-        self.groups_open, self.local_reports, self.plan_rounds = 0, deque(), [{"members": []}]
+    def trainer_rank(self, gpu: int) -> int:
+        return self.trainer_of_gpu[gpu]
 
-    def write(self, event, **fields):
-        self.logged.append((event, fields))
+    def preprocessor_ranks(self, node: int | None = None) -> list[int]:
+        return list(self.preprocessors)
 
-    def _send(self, command, rank, tag):
-        self.sent.append((type(command).__name__, rank))
-
-    def _start_group(self, live, group, first_chunk):
-        live.groups[group.model] = group
-        self.started.append((group.model, first_chunk))
-
-    def _restream(self, ended, groups):
-        self.restreamed = (ended, [g.model for g in groups])
-
-    def _member_end(self, model, first_chunk, source):
-        return first_chunk + 10  # every member needs 10 chunks
+    def node_of(self, rank: int) -> int:
+        return 0
 
 
-def test_a_group_joining_on_the_master_rank_of_a_leaving_group_waits_for_the_next_regroup():
-    coordinator = RecordingCoordinator()
+class RecordedMembership:
+    """A `Membership` over a one-node fake topology whose commands and log are recorded."""
+
+    def __init__(self, run_dir, ledger, preprocessors=(0,), trainer_of_gpu=None, epochs=3):
+        ctx = SimpleNamespace(
+            topology=OneNode(preprocessors, trainer_of_gpu or {g: g + len(preprocessors) for g in range(4)}),
+            run_dir=run_dir, extras={"epoch_limits": {m: epochs for m in "abcd"}}, spec=SimpleNamespace(seed=1),
+            train_idx=np.arange(80), chunk_samples=8,
+        )
+        self.sent, self.log = [], RecordingLog()
+        self.account = RunAccount({m: ModelRecord(family="mlp", epochs=2) for m in "abcd"})
+        self.account.new_round(0)
+        send = lambda command, rank, tag: self.sent.append((command, rank))  # noqa: E731
+        self.membership = Membership(ctx, ledger, self.account, send, self.log, self.log)
+
+    def started(self) -> list[tuple[str, int]]:
+        """(model, first chunk) of each group started, as its master got it."""
+        return [(c.model, c.first_chunk) for c, rank in self.sent if isinstance(c, StartMember) and rank == c.ranks[0]]
+
+    def names(self) -> list[str]:
+        return [type(command).__name__ for command, _ in self.sent]
+
+
+def rates4() -> RateTable:
+    return RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 80, "models": [
+        {"id": m, "rates": {"1": 100.0}} for m in "abcd"]})
+
+
+def test_a_group_joining_on_the_master_rank_of_a_leaving_group_waits_for_the_next_regroup(tmp_path):
+    recorded = RecordedMembership(tmp_path, Ledger(rates4(), [3] * 4, total_gpus=4, gpus_per_node=4))
     live = LiveStream(StreamLayout(0, 0, (0,), (1, 3)), StreamSource(1, 0, 0, 8), 0)
     live.groups = {"a": Group("a", (1, 2), (0, 1), 1), "b": Group("b", (3,), (2,), 2)}
     live.leaving = {"b"}
     live.joining = [Group("c", (3,), (2,), 3), Group("d", (4,), (3,), 4)]
-    coordinator._regroup(live, switch=96)
+    recorded.membership.regroup(live, switch=96)
     assert live.layout.masters == (1, 4) and live.layout.version == 1
-    assert coordinator.started == [("d", 96)]  # c would share rank 3 with b's leaving stream thread
+    assert recorded.started() == [("d", 96)]  # c would share rank 3 with b's leaving stream thread
     assert [g.model for g in live.joining] == ["c"] and live.pausing  # and asks for the next regroup
     live.awaiting = {}
-    coordinator._regroup(live, switch=97)
-    assert live.layout.masters == (1, 4, 3) and coordinator.started[-1] == ("c", 97) and not live.joining
+    recorded.membership.regroup(live, switch=97)
+    assert live.layout.masters == (1, 4, 3) and recorded.started()[-1] == ("c", 97) and not live.joining
 
 
-def test_a_deferred_join_that_would_leave_its_stream_without_a_master_starts_a_stream_of_its_own():
+def test_a_deferred_join_that_would_leave_its_stream_without_a_master_starts_a_stream_of_its_own(tmp_path):
     # Every member leaves and the one joining group is on a leaving master's rank: a layout
     # with no master would end the stream for its preprocessors before the join (a hang, seen
     # under fleet-adaptive), so the stream ends and the group gets a new one.
-    coordinator = RecordingCoordinator()
-    live = LiveStream(StreamLayout(0, 0, (0, 1), (2, 3)), StreamSource(1, 0, 0, 8), 0)
+    ledger = Ledger(rates4(), [3] * 4, total_gpus=4, gpus_per_node=4)
+    old = ledger.open_stream()
+    for model, gpu in (("a", 0), ("b", 1), ("c", 2)):
+        ledger.reserve(model, (gpu,), old)  # c as the driver reserves a join
+    for model in ("a", "b"):
+        ledger.start_checkpoint(model)
+    recorded = RecordedMembership(tmp_path, ledger, preprocessors=(0, 1), trainer_of_gpu={0: 2, 1: 3, 2: 3})
+    live = LiveStream(StreamLayout(old, 0, (0, 1), (2, 3)), StreamSource(1, 0, 0, 8), 0)
+    recorded.membership.streams[old] = live
     live.groups = {"a": Group("a", (2,), (0,), 1), "b": Group("b", (3,), (1,), 2)}
     live.leaving = {"a", "b"}
     live.joining = [Group("c", (3,), (1,), 3)]
-    coordinator._regroup(live, switch=43)
+    recorded.membership.regroup(live, switch=43)
     assert live.layout.masters == () and not live.joining and not live.pausing
-    assert coordinator.started == [] and coordinator.restreamed == (0, ["c"])
-    assert [name for name, _ in coordinator.sent] == ["Regroup"] * 4  # old masters 2, 3; preprocessors 0, 1
+    assert recorded.names()[:4] == ["Regroup"] * 4  # old masters 2, 3; preprocessors 0, 1
+    assert ("restream", {"ended": old, "stream": 1, "members": ["c"]}) in recorded.log.events
+    (start,) = [c for c, _ in recorded.sent if isinstance(c, StartMember)]
+    assert (start.model, start.layout.stream, start.first_chunk) == ("c", 1, 0)
+    assert ledger.model("c").stream == 1 and old not in ledger.streams
 
 
 def test_ledger_moves_a_reserved_model_to_another_stream():
@@ -416,25 +435,25 @@ def test_ledger_moves_a_reserved_model_to_another_stream():
     assert old not in ledger.streams and ledger.streams[new] == ["a"]
 
 
-def test_checkpointing_a_model_whose_join_is_pending_drops_the_join():
+def test_checkpointing_a_model_whose_join_is_pending_drops_the_join(tmp_path):
     # The checkpoint signal (or an end of round) between a join and its regroup: the joining
     # group never started, so it gets no command; it leaves as if checkpointed at once.
     ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
     stream = ledger.open_stream()
-    ledger.reserve("a", (0,), stream)
-    ledger.reserve("c", (1,), stream)  # as `_join` reserves a joining model
+    recorded = RecordedMembership(tmp_path, ledger)
     live = LiveStream(StreamLayout(stream, 0, (3,), (1,)), StreamSource(1, 0, 0, 8), 0)
     live.groups = {"a": Group("a", (1,), (0,), 1)}
     live.joining = [Group("c", (2,), (1,), 2)]
-    coordinator = RecordingCoordinator(ledger, {stream: live})
-    coordinator.plan_rounds[-1]["members"] = [{"model": "c", "gpus": [1], "stream": stream}]
-    coordinator._checkpoint("c")
-    assert not live.joining and coordinator.sent == [] and coordinator.groups_open == 1
-    assert ledger.model("c").state is ModelState.CHECKPOINTING and coordinator.plan_rounds[-1]["members"] == []
-    (left,) = coordinator.local_reports
+    membership = recorded.membership
+    membership.streams[stream] = live
+    recorded.account.record_member("c", (1,), stream)
+    membership.checkpoint("c")
+    assert not live.joining and recorded.sent == [] and membership.groups_open == 1
+    assert recorded.account.plan_rounds[-1]["members"] == []
+    (left,) = membership.local_reports
     assert (left.model, left.converged, left.epochs) == ("c", False, 2)
-    coordinator._checkpoint("a")  # a started member: the command, then a pause of the stream
-    assert coordinator.sent == [("CheckpointModel", 1), ("Pause", 3)]
+    membership.checkpoint("a")  # a started member: the command, then a pause of the stream
+    assert [(type(c).__name__, rank) for c, rank in recorded.sent] == [("CheckpointModel", 1), ("Pause", 3)]
 
 
 class FakeReceive:
@@ -499,20 +518,24 @@ def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
     assert comm.sends == [(13, 104)]  # passed on to the other master
 
 
-def test_a_switch_is_never_past_the_stream_end_and_a_join_moves_the_end():
+def test_a_switch_is_never_past_the_stream_end_and_a_join_moves_the_end(tmp_path):
     # Preprocessors stop at the end (chunk 20), so a switch past it would wait for chunks that
-    # never come; a join moves the end to where its model reaches its max_epochs.
+    # never come; a join moves the end to where its model reaches its max_epochs (one epoch
+    # of 80 samples: 10 chunks of 8).
+    recorded = RecordedMembership(tmp_path, Ledger(rates4(), [1] * 4, total_gpus=4, gpus_per_node=4),
+                                  preprocessors=(5, 6), epochs=1)
+    membership = recorded.membership
     live = LiveStream(StreamLayout(0, 0, (5, 6), (1, 2), end=20), StreamSource(1, 0, 0, 8), 0)
-    coordinator = RecordingCoordinator(streams={0: live})
+    membership.streams[0] = live
     live.groups = {"a": Group("a", (1,), (0,), 1), "b": Group("b", (2,), (1,), 2)}
     live.leaving, live.pausing, live.awaiting = {"a"}, True, {5: 20, 6: -1}
-    coordinator._on_paused(Paused(0, 1, 6, 21))
+    membership.on_paused(Paused(0, 1, 6, 21))
     assert live.layout.masters == (2,) and live.last_switch == 20 and live.layout.end == 20
     live.joining, live.pausing, live.awaiting = [Group("c", (3,), (2,), 3)], True, {5: 20, 6: 21}
-    coordinator._regroup(live, switch=20)  # the same switch: nothing was decoded at or past it
-    assert live.layout.masters == (2, 3) and live.layout.end == 30 and coordinator.started == [("c", 20)]
+    membership.regroup(live, switch=20)  # the same switch: nothing was decoded at or past it
+    assert live.layout.masters == (2, 3) and live.layout.end == 30 and recorded.started() == [("c", 20)]
     live.leaving, live.pausing, live.awaiting = {"b"}, True, {5: 24, 6: -1}
-    coordinator._on_paused(Paused(0, 3, 6, 25))
+    membership.on_paused(Paused(0, 3, 6, 25))
     assert live.last_switch == 27 and live.layout.end == 30  # before the end: as before
 
 
@@ -676,12 +699,12 @@ def test_each_checkpoint_is_counted_once_and_weighed_by_its_group():
         reported.append(unreported())
     assert reported == [0.5, 0.25, 0.125]
 
-    books = SimpleNamespace(checkpoint_s=0.0, checkpoint_gpu_s=0.0, saves=0)
-    count = Coordinator._count_checkpoint.__get__(books)
+    books = RunAccount({})
     for seconds, group_size in zip(reported, (2, 2, 2)):
-        count(seconds, group_size)
-    count(0.0, 3)  # a cancelled join: nothing saved
+        books.count_checkpoint(seconds, group_size)
+    books.count_checkpoint(0.0, 3)  # a cancelled join: nothing saved
     assert books.checkpoint_s == 0.875 and books.checkpoint_gpu_s == 1.75 and books.saves == 3
+    assert books.measured_overheads().checkpoint_s(None) == pytest.approx(0.875 / 3)
 
 
 def test_a_trainer_that_starves_says_what_its_stream_thread_waits_for():

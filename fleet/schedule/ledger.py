@@ -1,9 +1,11 @@
 """The driver's books: model states, GPU ownership, streams and rounds, and the views.
 
-A driver of the policy protocol (the simulator, the MPI coordinator) keeps one `Ledger`.
-It checks every decision against the protocol (`check_launch`), records launches, state
-changes and releases, counts rounds (a launch on a drained cluster starts the next one),
-and builds the frozen `ClusterView` each policy call receives.
+The driver of the policy protocol (`fleet.schedule.driver`) keeps one `Ledger`, whoever runs
+it (the simulator, the MPI coordinator). It checks every decision against the protocol
+(`check_launch`), records launches, state changes and releases, counts rounds (a launch on a
+drained cluster starts the next one), and builds the frozen `ClusterView` each policy call
+receives. A stream's pace in the view is its planned pace (`Ledger.pace`) from its launch on,
+in every driver.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class Ledger:
         paused: Iterable[str] = (),
         decode_rate: float | None = None,
     ):
-        self.rates, self.total_gpus, self.gpus_per_node = rates, total_gpus, gpus_per_node
+        self._rates, self.total_gpus, self.gpus_per_node = rates, total_gpus, gpus_per_node
         self.decode_rate = decode_rate
         done = epochs_done or {}
         paused = set(paused)
@@ -74,6 +76,16 @@ class Ledger:
         self.next_stream = 0
         self.round = 0
         self.launches = 0
+        self._cached: tuple[tuple[StreamView, ...], tuple[int, ...]] | None = None  # (streams, free GPUs)
+
+    @property
+    def rates(self) -> RateTable:
+        """The rate table policies plan with (the runtime may adopt refined rates)."""
+        return self._rates
+
+    @rates.setter
+    def rates(self, table: RateTable) -> None:
+        self._rates, self._cached = table, None
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -109,9 +121,12 @@ class Ledger:
         return pace if self.decode_rate is None else min(pace, self.decode_rate)
 
     def view(self, now: float) -> ClusterView:
-        streams = tuple(StreamView(s, tuple(m), self.pace(s)) for s, m in self.streams.items())
+        if self._cached is None:
+            streams = tuple(StreamView(s, tuple(m), self.pace(s)) for s, m in self.streams.items())
+            self._cached = (streams, self.free_gpus)
+        streams, free = self._cached
         return ClusterView(
-            now, self.total_gpus, self.gpus_per_node, self.round, self.rates, tuple(self.views), streams, self.free_gpus,
+            now, self.total_gpus, self.gpus_per_node, self.round, self.rates, tuple(self.views), streams, free,
             self.decode_rate,
         )
 
@@ -136,6 +151,7 @@ class Ledger:
         stream = self.next_stream
         self.next_stream += 1
         self.streams[stream] = []
+        self._cached = None
         return stream
 
     def reserve(self, model_id: str, gpus: tuple[int, ...], stream: int) -> None:
@@ -178,9 +194,12 @@ class Ledger:
             return
         members = self.streams[stream]
         members.remove(model_id)
+        self._cached = None
         if not members:
             del self.streams[stream]
 
     def _set(self, model_id: str, **fields) -> None:
         index = self.rates.index(model_id)
         self.views[index] = replace(self.views[index], **fields)
+        if fields.keys() != {"epochs_done"}:
+            self._cached = None  # GPUs, streams or paces changed

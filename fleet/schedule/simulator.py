@@ -40,34 +40,21 @@ from __future__ import annotations
 import enum
 import heapq
 import math
-import time as _time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fleet.schedule._base import (
-    CheckpointCompleted,
-    ClusterView,
-    Decision,
-    EpochCompleted,
-    Event,
-    ModelConverged,
-    ModelState,
-    ModelView,
-    Policy,
-    PolicyError,
-    StreamPlan,
-    StreamView,
-)
+from fleet.schedule._base import Event, ModelState, Policy, PolicyError
 from fleet.schedule.costs import Overheads
-from fleet.schedule.ledger import check_launch
+from fleet.schedule.driver import Driver, Launch
+from fleet.schedule.ledger import Ledger
 from fleet.schedule.rates import RateTable
 
 _EPS = 1e-9
 
 # kinds of entries in the simulator's event queue (ties at one time go in this order)
-_START, _CHECKPOINT_DONE, _BOUNDARY, _DEFERRED, _INTERRUPT = range(5)
+_START, _CHECKPOINT_DONE, _BOUNDARY, _INTERRUPT = range(4)
 
 
 def whole_epochs(epochs: Sequence[float]) -> tuple[int, ...]:
@@ -376,12 +363,11 @@ class _Stream:
 
 
 class _Run:
-    """One simulated run; :meth:`run` is the event loop."""
+    """One simulated run: the `World` its `Driver` runs the policy in; :meth:`run` is the
+    event loop. It supplies virtual time and the physics of streams; the driver does the rest."""
 
     def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads, interrupt_at: float | None = None):
-        self.policy, self.scenario, self.costs = policy, scenario, overheads
-        self.interrupt_at, self.interrupted = interrupt_at, False
-        self.rates = scenario.rates if scenario.planning_rates is None else scenario.planning_rates  # what the policy sees
+        self.scenario, self.costs, self.interrupt_at = scenario, overheads, interrupt_at
         self.cluster = scenario.cluster
         self.n = scenario.rates.samples_per_epoch
         self.rate_matrix = scenario.rates.matrix(self.cluster.total_gpus)
@@ -389,14 +375,17 @@ class _Run:
             _Model(i, p.id, e, p.param_bytes)
             for i, (p, e) in enumerate(zip(scenario.rates.models, scenario.true_epochs))
         ]
-        self.views = [
-            ModelView(p.id, ModelState.PENDING, 0, float(est))
-            for p, est in zip(scenario.rates.models, scenario.epochs_estimate)
-        ]
-        self.owner = [-1] * self.cluster.total_gpus
-        self.now = 0.0
-        self.round = 0
-        self.launches = 0
+        for model, done in zip(self.models, scenario.resumed):
+            if done is not None:
+                model.state, model.samples, model.epochs_done = ModelState.PAUSED, done * self.n, int(done + _EPS)
+        shown = scenario.rates if scenario.planning_rates is None else scenario.planning_rates
+        ledger = Ledger(
+            shown, scenario.epochs_estimate, self.cluster.total_gpus, self.cluster.gpus_per_node,
+            epochs_done={m.id: m.epochs_done for m in self.models},
+            paused=[m.id for m in self.models if m.state is ModelState.PAUSED], decode_rate=scenario.decode_rate,
+        )
+        self.driver = Driver(policy, ledger, self)
+        self.clock = 0.0
         self.round_start = 0.0
         self.queue: list[tuple] = []  # (time, kind, seq, payload)
         self.seq = 0
@@ -408,29 +397,23 @@ class _Run:
         self.checkpoints = 0
         self.converged = 0
         self.last_release = 0.0
-        self._stale_view = True
-        self._cached: tuple[tuple[StreamView, ...], tuple[int, ...]] = ((), ())
-        for model, done in zip(self.models, scenario.resumed):
-            if done is not None:
-                model.state, model.samples, model.epochs_done = ModelState.PAUSED, done * self.n, int(done + _EPS)
-                self._refresh_view(model)
 
     # -- the loop --------------------------------------------------------------------
 
     def run(self) -> SimResult:
         if self.interrupt_at is not None:
             self._push(self.interrupt_at, _INTERRUPT, ())
-        self._decide(lambda view: self.policy.start(view))
+        self.driver.start()
         while self.converged < len(self.models):
-            if self.interrupted and not any(owner != -1 for owner in self.owner):
+            if self.driver.interrupted and self.driver.ledger.drained:
                 break  # every checkpoint the signal asked for is done
             if not self.queue:
-                raise PolicyError(f"{self.policy.name}: stalled with {self._unconverged()} models left")
+                raise PolicyError(f"{self.driver.name}: stalled with {len(self.models) - self.converged} models left")
             when, kind, _, payload = heapq.heappop(self.queue)
-            self.now = max(self.now, when)
+            self.clock = max(self.clock, when)
             self._dispatch(kind, payload)
             if self.checkpoints > 100 * len(self.models):
-                raise PolicyError(f"{self.policy.name}: more than {100 * len(self.models)} checkpoints")
+                raise PolicyError(f"{self.driver.name}: more than {100 * len(self.models)} checkpoints")
         return self._result()
 
     def _dispatch(self, kind: int, payload: tuple) -> None:
@@ -440,93 +423,81 @@ class _Run:
             self._finish_checkpoint(*payload)
         elif kind == _BOUNDARY:
             self._stream_boundary(*payload)
-        elif kind == _INTERRUPT:
-            self._interrupt()
         else:
-            self._notify(payload[0])
-
-    def _interrupt(self) -> None:
-        """The checkpoint signal: checkpoint every running model; the policy is not asked again."""
-        self.interrupted = True
-        for model in self.models:
-            if model.state is ModelState.RUNNING:
-                self._checkpoint(model)
+            self.driver.interrupt()
 
     def _push(self, when: float, kind: int, payload: tuple) -> None:
         self.seq += 1
         heapq.heappush(self.queue, (when, kind, self.seq, payload))
 
-    def _decide(self, call) -> None:
-        if self.interrupted:
-            return  # winding down after the checkpoint signal: nothing new starts
-        view = self._view()
-        began = _time.perf_counter()
-        decision = call(view)
-        elapsed = _time.perf_counter() - began
-        if not isinstance(decision, Decision):
-            raise PolicyError(f"{self.policy.name}: returned {decision!r}, not a Decision")
-        if decision.launch:
-            planned = elapsed if self.costs.planning_s is None else self.costs.planning_s
-            self.planning.append(planned)
-        self._apply(decision)
+    # -- the World the driver calls ------------------------------------------------------
 
-    def _notify(self, event: Event) -> None:
-        self._decide(lambda view: self.policy.on_event(event, view))
+    def now(self) -> float:
+        return self.clock
 
-    # -- decisions -------------------------------------------------------------------
+    def before_policy(self, event: Event) -> None:
+        pass
 
-    def _apply(self, decision: Decision) -> None:
-        if decision.end_round:
-            if decision.launch or decision.checkpoint:
-                raise PolicyError(f"{self.policy.name}: end_round cannot be combined with other actions")
-            targets = [m.id for m in self.models if m.state is ModelState.RUNNING]
-        else:
-            targets = list(decision.checkpoint)
-        for model_id in targets:
-            self._checkpoint(self._model(model_id))
-        if decision.launch:
-            self._launch(decision.launch)
+    def round_ending(self, index: int) -> None:
+        pass
 
-    def _launch(self, plans: tuple[StreamPlan, ...]) -> None:
-        self._check_launch(plans)
-        if self._drained() and self.launches > 0:
-            self.rounds.append(RoundRecord(self.round, self.round_start, self.last_release))
-            self.round += 1
-        if self._drained():
-            self.round_start = self.now
-        self.launches += 1
+    def checkpoint(self, model_id: str) -> None:
+        model = self._model(model_id)
+        done = self.clock + self.costs.checkpoint_s(model.param_bytes)
+        stream = model.stream
+        stream.sync(self.clock)
+        if model.index in stream.active and stream.progress(model) >= (model.true_epochs - _EPS) * self.n:
+            self._converge(stream, model)  # its last epoch ended at this instant
+            return
+        if model.index in stream.active:
+            self._leave(stream, model, Outcome.CHECKPOINTED, released=done)
+        else:  # still waiting to start: nothing trained, but the GPUs were held
+            self.members.append(
+                MemberRecord(
+                    model.id, stream.id, stream.round, model.gpus, model.launched, self.clock,
+                    self.clock, done, Outcome.CHECKPOINTED, model.samples / self.n, model.samples / self.n,
+                )
+            )
+            stream.waiting.pop(model.index, None)
+            self._close_if_empty(stream)
+        model.state = ModelState.CHECKPOINTING
+        model.stream = None
+        model.generation += 1
+        self.checkpoints += 1
+        self._push(done, _CHECKPOINT_DONE, (model.index,))
+
+    def launch(self, launches: Sequence[Launch], new_round: bool, planning_s: float) -> None:
+        if new_round:
+            if self.driver.ledger.launches > 1:
+                self.rounds.append(RoundRecord(self.driver.ledger.round - 1, self.round_start, self.last_release))
+            self.round_start = self.clock
+        self.planning.append(planning_s if self.costs.planning_s is None else self.costs.planning_s)
         delay = self.planning[-1]
-        for plan in plans:
-            ready = [self._reserve(member.model, member.gpus, delay) for member in plan.members]
-            if plan.join is None:
-                stream = self._new_stream()
+        for launch in launches:
+            ready = [self._reserve(member.model, member.gpus, delay) for member in launch.members]
+            if not launch.join:
+                stream = self._new_stream(launch.stream)
                 self._wait(stream, ready, max(r for _, r in ready))
             else:
-                stream = self.streams[plan.join]
+                stream = self.streams[launch.stream]
                 for model, when in ready:
                     self._wait(stream, [(model, when)], when)
 
-    def _check_launch(self, plans: tuple[StreamPlan, ...]) -> None:
-        check_launch(
-            plans, self.policy.name, lambda model_id: self._model(model_id).state,
-            lambda g: 0 <= g < len(self.owner) and self.owner[g] == -1, self.streams,
-        )
+    # -- decisions -------------------------------------------------------------------
 
     def _reserve(self, model_id: str, gpus: tuple[int, ...], delay: float) -> tuple[_Model, float]:
         model = self._model(model_id)
         restore = self.costs.restore_s(model.param_bytes) if model.state is ModelState.PAUSED else 0.0
-        for g in gpus:
-            self.owner[g] = model.index
         model.gpus = tuple(gpus)
         model.state = ModelState.RUNNING
         model.generation += 1
-        model.launched = self.now
+        model.launched = self.clock
         model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
-        return model, self.now + delay + restore + self.costs.start_s
+        return model, self.clock + delay + restore + self.costs.start_s
 
-    def _new_stream(self) -> _Stream:
-        stream = _Stream(len(self.streams) + len(self.finished_streams), self.round)
-        stream.synced_at = self.now
+    def _new_stream(self, stream_id: int) -> _Stream:
+        stream = _Stream(stream_id, self.driver.ledger.round)
+        stream.synced_at = self.clock
         self.streams[stream.id] = stream
         return stream
 
@@ -534,7 +505,6 @@ class _Run:
         for model, _ in ready:
             model.stream = stream
             stream.waiting[model.index] = model
-            self._refresh_view(model)
         self._push(when, _START, (stream.id, tuple((m.index, m.generation) for m, _ in ready)))
 
     # -- event handlers --------------------------------------------------------------
@@ -543,7 +513,7 @@ class _Run:
         stream = self.streams.get(stream_id)
         if stream is None:
             return
-        stream.sync(self.now)
+        stream.sync(self.clock)
         for index, generation in members:
             model = self.models[index]
             if model.generation != generation or model.state is not ModelState.RUNNING:
@@ -552,12 +522,11 @@ class _Run:
             stream.active[index] = model
             stream.all_members.append(model.id)
             model.join_pos = stream.pos
-            model.start = self.now
+            model.start = self.clock
             model.epochs_start = model.samples / self.n
             self._push_boundary(stream, model)
         if stream.start is None and stream.active:
-            stream.start = self.now
-        self._stale_view = True
+            stream.start = self.clock
         self._repace(stream)
 
     def _push_boundary(self, stream: _Stream, model: _Model) -> None:
@@ -578,13 +547,13 @@ class _Run:
                 self._repace_one(other, shares[other.id])
 
     def _repace_one(self, stream: _Stream, decode_share: float) -> None:
-        stream.sync(self.now)
+        stream.sync(self.clock)
         stream.repace(decode_share)
         stream.version += 1
         self._drop_stale(stream)
         if stream.active and stream.boundaries:
             pos = stream.boundaries[0][0]
-            when = self.now + max(0.0, pos - stream.pos) / stream.pace
+            when = self.clock + max(0.0, pos - stream.pos) / stream.pace
             self._push(when, _BOUNDARY, (stream.id, stream.version))
 
     def _drop_stale(self, stream: _Stream) -> None:
@@ -599,7 +568,7 @@ class _Run:
         stream = self.streams.get(stream_id)
         if stream is None or stream.version != version:
             return
-        stream.sync(self.now)
+        stream.sync(self.clock)
         pos, index, _, epoch = heapq.heappop(stream.boundaries)
         stream.pos = max(stream.pos, pos)
         model = self.models[index]
@@ -609,66 +578,32 @@ class _Run:
             return
         self._push_boundary(stream, model)
         self._repace(stream)
-        self._refresh_view(model, structural=False)
-        self._notify(EpochCompleted(model.id, epoch, self.now, model.own_rate))
+        self.driver.epoch_completed(model.id, epoch, model.own_rate)
 
-    def _converge(self, stream: _Stream, model: _Model, defer: bool = False) -> None:
-        rate, gpus = model.own_rate, model.gpus
+    def _converge(self, stream: _Stream, model: _Model) -> None:
+        rate = model.own_rate
         model.epochs_done = model.true_epochs
-        self._leave(stream, model, Outcome.CONVERGED, released=self.now)
+        self._leave(stream, model, Outcome.CONVERGED, released=self.clock)
         model.state = ModelState.CONVERGED
         self._release(model)
         self.converged += 1
-        event = ModelConverged(model.id, model.epochs_done, self.now, gpus, rate)
-        if defer:  # decided inside another policy call: tell the policy right after it
-            self._push(self.now, _DEFERRED, (event,))
-        else:
-            self._notify(event)
-
-    def _checkpoint(self, model: _Model) -> None:
-        if model.state is not ModelState.RUNNING:
-            raise PolicyError(f"{self.policy.name}: cannot checkpoint {model.id}, it is {model.state.value}")
-        done = self.now + self.costs.checkpoint_s(model.param_bytes)
-        stream = model.stream
-        stream.sync(self.now)
-        if model.index in stream.active and stream.progress(model) >= (model.true_epochs - _EPS) * self.n:
-            self._converge(stream, model, defer=True)  # its last epoch ended at this instant
-            return
-        if model.index in stream.active:
-            self._leave(stream, model, Outcome.CHECKPOINTED, released=done)
-        else:  # still waiting to start: nothing trained, but the GPUs were held
-            self.members.append(
-                MemberRecord(
-                    model.id, stream.id, stream.round, model.gpus, model.launched, self.now,
-                    self.now, done, Outcome.CHECKPOINTED, model.samples / self.n, model.samples / self.n,
-                )
-            )
-            stream.waiting.pop(model.index, None)
-            self._stale_view = True
-            self._close_if_empty(stream)
-        model.state = ModelState.CHECKPOINTING
-        model.stream = None
-        model.generation += 1
-        self.checkpoints += 1
-        self._refresh_view(model)
-        self._push(done, _CHECKPOINT_DONE, (model.index,))
+        self.driver.converged(model.id, model.epochs_done, rate)
 
     def _finish_checkpoint(self, index: int) -> None:
         model = self.models[index]
-        gpus = model.gpus
         model.state = ModelState.PAUSED
         self._release(model)
-        self._notify(CheckpointCompleted(model.id, self.now, gpus))
+        self.driver.checkpointed(model.id, model.epochs_done)
 
     def _leave(self, stream: _Stream, model: _Model, outcome: Outcome, released: float) -> None:
-        stream.sync(self.now)
+        stream.sync(self.clock)
         progress = stream.progress(model)
         if outcome is Outcome.CONVERGED:
             progress = model.true_epochs * self.n
         self.members.append(
             MemberRecord(
                 model.id, stream.id, stream.round, model.gpus, model.launched, model.start,
-                self.now, released, outcome, model.epochs_start, progress / self.n,
+                self.clock, released, outcome, model.epochs_start, progress / self.n,
             )
         )
         model.samples = progress
@@ -680,62 +615,22 @@ class _Run:
     def _close_if_empty(self, stream: _Stream) -> None:
         if stream.active or stream.waiting:
             return
-        stream.end = self.now
+        stream.end = self.clock
         self.finished_streams.append(self.streams.pop(stream.id))
 
     def _release(self, model: _Model) -> None:
-        for g in model.gpus:
-            self.owner[g] = -1
         model.gpus = ()
         model.stream = None
-        self.last_release = self.now
-        self._refresh_view(model)
-
-    # -- views -----------------------------------------------------------------------
+        self.last_release = self.clock
 
     def _model(self, model_id: str) -> _Model:
-        try:
-            return self.models[self.rates.index(model_id)]
-        except KeyError:
-            raise PolicyError(f"{self.policy.name}: unknown model {model_id!r}") from None
-
-    def _refresh_view(self, model: _Model, structural: bool = True) -> None:
-        self._stale_view = self._stale_view or structural
-        stream_id = model.stream.id if model.stream is not None else None
-        self.views[model.index] = replace(
-            self.views[model.index],
-            state=model.state,
-            epochs_done=model.epochs_done,
-            gpus=model.gpus,
-            stream=stream_id if model.state is ModelState.RUNNING else None,
-        )
-
-    def _view(self) -> ClusterView:
-        if self._stale_view:
-            streams = tuple(
-                StreamView(s.id, tuple(m.id for m in (*s.active.values(), *s.waiting.values())), s.pace)
-                for s in self.streams.values()
-            )
-            free = tuple(g for g, owner in enumerate(self.owner) if owner == -1)
-            self._cached = (streams, free)
-            self._stale_view = False
-        streams, free = self._cached
-        return ClusterView(
-            self.now, self.cluster.total_gpus, self.cluster.gpus_per_node, self.round,
-            self.rates, tuple(self.views), streams, free, self.scenario.decode_rate,
-        )
-
-    def _drained(self) -> bool:
-        return all(owner == -1 for owner in self.owner)
-
-    def _unconverged(self) -> int:
-        return len(self.models) - self.converged
+        return self.models[self.driver.ledger.rates.index(model_id)]
 
     # -- results ---------------------------------------------------------------------
 
     def _result(self) -> SimResult:
-        makespan = self.now
-        self.rounds.append(RoundRecord(self.round, self.round_start, makespan))
+        makespan = self.clock
+        self.rounds.append(RoundRecord(self.driver.ledger.round, self.round_start, makespan))
         streams = sorted(self.finished_streams + list(self.streams.values()), key=lambda s: s.id)
         records = tuple(
             StreamRecord(s.id, s.round, s.start if s.start is not None else s.end, s.end,
@@ -745,7 +640,7 @@ class _Run:
         members = tuple(sorted(self.members, key=lambda r: (r.launched, r.stream, r.model)))
         gpu_time, idle = _gpu_time(members, streams, self.cluster.total_gpus, makespan)
         return SimResult(
-            self.policy.name, self.cluster.total_gpus, makespan, len(self.rounds),
+            self.driver.name, self.cluster.total_gpus, makespan, len(self.rounds),
             float(sum(s.pos for s in streams)), gpu_time, idle, tuple(self.planning),
             self.checkpoints, Timeline(tuple(self.rounds), records, members),
             self.converged < len(self.models), tuple(m.samples / self.n for m in self.models),

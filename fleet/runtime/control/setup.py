@@ -18,7 +18,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.train.checkpoint import CheckpointStore
-from fleet.runtime.control.coordinator import ModelRecord
+from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
 from fleet.schedule import RateTable, create_policy
 from fleet.schedule.ledger import Ledger
@@ -194,21 +194,20 @@ def model_result(model_id: str, record: ModelRecord, metric: str) -> ModelResult
 
 def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s: float) -> RunResult:
     """results.json, leaderboard.csv and plan.json of a finished run."""
-    models = [
-        model_result(m.id, coordinator.records[m.id], m.train.stop.metric.value) for m in spec.models
-    ]
+    account, membership = coordinator.account, coordinator.membership
+    models = [model_result(m.id, account.records[m.id], m.train.stop.metric.value) for m in spec.models]
     policy = spec.scheduler.policy
     result = RunResult(
         name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=makespan,
-        rounds=coordinator.ledger.round + 1, samples_decoded=coordinator.samples_decoded,
-        overhead_s={"planning": coordinator.planning_s, "checkpoint": coordinator.checkpoint_s,
-                    "checkpoint_gpu": coordinator.checkpoint_gpu_s, "startup": startup_s},
-        validation_samples_decoded=coordinator.val_decoded,
-        chunks_in_shared_memory=coordinator.chunks_shared,
+        rounds=coordinator.ledger.round + 1, samples_decoded=membership.samples_decoded,
+        overhead_s={"planning": coordinator.planning_s, "checkpoint": account.checkpoint_s,
+                    "checkpoint_gpu": account.checkpoint_gpu_s, "startup": startup_s},
+        validation_samples_decoded=account.val_decoded,
+        chunks_in_shared_memory=membership.chunks_shared,
         interrupted=coordinator.interrupted,
         models=models,
     )
     write_results(run_dir, result)
-    plan = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": coordinator.plan_rounds}
+    plan = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", plan)
     return result

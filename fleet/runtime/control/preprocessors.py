@@ -1,0 +1,38 @@
+"""Which preprocessors decode a new stream, and how many it would need to keep its pace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from profiler.document import decode_rates
+from profiler.plan import needed_preprocessors
+from fleet.schedule.rates import RateTable
+
+
+def pick_preprocessors(topology, busy: Iterable[tuple[int, ...]], master_ranks: Sequence[int],
+                       launching: int) -> tuple[int, ...]:
+    """Least-loaded preprocessors, node-local first; a fair share of all of them.
+
+    Args:
+        topology: the run's `Topology` (ranks and their nodes).
+        busy: the preprocessors of each stream that still has (or gets) members.
+        master_ranks: the new stream's group masters (their nodes are preferred).
+        launching: how many new streams this decision starts (they share what is free).
+    """
+    busy = list(busy)
+    load = {rank: sum(rank in used for used in busy) for rank in topology.preprocessor_ranks()}
+    share = max(1, len(load) // max(1, len(busy) + launching))
+    nodes = {topology.node_of(rank) for rank in master_ranks}
+    ranked = sorted(load, key=lambda r: (load[r], topology.node_of(r) not in nodes, r))
+    return tuple(sorted(ranked[:share]))
+
+
+def preprocessors_needed(rates: RateTable, members: Iterable[tuple[str, int]]) -> int | None:
+    """Preprocessors that keep up with a stream of `members` ((model, GPU count) pairs) at its
+    pace (the slowest member at the current, possibly refined, rates), from the profile's decode
+    throughput; None without one."""
+    decode = decode_rates(rates.extra.get("preprocessing", {}))
+    if not decode:
+        return None
+    pace = min(rates.rate(model, gpus) for model, gpus in members)
+    return needed_preprocessors([pace], decode, nodes=1)

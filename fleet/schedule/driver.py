@@ -1,0 +1,216 @@
+"""The one driver of the policy protocol: events in, policy calls, decisions checked and applied.
+
+Both places that run a policy -- the discrete-event simulator (virtual time, modelled
+training) and the MPI runtime's coordinator (real time, messages to ranks) -- drive it through
+a `Driver`. The driver owns the books (a `Ledger`), builds every view, calls the policy, checks
+each decision against the protocol (`fleet/schedule/_base.py`), applies it to the books,
+counts rounds and detects stalls, with one set of errors (`PolicyError`). What differs between
+the two is a `World`: it says what time it is and carries the decisions out.
+
+Calls from the world (one thread; each may call back into the world before it returns)
+    ``start()`` once; then, as things happen, ``epoch_completed``, ``converged``,
+    ``checkpointed``; ``interrupt()`` on the checkpoint signal (every running model is
+    checkpointed, and the policy is not asked again). The books take each report in at once;
+    a report made while a decision is being applied (a model whose last epoch ends just as
+    it is checkpointed) reaches the policy right after that decision.
+
+Calls into the world, in this order within one decision
+    ``round_ending(index)`` for ``end_round``; ``checkpoint(model)`` per model to checkpoint
+    (the books already hold it ``CHECKPOINTING``); ``launch(launches, new_round, planning_s)``
+    once for all the decision's streams (the books already hold the members ``RUNNING`` on
+    their GPUs). ``before_policy(event)`` is called after the books took an event in and
+    before the policy sees it (the runtime weighs measured rates there).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fleet.schedule._base import (
+    CheckpointCompleted,
+    ClusterView,
+    Decision,
+    EpochCompleted,
+    Event,
+    Member,
+    ModelConverged,
+    ModelState,
+    Policy,
+    PolicyError,
+)
+from fleet.schedule.ledger import Ledger
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One stream of a decision, as the books now hold it.
+
+    Attributes:
+        stream: the stream's id (a new one, or the running stream joined).
+        members: the models and their GPUs.
+        join: True when the members join the running stream ``stream``.
+    """
+
+    stream: int
+    members: tuple[Member, ...]
+    join: bool
+
+
+class World(Protocol):
+    """What a driver needs from the place it runs a policy in."""
+
+    def now(self) -> float:
+        """Seconds since the start of the run."""
+
+    def before_policy(self, event: Event) -> None:
+        """The books took `event` in; the policy is about to see it."""
+
+    def round_ending(self, index: int) -> None:
+        """The policy ended round `index`: its running models are checkpointed next."""
+
+    def checkpoint(self, model: str) -> None:
+        """Checkpoint a model the books now hold ``CHECKPOINTING`` and take it off its GPUs;
+        report `Driver.checkpointed` when done (or `Driver.converged`, when its last epoch
+        ended at that very moment)."""
+
+    def launch(self, launches: Sequence[Launch], new_round: bool, planning_s: float) -> None:
+        """Start the decision's streams and joins; `planning_s`: the policy call's duration."""
+
+
+class Driver:
+    """Runs one policy over one `Ledger` in one `World`; see the module docstring.
+
+    Attributes:
+        ledger: the books.
+        planning_s: seconds spent in policy calls so far.
+        interrupted: the checkpoint signal came; nothing new starts.
+    """
+
+    def __init__(self, policy: Policy, ledger: Ledger, world: World):
+        self.policy, self.ledger, self.world = policy, ledger, world
+        self.planning_s = 0.0
+        self.interrupted = False
+        self._deciding = False
+        self._later: deque[Event] = deque()  # events that came while a decision was applied
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def view(self) -> ClusterView:
+        return self.ledger.view(self.world.now())
+
+    # -- from the world --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The first policy call: every GPU free, models pending or resumed (paused)."""
+        self._decide(self.policy.start)
+        while self._later:
+            self._deliver(self._later.popleft())
+
+    def epoch_completed(self, model: str, epoch: int, samples_per_s: float) -> None:
+        """A running model finished an epoch that was not its last."""
+        self.ledger.epoch_done(model, epoch)
+        self._notify(EpochCompleted(model, epoch, self.world.now(), samples_per_s))
+
+    def converged(self, model: str, epochs: int, samples_per_s: float) -> None:
+        """A model finished its last epoch; its GPUs are free from now on."""
+        self.ledger.epoch_done(model, epochs)
+        gpus = self.ledger.release(model, ModelState.CONVERGED)
+        self._notify(ModelConverged(model, epochs, self.world.now(), gpus, samples_per_s))
+
+    def checkpointed(self, model: str, epochs: int) -> None:
+        """A model's checkpoint is done: it is paused and its GPUs are free."""
+        self.ledger.epoch_done(model, epochs)
+        gpus = self.ledger.release(model, ModelState.PAUSED)
+        self._notify(CheckpointCompleted(model, self.world.now(), gpus))
+
+    def interrupt(self) -> list[str]:
+        """The checkpoint signal: checkpoint every running model; returns them."""
+        self.interrupted = True
+        running = self.ledger.ids_in(ModelState.RUNNING)
+        for model in running:
+            self._checkpoint(model)
+        return running
+
+    # -- policy calls ----------------------------------------------------------------------
+
+    def _notify(self, event: Event) -> None:
+        if self._deciding:  # the world reported it while applying a decision: it comes next
+            self._later.append(event)
+            return
+        self._deliver(event)
+        while self._later:
+            self._deliver(self._later.popleft())
+
+    def _deliver(self, event: Event) -> None:
+        if self.interrupted:
+            return
+        self.world.before_policy(event)
+        self._decide(lambda view: self.policy.on_event(event, view))
+
+    def _decide(self, call: Callable[[ClusterView], Decision]) -> None:
+        if self.interrupted:
+            return  # winding down after the checkpoint signal: nothing new starts
+        self._deciding = True
+        try:
+            self._call(call)
+        finally:
+            self._deciding = False
+
+    def _call(self, call: Callable[[ClusterView], Decision]) -> None:
+        view = self.view()
+        began = time.perf_counter()
+        decision = call(view)
+        elapsed = time.perf_counter() - began
+        self.planning_s += elapsed
+        self._check(decision)
+        self._apply(decision, elapsed)
+        if self._stalled():
+            raise PolicyError(f"{self.name}: stalled with {self.ledger.unfinished} models left")
+
+    def _stalled(self) -> bool:
+        """Nothing holds a GPU, nothing is about to be reported, and models are left."""
+        idle = self.ledger.drained and not self.ledger.ids_in(ModelState.CHECKPOINTING)
+        return idle and not self._later and self.ledger.unfinished > 0
+
+    def _check(self, decision: object) -> None:
+        if not isinstance(decision, Decision):
+            raise PolicyError(f"{self.name}: returned {decision!r}, not a Decision")
+        if decision.end_round and (decision.launch or decision.checkpoint):
+            raise PolicyError(f"{self.name}: end_round cannot be combined with other actions")
+        for model in decision.checkpoint:
+            state = self.ledger.model(model).state
+            if state is not ModelState.RUNNING:
+                raise PolicyError(f"{self.name}: cannot checkpoint {model}, it is {state.value}")
+        if decision.launch:
+            self.ledger.check_launch(decision.launch, self.name)
+
+    def _apply(self, decision: Decision, planning_s: float) -> None:
+        if decision.end_round:
+            self.world.round_ending(self.ledger.round)
+            targets = self.ledger.ids_in(ModelState.RUNNING)
+        else:
+            targets = list(decision.checkpoint)
+        for model in targets:
+            self._checkpoint(model)
+        if decision.launch:
+            self._launch(decision, planning_s)
+
+    def _checkpoint(self, model: str) -> None:
+        self.ledger.start_checkpoint(model)
+        self.world.checkpoint(model)
+
+    def _launch(self, decision: Decision, planning_s: float) -> None:
+        new_round = self.ledger.begin_launch()
+        launches = []
+        for plan in decision.launch:
+            stream = self.ledger.open_stream() if plan.join is None else plan.join
+            for member in plan.members:
+                self.ledger.reserve(member.model, member.gpus, stream)
+            launches.append(Launch(stream, plan.members, plan.join is not None))
+        self.world.launch(launches, new_round, planning_s)

@@ -1,0 +1,215 @@
+"""The one driver of the policy protocol, with a fake world and no processes.
+
+The simulator and the runtime's coordinator are both worlds of `fleet.schedule.driver.Driver`.
+Here a fake world replays the events a simulated run delivered, at the same times, and every
+policy must make the same decisions as it made in the simulator: what a policy decides depends
+on the events and the driver's books, not on which world runs it. The protocol errors that
+used to differ between the two drivers are checked once, here, on the driver.
+"""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from fleet.schedule import (
+    END_ROUND,
+    NO_DECISION,
+    POLICIES,
+    CheckpointCompleted,
+    Cluster,
+    ClusterView,
+    Decision,
+    EpochCompleted,
+    Member,
+    ModelConverged,
+    ModelProfile,
+    Overheads,
+    Policy,
+    PolicyError,
+    RateTable,
+    Scenario,
+    StreamPlan,
+    create_policy,
+    paper100,
+    simulate,
+)
+from fleet.schedule.driver import Driver, Launch
+from fleet.schedule.ledger import Ledger
+
+
+class Recorded(Policy):
+    """Passes every call to `inner`; records (event, epochs of its model, decision)."""
+
+    def __init__(self, inner: Policy):
+        self.inner, self.name = inner, inner.name
+        self.calls: list[tuple] = []
+
+    def start(self, view: ClusterView) -> Decision:
+        decision = self.inner.start(view)
+        self.calls.append((None, None, decision))
+        return decision
+
+    def on_event(self, event, view: ClusterView) -> Decision:
+        decision = self.inner.on_event(event, view)
+        model = getattr(event, "model", None)
+        self.calls.append((event, view.model(model).epochs_done, decision))
+        return decision
+
+
+@dataclass
+class ReplayWorld:
+    """A world with no physics: it says what time the script says and records what it is told."""
+
+    clock: float = 0.0
+    told: list[tuple] = field(default_factory=list)
+
+    def now(self) -> float:
+        return self.clock
+
+    def before_policy(self, event) -> None:
+        pass
+
+    def round_ending(self, index: int) -> None:
+        self.told.append(("round_ending", index))
+
+    def checkpoint(self, model: str) -> None:
+        self.told.append(("checkpoint", model))
+
+    def launch(self, launches, new_round: bool, planning_s: float) -> None:
+        self.told.append(("launch", tuple(launches), new_round))
+
+
+def replay(driver: Driver, world: ReplayWorld, script: list[tuple]) -> None:
+    """Feed `driver` the (event, epochs) pairs a simulated run's policy saw, in order."""
+    driver.start()
+    for event, epochs, _ in script:
+        world.clock = event.time
+        if isinstance(event, EpochCompleted):
+            driver.epoch_completed(event.model, event.epoch, event.samples_per_s)
+        elif isinstance(event, ModelConverged):
+            driver.converged(event.model, event.epochs, event.samples_per_s)
+        else:
+            driver.checkpointed(event.model, epochs)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_decides_the_same_in_a_fake_world_as_in_the_simulator(policy):
+    workload = paper100(seed=2, models=16)
+    scenario = workload.scenario(8)
+    simulated = Recorded(create_policy(policy, seed=3))
+    result = simulate(simulated, scenario, Overheads(planning_s=0.0))
+    assert result.rounds >= 1 and len(simulated.calls) > len(scenario.true_epochs)
+
+    replayed = Recorded(create_policy(policy, seed=3))
+    world = ReplayWorld()
+    ledger = Ledger(workload.rates, scenario.epochs_estimate, 8, workload.rates.gpus_per_node)
+    replay(Driver(replayed, ledger, world), world, simulated.calls[1:])
+    assert [d for _, _, d in replayed.calls] == [d for _, _, d in simulated.calls]
+    assert ledger.round + 1 == result.rounds
+    launched = [m.model for kind, *rest in world.told if kind == "launch" for launch in rest[0] for m in launch.members]
+    assert len(launched) == len(result.timeline.members)
+
+
+# ------------------------------------------------------------------ one set of errors
+
+TWO = RateTable((ModelProfile("a", (10.0, 18.0)), ModelProfile("b", (10.0, 18.0))), 2, 100)
+
+
+class Scripted(Policy):
+    """Answers `start` with `first`, every event with NO_DECISION."""
+
+    name = "scripted"
+
+    def __init__(self, first):
+        self.first = first
+
+    def start(self, view: ClusterView):
+        return self.first
+
+
+def driver_for(policy: Policy) -> tuple[Driver, ReplayWorld]:
+    world = ReplayWorld()
+    return Driver(policy, Ledger(TWO, [1.0, 1.0], 2, 2), world), world
+
+
+LAUNCH_A = Decision(launch=(StreamPlan((Member("a", (0,)),)),))
+
+
+@pytest.mark.parametrize("first, message", [
+    (Decision(launch=LAUNCH_A.launch, end_round=True), "end_round cannot be combined"),
+    (Decision(checkpoint=("a",), end_round=True), "end_round cannot be combined"),
+    ("launch a", "not a Decision"),
+    (NO_DECISION, "stalled with 2 models left"),
+    (Decision(checkpoint=("a",)), "cannot checkpoint a, it is pending"),
+    (Decision(launch=(StreamPlan((Member("a", (0,)), Member("b", (0,)))),)), "GPU 0 for b is not free"),
+    (Decision(launch=(StreamPlan((Member("a", (0,)),), join=7),)), "stream 7 is not running"),
+])
+def test_every_protocol_violation_is_a_policy_error(first, message):
+    driver, world = driver_for(Scripted(first))
+    with pytest.raises(PolicyError, match=message):
+        driver.start()
+    assert world.told == []  # nothing of a refused decision was carried out
+
+
+def test_a_stall_after_the_last_checkpoint_is_a_policy_error():
+    driver, world = driver_for(Scripted(LAUNCH_A))
+    driver.start()
+    assert world.told == [("launch", (Launch(0, (Member("a", (0,)),), False),), True)]
+    with pytest.raises(PolicyError, match="scripted: stalled with 2 models left"):
+        driver.ledger.start_checkpoint("a")
+        driver.checkpointed("a", 0)
+
+
+class EndsRounds(Policy):
+    """Launches a, ends the round at its first epoch, then launches both."""
+
+    name = "ends-rounds"
+
+    def start(self, view):
+        return LAUNCH_A
+
+    def on_epoch(self, event, view):
+        return END_ROUND
+
+    def on_checkpointed(self, event, view):
+        return Decision(launch=(StreamPlan((Member("a", (0,)), Member("b", (1,)))),))
+
+
+def test_the_driver_counts_rounds_and_reports_a_model_that_converges_while_it_is_checkpointed():
+    driver, world = driver_for(EndsRounds())
+    driver.start()
+    driver.epoch_completed("a", 1, 10.0)
+    assert world.told[-2:] == [("round_ending", 0), ("checkpoint", "a")]
+    driver.checkpointed("a", 1)
+    assert driver.ledger.round == 1 and world.told[-1][2] is True  # a launch on a drained cluster
+    view = driver.view()
+    assert view.streams[0].pace == 10.0  # planned from the launch on, in every world
+    driver.ledger.start_checkpoint("a")  # the world reports a converging while it saves:
+    driver.converged("a", 1, 10.0)
+    assert driver.ledger.model("a").state.value == "converged" and driver.ledger.unfinished == 1
+
+
+def test_the_simulator_shows_a_stream_s_planned_pace_before_it_starts():
+    """The pace of a launched stream whose member has not started yet is its planned pace in
+    the simulator too (it was 0 there, and the planned pace in the runtime, so fleet-adaptive,
+    which joins only streams with a pace, could decide differently in the two)."""
+    seen = []
+
+    class Watch(Policy):
+        name = "watch"
+
+        def start(self, view):
+            return LAUNCH_A
+
+        def on_epoch(self, event, view):  # a's first epoch, at 15 + 10: b starts 15 s later
+            return Decision(launch=(StreamPlan((Member("b", (1,)),)),))
+
+        def on_converged(self, event, view):
+            seen.append((event.model, event.time, view.streams))
+            return NO_DECISION
+
+    scenario = Scenario(TWO, (2, 1), (2.0, 1.0), Cluster(2, 2))
+    simulate(Watch(), scenario, Overheads(planning_s=0.0, latency_s=0.0, bandwidth=float("inf"), start_s=15.0))
+    model, when, streams = seen[0]
+    assert (model, when) == ("a", 35.0)  # b launched at 25, starts at 40
+    assert [(s.members, s.pace) for s in streams] == [(("b",), 10.0)]
