@@ -361,6 +361,21 @@ class _Stream:
     def progress(self, model: _Model) -> float:
         return model.samples + (self.pos - model.join_pos if model.join_pos is not None else 0.0)
 
+    def push_boundary(self, model: _Model, epoch_samples: float) -> None:
+        """Queue where `model`'s next epoch ends, in this stream's positions."""
+        target = (model.epochs_done + 1) * epoch_samples
+        pos = model.join_pos + target - model.samples
+        heapq.heappush(self.boundaries, (pos, model.index, model.generation, model.epochs_done + 1))
+
+    def drop_stale(self, models: Sequence[_Model]) -> None:
+        """Drop queued boundaries of members that left (or came back as another generation)."""
+        while self.boundaries:
+            _, index, generation, _ = self.boundaries[0]
+            model = models[index]
+            if model.generation == generation and model.stream is self and index in self.active:
+                return
+            heapq.heappop(self.boundaries)
+
 
 class _Run:
     """One simulated run: the `World` its `Driver` runs the policy in; :meth:`run` is the
@@ -414,7 +429,7 @@ class _Run:
             self._dispatch(kind, payload)
             if self.checkpoints > 100 * len(self.models):
                 raise PolicyError(f"{self.driver.name}: more than {100 * len(self.models)} checkpoints")
-        return self._result()
+        return _summarize(self)
 
     def _dispatch(self, kind: int, payload: tuple) -> None:
         if kind == _START:
@@ -524,15 +539,10 @@ class _Run:
             model.join_pos = stream.pos
             model.start = self.clock
             model.epochs_start = model.samples / self.n
-            self._push_boundary(stream, model)
+            stream.push_boundary(model, self.n)
         if stream.start is None and stream.active:
             stream.start = self.clock
         self._repace(stream)
-
-    def _push_boundary(self, stream: _Stream, model: _Model) -> None:
-        target = (model.epochs_done + 1) * self.n
-        pos = model.join_pos + target - model.samples
-        heapq.heappush(stream.boundaries, (pos, model.index, model.generation, model.epochs_done + 1))
 
     def _repace(self, stream: _Stream) -> None:
         """New pace for `stream` after a change; with a decode limit, for every running stream
@@ -550,19 +560,11 @@ class _Run:
         stream.sync(self.clock)
         stream.repace(decode_share)
         stream.version += 1
-        self._drop_stale(stream)
+        stream.drop_stale(self.models)
         if stream.active and stream.boundaries:
             pos = stream.boundaries[0][0]
             when = self.clock + max(0.0, pos - stream.pos) / stream.pace
             self._push(when, _BOUNDARY, (stream.id, stream.version))
-
-    def _drop_stale(self, stream: _Stream) -> None:
-        while stream.boundaries:
-            _, index, generation, _ = stream.boundaries[0]
-            model = self.models[index]
-            if model.generation == generation and model.stream is stream and index in stream.active:
-                return
-            heapq.heappop(stream.boundaries)
 
     def _stream_boundary(self, stream_id: int, version: int) -> None:
         stream = self.streams.get(stream_id)
@@ -576,7 +578,7 @@ class _Run:
         if epoch >= model.true_epochs:
             self._converge(stream, model)
             return
-        self._push_boundary(stream, model)
+        stream.push_boundary(model, self.n)
         self._repace(stream)
         self.driver.epoch_completed(model.id, epoch, model.own_rate)
 
@@ -626,25 +628,24 @@ class _Run:
     def _model(self, model_id: str) -> _Model:
         return self.models[self.driver.ledger.rates.index(model_id)]
 
-    # -- results ---------------------------------------------------------------------
-
-    def _result(self) -> SimResult:
-        makespan = self.clock
-        self.rounds.append(RoundRecord(self.driver.ledger.round, self.round_start, makespan))
-        streams = sorted(self.finished_streams + list(self.streams.values()), key=lambda s: s.id)
-        records = tuple(
-            StreamRecord(s.id, s.round, s.start if s.start is not None else s.end, s.end,
-                         tuple(s.all_members), s.pos)
-            for s in streams
-        )
-        members = tuple(sorted(self.members, key=lambda r: (r.launched, r.stream, r.model)))
-        gpu_time, idle = _gpu_time(members, streams, self.cluster.total_gpus, makespan)
-        return SimResult(
-            self.driver.name, self.cluster.total_gpus, makespan, len(self.rounds),
-            float(sum(s.pos for s in streams)), gpu_time, idle, tuple(self.planning),
-            self.checkpoints, Timeline(tuple(self.rounds), records, members),
-            self.converged < len(self.models), tuple(m.samples / self.n for m in self.models),
-        )
+def _summarize(run: _Run) -> SimResult:
+    """The result of a run that ended."""
+    makespan = run.clock
+    run.rounds.append(RoundRecord(run.driver.ledger.round, run.round_start, makespan))
+    streams = sorted(run.finished_streams + list(run.streams.values()), key=lambda s: s.id)
+    records = tuple(
+        StreamRecord(s.id, s.round, s.start if s.start is not None else s.end, s.end,
+                     tuple(s.all_members), s.pos)
+        for s in streams
+    )
+    members = tuple(sorted(run.members, key=lambda r: (r.launched, r.stream, r.model)))
+    gpu_time, idle = _gpu_time(members, streams, run.cluster.total_gpus, makespan)
+    return SimResult(
+        run.driver.name, run.cluster.total_gpus, makespan, len(run.rounds),
+        float(sum(s.pos for s in streams)), gpu_time, idle, tuple(run.planning),
+        run.checkpoints, Timeline(tuple(run.rounds), records, members),
+        run.converged < len(run.models), tuple(m.samples / run.n for m in run.models),
+    )
 
 
 def _gpu_time(
