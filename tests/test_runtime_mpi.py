@@ -433,6 +433,32 @@ def test_a_job_signalled_again_and_again_resumes_every_time(tmp_path, policy):
         assert all(2160 <= h["samples"] < 2160 + 64 for h in model["history"]), model
 
 
+def test_a_second_job_on_a_run_directory_in_use_stops_at_once_naming_the_first(tmp_path):
+    """Two jobs on one run directory took over each other's checkpoints; now the second stops
+    with one line naming the first (host, pid, since), and the first trains on unharmed (it
+    is then stopped by the checkpoint signal, and its histories have every epoch once)."""
+    models, data, cluster = three_cnns_on_two_slots()
+    train_cfg = {"batch_size": 32, "max_epochs": 400, "optimizer": "sgd", "lr": 0.05, "stop": {"patience": 1000}}
+    spec = write_spec(tmp_path / "s.yaml", models, cluster, "fleet-g", data=data, train=train_cfg)
+    run_dir = tmp_path / "run"
+    first = start_train(3, spec, run_dir)
+    try:
+        wait_for_epochs(first, run_dir, 1, "the second job")
+        began = time.monotonic()
+        second = run_mpi(3, "train", str(spec), "--run-dir", str(run_dir), "--quiet", timeout=120)
+        took = time.monotonic() - began
+        assert first.poll() is None, "the second job disturbed the first"
+    finally:
+        signal_job(first, run_dir, 1)
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    lines = [line for line in (second.stdout + second.stderr).splitlines() if "in use by" in line]
+    assert len(lines) == 1 and "fleet train (host " in lines[0] and "pid " in lines[0] and "since " in lines[0]
+    assert "Traceback" not in second.stderr and took < 60
+    for model in results(run_dir)["models"]:
+        assert [h["epoch"] for h in model["history"]] == list(range(1, model["epochs"] + 1)), model["id"]
+    assert not (run_dir / ".fleet-lock").exists()
+
+
 def test_sixteen_emulated_trainers_match_the_simulator(tmp_path):
     """16 emulated trainers (2 virtual nodes x (8 + 1 preprocessor) = 18 ranks): FLEET-G's
     measured makespan is within 15% of the simulator's prediction for the same rates.

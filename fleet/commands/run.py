@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from fleet.runlock import RunLock
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -26,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from fleet.spec import load_spec
 
     spec = load_spec(args.spec, run_dir=args.run_dir)
+    RunLock(spec.run_dir, "fleet run").check_free()
     if args.local:
         return run_local(spec, args)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
@@ -34,15 +38,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_local(spec, args: argparse.Namespace) -> int:
-    from pathlib import Path
+    run_dir = Path(spec.run_dir)
+    with RunLock(run_dir, "fleet run --local") as lock:
+        if lock.note:
+            print(f"fleet: note: {lock.note}")
+        return _train_here(spec, run_dir, args)
 
+
+def _train_here(spec, run_dir, args: argparse.Namespace) -> int:
     from fleet.atomic import atomic_write_text
     from fleet.report.results import leaderboard_rows, write_results
     from fleet.runtime.events import EventLog
     from fleet.runtime.train.local import train_local
 
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "spec.yaml", spec.to_yaml())
     device = args.device or ("cpu" if spec.cluster.device.value == "emulated" else spec.cluster.device.value)
     log = EventLog(run_dir / "events.jsonl")

@@ -69,6 +69,8 @@ def train_entry(options: TrainOptions) -> int:
         barrier(world, "every rank to finish", ctx.timeout_s)
         if ctx.pool is not None:
             ctx.pool.free()
+        if "run_lock" in ctx.extras:
+            ctx.extras["run_lock"].release()
     except SystemExit:
         raise
     except UserError as exc:
@@ -166,6 +168,7 @@ def _rank0_rates(ctx) -> dict | str:
     from fleet.runtime.control.setup import prepare_run_dir, rates_decision
 
     try:
+        _lock_run_dir(ctx)
         run_dir = prepare_run_dir(ctx.spec)
         decision = rates_decision(ctx.spec, run_dir, ctx.extras.get("profile_only", False))
     except UserError as exc:
@@ -173,6 +176,23 @@ def _rank0_rates(ctx) -> dict | str:
     if decision.note:
         print(f"fleet: {decision.note}", flush=True)
     return {"measure": decision.measure, "emulated": decision.emulated_rates}
+
+
+def _lock_run_dir(ctx) -> None:
+    """Rank 0 holds the run directory's lock for the whole job (`fleet.runlock`)."""
+    from fleet.runlock import RunLock
+    from fleet.runtime.launch.jobenv import read_job_env
+
+    command = "fleet profile" if ctx.extras.get("profile_only") else "fleet train"
+    lock = RunLock(ctx.spec.run_dir, command, job=read_job_env(os.environ).job_id)
+
+    def lost(message: str) -> None:
+        abort_job(ctx.world, ctx.who, message, code=UserError.exit_code)
+
+    lock.acquire(on_lost=lost)
+    ctx.extras["run_lock"] = lock
+    if lock.note:
+        print(f"fleet: note: {lock.note}", flush=True)
 
 
 def _profile(ctx, options: TrainOptions) -> None:
