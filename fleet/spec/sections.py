@@ -18,6 +18,8 @@ AUTO_CHUNK_BYTES = 2 << 20  # a chunk this size amortises the per-chunk work of 
 
 
 class Source(str, Enum):
+    """The `data.source` names: the one list, each with its reader in `preprocess.readers.READERS`."""
+
     SYNTHETIC = "synthetic"
     IMAGEFOLDER = "imagefolder"
     HDF5 = "hdf5"
