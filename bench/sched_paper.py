@@ -25,9 +25,8 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from fleet.schedule import Overheads, create_flotilla, paper100, place, simulate
+from fleet.schedule import Overheads, create_flotilla, create_policy, paper100, place, simulate
 from fleet.schedule.compare import compare, summarize
-from fleet.schedule.planners import FleetGlobal
 from fleet.schedule.workloads import noisy_estimates
 
 GPU_COUNTS = tuple(range(20, 161, 20))
@@ -125,8 +124,6 @@ def planning_table(repeats: int = 20) -> str:
         place_ms.append(1000 * (time.perf_counter() - middle))
     calls = {}
     for name in ("fleet-g", "fleet-adaptive"):
-        from fleet.schedule import create_policy
-
         result = simulate(create_policy(name), workload.scenario(160), MEASURED)
         calls[name] = [1000 * p for p in result.planning_s]
     lines = ["| what (100 models, 160 GPUs) | median ms | max ms |", "|---|---:|---:|"]
@@ -145,7 +142,7 @@ def checkpoint_table(seeds: int) -> str:
     for gpus in (20, 80, 160):
         shares, lengths, costs, rounds = [], [], [], []
         for seed in range(seeds):
-            result = simulate(FleetGlobal(), paper100(seed).scenario(gpus), Overheads())
+            result = simulate(create_policy("fleet-g"), paper100(seed).scenario(gpus), Overheads())
             rounds.append(result.rounds)
             for rnd in result.timeline.rounds[:-1]:
                 members = [m for m in result.timeline.members if m.round == rnd.index]

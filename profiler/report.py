@@ -27,15 +27,14 @@ def _scenario(rates, spec, gpus: int):
 
 
 def predict(spec, scenario, policies=POLICIES) -> dict:
-    """Simulated runs of `policies` on `scenario`: ``{policy: SimResult}``."""
-    from fleet.schedule import Overheads, create_policy, simulate
-    from fleet.runtime.control.setup import policy_for
+    """Simulated runs of `policies` and the spec's policy on `scenario`: ``{policy: SimResult}``;
+    the spec's policy runs with the spec's options, the others with their defaults."""
+    from fleet.schedule import Overheads, simulate
 
     overheads = Overheads(latency_s=CHECKPOINT_LATENCY_S)
     out = {}
     for name in dict.fromkeys([*policies, spec.scheduler.policy]):
-        policy = policy_for(spec) if name == spec.scheduler.policy else create_policy(name, seed=spec.seed)
-        out[name] = simulate(policy, scenario, overheads)
+        out[name] = simulate(spec.scheduler.create_policy(spec.seed, name), scenario, overheads)
     return out
 
 

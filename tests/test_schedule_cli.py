@@ -67,6 +67,58 @@ def test_plan_json_output_and_max_epochs(profile, tmp_path, fleet_cli):
     assert printed["epochs_source"] == "max-epochs" and printed["policy"] == "fleet-adaptive"
 
 
+def write_spec(path, **scheduler):
+    spec = {"name": "t", "data": {"source": "digits"}, "models": [{"family": "mlp"}], "scheduler": scheduler}
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return str(path)
+
+
+def plan_json(fleet_cli, profile, tmp_path, *args) -> dict:
+    done = fleet_cli("plan", str(profile), "--gpus", "6", "--json", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def rounds_of(plan: dict) -> list[list[tuple[str, int]]]:
+    return [sorted((m["model"], len(m["gpus"])) for m in rnd["members"]) for rnd in plan["rounds"]]
+
+
+def test_plan_with_a_spec_uses_its_alpha(profile, tmp_path, fleet_cli):
+    # 6 GPUs, fleet-g: with alpha 0.8 the first round ends when fast converges (3 of 6 GPUs
+    # busy); with alpha 0.3 it runs on until mid and fast are done, and slow gets all 6 next.
+    default = plan_json(fleet_cli, profile, tmp_path)
+    spec = write_spec(tmp_path / "s.yaml", policy="fleet-g", alpha=0.3)
+    low_alpha = plan_json(fleet_cli, profile, tmp_path, "--spec", spec)
+    assert low_alpha["policy"] == "fleet-g"
+    assert len(default["rounds"]) == 3 and len(low_alpha["rounds"]) == 2
+    assert rounds_of(low_alpha)[1] == [("slow", 6)]
+    assert low_alpha["makespan_s"] < default["makespan_s"]
+    same = plan_json(fleet_cli, profile, tmp_path, "--spec", write_spec(tmp_path / "d.yaml", policy="fleet-g"))
+    assert same["rounds"] == default["rounds"]
+
+
+def test_plan_with_a_spec_uses_its_delta(profile, tmp_path, fleet_cli):
+    # fleet-l with delta 1 samples/s matches no two models: fast runs alone on all 6 GPUs.
+    default = plan_json(fleet_cli, profile, tmp_path, "--policy", "fleet-l")
+    spec = write_spec(tmp_path / "s.yaml", policy="fleet-l", delta=1.0)
+    tight = plan_json(fleet_cli, profile, tmp_path, "--spec", spec)
+    assert tight["policy"] == "fleet-l" and rounds_of(tight)[0] == [("fast", 6)]
+    assert rounds_of(default)[0] != [("fast", 6)] and tight["makespan_s"] != default["makespan_s"]
+
+
+def test_plan_with_a_spec_and_another_policy_takes_that_policys_defaults(profile, tmp_path, fleet_cli):
+    spec = write_spec(tmp_path / "s.yaml", policy="fleet-g", alpha=0.3)
+    other = plan_json(fleet_cli, profile, tmp_path, "--spec", spec, "--policy", "fleet-l")
+    assert other == plan_json(fleet_cli, profile, tmp_path, "--policy", "fleet-l")
+
+
+def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile, tmp_path, fleet_cli):
+    spec = write_spec(tmp_path / "s.yaml", policy="baseline", delta=5)
+    done = fleet_cli("plan", str(profile), "--gpus", "6", "--spec", spec, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "fleet plan: error: scheduler.delta: policy 'baseline' takes no such option (it takes none)"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -74,6 +126,7 @@ def test_plan_json_output_and_max_epochs(profile, tmp_path, fleet_cli):
         (["plan", "{profile}", "--gpus", "0"], "--gpus: expected a positive integer"),
         (["plan", "{profile}", "--gpus", "four"], "--gpus: expected a positive integer"),
         (["plan", "{profile}", "--gpus", "4", "--policy", "magic"], "valid: fleet-g, fleet-l, baseline"),
+        (["plan", "{profile}", "--gpus", "4", "--spec", "missing.yaml"], "missing.yaml: no such file"),
         (["simulate", "{profile}", "--gpus", "4", "--policies", "fleet-g,magic"], "--policies: unknown 'magic'"),
         (["simulate", "--gpus", "4"], "either a profile.json or --workload"),
         (["simulate", "--workload", "paper7", "--gpus", "4"], "--workload: unknown 'paper7'; valid: paper100"),

@@ -2,7 +2,8 @@
 
 The plan is the simulated run of the policy on the profile's rates, with each model's
 ``epochs`` from ``profile.json`` (or ``--max-epochs`` where missing) standing in for the
-epochs it will really need; the output says which.
+epochs it will really need; the output says which. With ``--spec``, the policy, its options
+(``scheduler:``) and the seed are the spec's; without, ``--policy`` runs with its defaults.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import math
 from pathlib import Path
 
 from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
-from fleet.spec import POLICIES
+from fleet.schedule import POLICIES, Policy, create_policy
+from fleet.spec import load_spec
+
+DEFAULT_POLICY = "fleet-g"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -24,11 +28,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("profile", help="profile.json written by `fleet profile`")
     parser.add_argument("--gpus", required=True, type=positive_int, help="number of GPUs (trainer slots) M")
-    parser.add_argument("--policy", default="fleet-g", type=one_of(POLICIES), help="planner (default: fleet-g)")
+    parser.add_argument("--policy", type=one_of(POLICIES),
+                        help=f"planner (default: the spec's with --spec, else {DEFAULT_POLICY})")
+    parser.add_argument("--spec", help="ensemble YAML whose scheduler section (policy and its options) and seed "
+                                       "to plan with; --policy picks another policy, with that policy's defaults")
     parser.add_argument(
         "--max-epochs", type=positive_float, help="epochs assumed for models whose profile has no 'epochs'"
     )
-    parser.add_argument("--seed", default=0, type=non_negative_int, help="seed for randomised policies (default: 0)")
+    parser.add_argument("--seed", type=non_negative_int,
+                        help="seed for randomised policies (default: the spec's with --spec, else 0)")
     parser.add_argument("--out", help="where to write plan.json (default: beside the profile)")
     parser.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     parser.set_defaults(func=run)
@@ -36,16 +44,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.schedule import Overheads, create_policy, lower_bounds, simulate, whole_epochs
+    from fleet.schedule import Overheads, lower_bounds, simulate, whole_epochs
     from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
     from profiler.report import decode_limit_line
 
-    gpus, seed = args.gpus, args.seed
+    gpus = args.gpus
+    policy = policy_of(args)
     rates = load_profile(args.profile)
     estimates, source = epochs_from_profile(rates, args.max_epochs, args.profile)
     truth = whole_epochs(estimates)
     scenario = profile_scenario(rates, truth, estimates, gpus)
-    result = simulate(create_policy(args.policy, seed=seed), scenario, Overheads())
+    result = simulate(policy, scenario, Overheads())
     lb2 = lower_bounds(rates, truth, gpus).lb2
     document = plan_document(result, rates.gpus_per_node, source, lb2)
     out = Path(args.out) if args.out else Path(args.profile).resolve().parent / "plan.json"
@@ -57,6 +66,15 @@ def run(args: argparse.Namespace) -> int:
         if scenario.decode_rate is not None:
             print(decode_limit_line(scenario.decode_rate))
     return 0
+
+
+def policy_of(args: argparse.Namespace) -> Policy:
+    """The policy to plan with: the spec's (``--spec``), with its options where it is the
+    spec's own policy; else ``--policy`` with its defaults."""
+    if args.spec is None:
+        return create_policy(args.policy or DEFAULT_POLICY, seed=0 if args.seed is None else args.seed)
+    spec = load_spec(args.spec, check_paths=False)
+    return spec.scheduler.create_policy(spec.seed if args.seed is None else args.seed, args.policy)
 
 
 def render_plan(document: dict, rates, source: str, out: Path) -> str:

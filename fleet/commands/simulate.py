@@ -14,7 +14,7 @@ import json
 
 from fleet.commands._args import fraction, names_of, positive_float, positive_int, positive_int_list
 from fleet.errors import UserError
-from fleet.spec import POLICIES
+from fleet.schedule import POLICIES
 
 DEFAULT_POLICIES = "baseline,homogeneous,fleet-l,fleet-g"
 

@@ -27,7 +27,8 @@ from fleet.schedule.bounds import Bounds, lower_bounds, malleable_bound, simple_
 from fleet.schedule.costs import Overheads
 from fleet.schedule.flotilla import Flotilla, FlotillaMember, create_flotilla
 from fleet.schedule.placement import node_count, place
-from fleet.schedule.planners import PAPER_POLICIES, POLICIES, create_policy
+from fleet.schedule.options import OptionError, PolicyOptions
+from fleet.schedule.planners import PAPER_POLICIES, POLICIES, create_policy, policy_options
 from fleet.schedule.rates import (
     ModelProfile,
     ProfileFormatError,
@@ -43,7 +44,8 @@ __all__ = [
     "Event", "Member", "ModelConverged", "ModelState", "ModelView", "Policy", "PolicyError",
     "StreamPlan", "StreamView", "Bounds", "lower_bounds", "malleable_bound", "simple_bound",
     "training_times", "Overheads", "Flotilla", "FlotillaMember", "create_flotilla", "node_count",
-    "place", "PAPER_POLICIES", "POLICIES", "create_policy", "ModelProfile", "ProfileFormatError",
+    "place", "OptionError", "PolicyOptions", "PAPER_POLICIES", "POLICIES", "create_policy", "policy_options",
+    "ModelProfile", "ProfileFormatError",
     "RateTable", "extrapolate_rate", "threshold_gpus", "Cluster", "Scenario", "SimResult", "whole_epochs",
     "Timeline", "simulate", "WORKLOADS", "Workload", "noisy_estimates", "paper100",
 ]

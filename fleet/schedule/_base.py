@@ -66,6 +66,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar, Union
 
+from fleet.schedule.options import NoOptions, PolicyOptions
 from fleet.schedule.rates import RateTable
 
 
@@ -291,10 +292,14 @@ class Policy(abc.ABC):
 
     Subclasses set :attr:`name` (the registry key) and implement the two calls. Policies
     that only care about some events may override :meth:`on_epoch`, :meth:`on_converged`
-    and :meth:`on_checkpointed` instead of :meth:`on_event`.
+    and :meth:`on_checkpointed` instead of :meth:`on_event`. A policy with options declares
+    them as :attr:`Options` (see :mod:`fleet.schedule.options`) and takes an instance as its
+    constructor's first argument, with ``seed=`` beside it.
     """
 
     name: ClassVar[str] = ""
+    #: The policy's options: a frozen dataclass whose fields are checked where they are declared.
+    Options: ClassVar[type[PolicyOptions]] = NoOptions
     #: False where the runtime's weighing of measured rates (`fleet.schedule.refine`) cannot
     #: change this policy's plans: it never reads the rate values (only the model ids), or it
     #: folds every epoch's measured rate into rates of its own. The runtime then skips it.

@@ -1,6 +1,7 @@
 """The ensemble spec: YAML -> frozen, validated objects (`load_spec`, `Spec`).
 
-Only pydantic and yaml are imported here; `fleet/models` and `preprocess` build from it.
+Only pydantic, yaml and the pure planner package `fleet.schedule` (the policy registry and its
+options) are imported here; `fleet/models` and `preprocess` build from it.
 """
 
 from fleet.spec.families import FAMILIES, is_user_family

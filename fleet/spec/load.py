@@ -52,6 +52,9 @@ def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) 
     if kind == "unknown_key":
         loc += (ctx["key"],)
         message = f"unknown key (valid keys: {ctx['valid']})"
+    elif kind == "policy_option":  # a scheduler option, checked by the policy's declaration
+        loc += (ctx["key"],)
+        message = ctx["problem"]
     elif kind == "missing":
         message = "required field is missing"
     else:

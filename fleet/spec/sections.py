@@ -5,15 +5,21 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 
-from fleet.spec._base import Section
+from fleet.schedule import Policy
+from fleet.schedule.options import OptionError
+from fleet.schedule.planners import POLICIES as POLICY_REGISTRY, create_policy, policy_class, policy_options
+from fleet.spec._base import Section, valid_keys
 
-POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous", "fleet-adaptive")
+POLICIES = tuple(POLICY_REGISTRY)  # the registry's names: `scheduler.policy` takes one of them
 AUTO_CHUNK_BYTES = 2 << 20  # a chunk this size amortises the per-chunk work of the data path
 
 
 class Source(str, Enum):
+    """The `data.source` names: the one list, each with its reader in `preprocess.readers.READERS`."""
+
     SYNTHETIC = "synthetic"
     IMAGEFOLDER = "imagefolder"
     HDF5 = "hdf5"
@@ -198,14 +204,41 @@ class TrainSpec(Section):
 
 
 class SchedulerSpec(Section):
-    """How models share GPUs and data: the policy and FLEET's knobs."""
+    """How models share GPUs and data: the policy, its options, and the profiling pass.
+
+    A policy's options (its ``Options`` in `fleet.schedule.planners`, e.g. fleet-g's `alpha`
+    and `delta`) are written beside `policy`; those not written take the policy's defaults,
+    and an option the policy does not take is an error naming it. `options` holds them all,
+    checked by the policy's own declaration.
+    """
 
     policy: Literal[POLICIES] = "fleet-g"  # type: ignore[valid-type]
-    alpha: float = Field(0.8, gt=0.0, le=1.0)
-    delta: PositiveFloat | None = None  # samples/s; None: 10% of the fastest model's rate
+    options: dict[str, Any] = {}
     profile: bool = True  # measure rates first when the run directory has no matching profile.json
     profile_batches: PositiveInt = 48
     profile_timed: PositiveInt = 20
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_options(cls, data: Any) -> Any:
+        """Move the keys beside `policy` that are not fields into `options`, checked by the
+        policy (only when `policy` names one; a bad name fails on its own)."""
+        if not isinstance(data, dict):
+            return data
+        own = set(cls.model_fields) - {"options"}
+        name = data.get("policy", cls.model_fields["policy"].default)
+        written = {key: value for key, value in data.items() if key not in own}
+        rest = {key: value for key, value in data.items() if key in own}
+        if not (isinstance(name, str) and name in POLICY_REGISTRY):
+            return {**rest, "options": written}
+        return {**rest, "options": _checked_options(name, written)}
+
+    @model_serializer(mode="wrap")
+    def _options_beside_policy(self, handler: Any) -> dict[str, Any]:
+        """Written as read: the options beside `policy`, not under a key of their own."""
+        data = handler(self)
+        head = {"policy": data.pop("policy")} if "policy" in data else {}
+        return {**head, **data.pop("options", {}), **data}
 
     @model_validator(mode="after")
     def _timed_within_batches(self) -> "SchedulerSpec":
@@ -215,6 +248,30 @@ class SchedulerSpec(Section):
                 f"({self.profile_batches}): the first batches warm up"
             )
         return self
+
+    def create_policy(self, seed: int, name: str | None = None) -> Policy:
+        """A new policy object: this section's policy with its options, or the policy
+        ``name`` -- with these options when it is this section's policy, else its defaults.
+
+        Every command that has a spec builds its policy here (``fleet run``, ``fleet
+        profile``'s predictions, ``fleet plan --spec``).
+        """
+        name = self.policy if name is None else name
+        return create_policy(name, seed=seed, **(self.options if name == self.policy else {}))
+
+
+def _checked_options(policy: str, written: dict[Any, Any]) -> dict[str, Any]:
+    """The options of `policy`, `written` ones checked and the others at their defaults."""
+    taken = policy_class(policy).Options
+    for key in written:
+        if not any(key in cls.Options.names() for cls in POLICY_REGISTRY.values()):
+            valid = sorted({*valid_keys(SchedulerSpec), *taken.names()} - {"options"})
+            raise PydanticCustomError("unknown_key", "unknown key (valid keys: {valid})",
+                                      {"key": str(key), "valid": ", ".join(valid)})
+    try:
+        return policy_options(policy, written).as_dict()
+    except OptionError as exc:
+        raise PydanticCustomError("policy_option", "{problem}", {"key": exc.option, "problem": exc.problem}) from None
 
 
 class ClusterSpec(Section):

@@ -20,7 +20,7 @@ from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
-from fleet.schedule import RateTable, create_policy
+from fleet.schedule import Policy, RateTable
 from fleet.schedule.ledger import Ledger
 from fleet.spec import Spec, parse_spec
 
@@ -128,13 +128,9 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
     return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops)), "estimated from FLOPs"
 
 
-def policy_for(spec: Spec):
-    options: dict[str, Any] = {}
-    if spec.scheduler.policy in ("fleet-g", "fleet-l"):
-        options["delta"] = spec.scheduler.delta
-    if spec.scheduler.policy == "fleet-g":
-        options["alpha"] = spec.scheduler.alpha
-    return create_policy(spec.scheduler.policy, seed=spec.seed, **options)
+def policy_for(spec: Spec) -> Policy:
+    """The spec's policy with the spec's options (see `SchedulerSpec.create_policy`)."""
+    return spec.scheduler.create_policy(spec.seed)
 
 
 def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from fleet.schedule._base import Policy
+from fleet.schedule.options import PolicyOptions
 from fleet.schedule.planners.adaptive import FleetAdaptive
 from fleet.schedule.planners.baseline import Baseline
 from fleet.schedule.planners.fleet_global import FleetGlobal
@@ -16,24 +20,51 @@ POLICIES: dict[str, type[Policy]] = {
     "homogeneous": Homogeneous,
     "fleet-adaptive": FleetAdaptive,
 }
-"""Policy classes by registry name; every class takes ``seed=`` as a keyword."""
+"""Policy classes by registry name: the one list of valid names (the spec's and the CLI's).
+Every class takes its ``Options`` instance first and ``seed=`` as a keyword."""
 
 PAPER_POLICIES = ("baseline", "homogeneous", "fleet-l", "fleet-g")
 """The four policies of the FLEET paper's evaluation."""
 
 
-def create_policy(name: str, seed: int = 0, **options) -> Policy:
-    """A new policy object by registry name.
+def policy_class(name: str) -> type[Policy]:
+    """The policy class registered as ``name``.
 
     Raises:
         KeyError: for an unknown name; the message lists the valid ones.
     """
     try:
-        cls = POLICIES[name]
+        return POLICIES[name]
     except KeyError:
         raise KeyError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}") from None
-    return cls(seed=seed, **options)
 
 
-__all__ = ["POLICIES", "PAPER_POLICIES", "create_policy", "Baseline", "FleetAdaptive",
-           "FleetGlobal", "FleetLocal", "Homogeneous"]
+def policy_options(name: str, options: Mapping[str, Any]) -> PolicyOptions:
+    """The checked options of policy ``name``: those in ``options``, defaults for the rest.
+
+    Raises:
+        KeyError: for an unknown policy name.
+        OptionError: an option the policy does not take (the message names the policy and
+            the options it takes), or a value the policy's declaration rejects.
+    """
+    return policy_class(name).Options.parse(options, name)
+
+
+def create_policy(name: str, seed: int = 0, **options: Any) -> Policy:
+    """A new policy object by registry name: every command builds its policy here.
+
+    Args:
+        name: the policy's registry name (a key of :data:`POLICIES`).
+        seed: seeds the randomised policies; the others ignore it.
+        **options: the policy's options by name (see its ``Options``); those not given take
+            their defaults.
+
+    Raises:
+        KeyError: for an unknown name; the message lists the valid ones.
+        OptionError: as :func:`policy_options`.
+    """
+    return policy_class(name)(policy_options(name, options), seed=seed)
+
+
+__all__ = ["POLICIES", "PAPER_POLICIES", "create_policy", "policy_class", "policy_options", "Baseline",
+           "FleetAdaptive", "FleetGlobal", "FleetLocal", "Homogeneous"]

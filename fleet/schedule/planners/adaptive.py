@@ -61,6 +61,7 @@ from fleet.schedule._base import (
 from fleet.schedule.bounds import malleable_bound
 from fleet.schedule.costs import Overheads
 from fleet.schedule.flotilla import useful_counts
+from fleet.schedule.options import OptionError, PolicyOptions, option
 from fleet.schedule.placement import place
 
 
@@ -85,48 +86,65 @@ class _Draft:
         return math.log(max(*self.rates, rate) / min(*self.rates, rate))
 
 
+@dataclass(frozen=True)
+class FleetAdaptiveOptions(PolicyOptions):
+    """fleet-adaptive's options.
+
+    Attributes:
+        target_factor: plan GPU counts for ``target_factor * LB2`` (slack for packing); at
+            least 1, since no plan beats the bound.
+        match_tolerance: largest ``ln(max rate / min rate)`` among a stream's members, >= 0.
+        hard_tolerance: the same, allowed when the stream budget is used up; at least
+            ``match_tolerance``.
+        min_members: aim for at least this many members per stream (the decoding budget:
+            a new stream is opened beyond that only if no stream is within
+            ``hard_tolerance``); at least 1.
+        window: how many queued models (at least) are considered for the best match; >= 1.
+        extra_gpus: how many GPUs beyond its planned count a model may take to match a pace; >= 0.
+        resize_margin: a resize must gain more than this many times its cost; >= 0.
+    """
+
+    target_factor: float = option(1.15, ge=1)
+    match_tolerance: float = option(0.10, ge=0)
+    hard_tolerance: float = option(0.35, ge=0)
+    min_members: float = option(6.0, ge=1)
+    window: int = option(8, integer=True, ge=1)
+    extra_gpus: int = option(2, integer=True, ge=0)
+    resize_margin: float = option(2.0, ge=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hard_tolerance < self.match_tolerance:
+            raise OptionError("hard_tolerance", f"must be at least match_tolerance ({self.match_tolerance:g}), "
+                                                f"got {self.hard_tolerance:g}")
+
+
 class FleetAdaptive(Policy):
     """Malleable-bound list scheduling with rate-matched shared streams.
 
     Args:
+        options: the knobs (:class:`FleetAdaptiveOptions`).
         seed: unused (deterministic); accepted for a uniform constructor.
-        target_factor: plan GPU counts for ``target_factor * LB2`` (slack for packing).
-        match_tolerance: largest ``ln(max rate / min rate)`` among a stream's members.
-        hard_tolerance: the same, allowed when the stream budget is used up.
-        min_members: aim for at least this many members per stream (the decoding budget:
-            a new stream is opened beyond that only if no stream is within
-            ``hard_tolerance``).
-        window: how many queued models (at least) are considered for the best match.
-        extra_gpus: how many GPUs beyond its planned count a model may take to match a pace.
-        overheads: the checkpoint/restore costs assumed when weighing a resize.
-        resize_margin: a resize must gain more than this many times its cost.
+        overheads: the checkpoint/restore costs assumed when weighing a resize (a cost
+            model a caller passes in, not a user's option; default ``Overheads()``).
     """
 
     name = "fleet-adaptive"
+    Options = FleetAdaptiveOptions
     # each epoch's measured rate rescales the model's curve here (`on_epoch`), as the runtime's
     # refinement would (measured entry in, the other counts by the same factor), and unweighed
     uses_refined_rates = False
 
-    def __init__(
-        self,
-        seed: int = 0,
-        target_factor: float = 1.15,
-        match_tolerance: float = 0.10,
-        hard_tolerance: float = 0.35,
-        min_members: float = 6.0,
-        window: int = 8,
-        extra_gpus: int = 2,
-        overheads: Overheads | None = None,
-        resize_margin: float = 2.0,
-    ):
-        self.target_factor = target_factor
-        self.tolerance = match_tolerance
-        self.hard_tolerance = hard_tolerance
-        self.min_members = min_members
-        self.window = window
-        self.extra = extra_gpus
+    def __init__(self, options: FleetAdaptiveOptions = FleetAdaptiveOptions(), seed: int = 0,
+                 overheads: Overheads | None = None):
+        self.target_factor = options.target_factor
+        self.tolerance = options.match_tolerance
+        self.hard_tolerance = options.hard_tolerance
+        self.min_members = options.min_members
+        self.window = options.window
+        self.extra = options.extra_gpus
         self.costs = overheads or Overheads()
-        self.margin = resize_margin
+        self.margin = options.resize_margin
         self.counts: dict[str, int] = {}
         self.queue: list[str] = []
         self.resizing: dict[str, int] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fleet.schedule._base import NO_DECISION, ClusterView, Decision, ModelConverged, Policy
+from fleet.schedule.options import NoOptions
 from fleet.schedule.planners._common import single_gpu_streams
 
 
@@ -16,13 +17,14 @@ class Baseline(Policy):
     """Independent single-GPU training, a free GPU takes a random remaining model.
 
     Args:
+        options: none (:class:`~fleet.schedule.options.NoOptions`); accepted for a uniform constructor.
         seed: seeds the random order of the models.
     """
 
     name = "baseline"
     uses_refined_rates = False  # the order is random, the GPUs one per model
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, options: NoOptions = NoOptions(), seed: int = 0):
         self.rng = np.random.default_rng(seed)
         self.queue: list[str] = []
 

@@ -13,6 +13,8 @@ all models not yet converged (*re-flotillation*).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fleet.schedule._base import (
     END_ROUND,
     NO_DECISION,
@@ -22,27 +24,38 @@ from fleet.schedule._base import (
     ModelConverged,
     Policy,
 )
+from fleet.schedule.options import PolicyOptions, option
 from fleet.schedule.planners._common import flotilla_stream
 
-DEFAULT_ALPHA = 0.8
+
+@dataclass(frozen=True)
+class FleetGlobalOptions(PolicyOptions):
+    """FLEET-G's options.
+
+    Attributes:
+        alpha: a round ends when fewer than ``alpha`` times the GPUs its flotilla took are
+            busy; in (0, 1] (1: at the first convergence).
+        delta: Alg. 2's rate tolerance in samples/s, positive (``None``: 10 % of ``r_fast``).
+    """
+
+    alpha: float = option(0.8, gt=0, le=1)
+    delta: float | None = option(None, gt=0, optional=True)
 
 
 class FleetGlobal(Policy):
     """FLEET's global paradigm.
 
     Args:
-        alpha: a round ends when fewer than ``alpha`` times the GPUs its flotilla took are busy.
-        delta: Alg. 2's rate tolerance in samples/s (``None``: 10 % of ``r_fast``).
+        options: alpha and delta (:class:`FleetGlobalOptions`).
         seed: unused (the policy is deterministic); accepted for a uniform constructor.
     """
 
     name = "fleet-g"
+    Options = FleetGlobalOptions
     plans_only_when_drained = True
 
-    def __init__(self, alpha: float = DEFAULT_ALPHA, delta: float | None = None, seed: int = 0):
-        if not 0 < alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-        self.alpha, self.delta = alpha, delta
+    def __init__(self, options: FleetGlobalOptions = FleetGlobalOptions(), seed: int = 0):
+        self.alpha, self.delta = options.alpha, options.delta
         self.round_gpus = 0  # GPUs the running round's flotilla took
 
     def start(self, view: ClusterView) -> Decision:

@@ -17,22 +17,37 @@ contrast it draws.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fleet.schedule._base import NO_DECISION, ClusterView, Decision, ModelConverged, Policy
+from fleet.schedule.options import PolicyOptions, option
 from fleet.schedule.planners._common import flotilla_stream
+
+
+@dataclass(frozen=True)
+class FleetLocalOptions(PolicyOptions):
+    """FLEET-L's options.
+
+    Attributes:
+        delta: Alg. 2's rate tolerance in samples/s, positive (``None``: 10 % of ``r_fast``).
+    """
+
+    delta: float | None = option(None, gt=0, optional=True)
 
 
 class FleetLocal(Policy):
     """FLEET's local paradigm.
 
     Args:
-        delta: Alg. 2's rate tolerance in samples/s (``None``: 10 % of ``r_fast``).
+        options: delta (:class:`FleetLocalOptions`).
         seed: unused (the policy is deterministic); accepted for a uniform constructor.
     """
 
     name = "fleet-l"
+    Options = FleetLocalOptions
 
-    def __init__(self, delta: float | None = None, seed: int = 0):
-        self.delta = delta
+    def __init__(self, options: FleetLocalOptions = FleetLocalOptions(), seed: int = 0):
+        self.delta = options.delta
 
     def start(self, view: ClusterView) -> Decision:
         return self._refill(view)

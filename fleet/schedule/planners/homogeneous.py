@@ -18,19 +18,21 @@ from fleet.schedule._base import (
     Policy,
     StreamPlan,
 )
+from fleet.schedule.options import NoOptions
 
 
 class Homogeneous(Policy):
     """Rounds of randomly chosen single-GPU models on one shared stream.
 
     Args:
+        options: none (:class:`~fleet.schedule.options.NoOptions`); accepted for a uniform constructor.
         seed: seeds the random order of the models.
     """
 
     name = "homogeneous"
     uses_refined_rates = False  # the order is random, the GPUs one per model
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, options: NoOptions = NoOptions(), seed: int = 0):
         self.rng = np.random.default_rng(seed)
         self.queue: list[str] = []
 

@@ -1,0 +1,94 @@
+"""The spec's `scheduler` section: policy names from the registry, options from the policy's declaration."""
+
+import typing
+
+import pytest
+import yaml
+
+from fleet.schedule import POLICIES as REGISTRY
+from fleet.schedule import paper100
+from fleet.schedule.planners import FleetAdaptive, FleetGlobal, FleetLocal
+from fleet.spec import SchedulerSpec, SpecError, parse_spec
+from profiler.report import predict
+
+
+def doc(**scheduler):
+    return {"name": "t", "data": {"source": "digits"}, "models": [{"family": "mlp"}], "scheduler": scheduler}
+
+
+def scheduler_error(**scheduler) -> str:
+    with pytest.raises(SpecError) as err:
+        parse_spec(doc(**scheduler))
+    return str(err.value)
+
+
+def test_policy_names_are_the_registrys():
+    assert typing.get_args(SchedulerSpec.model_fields["policy"].annotation) == tuple(REGISTRY)
+    message = scheduler_error(policy="fleet-x")
+    assert message.startswith("scheduler.policy: ") and message.endswith("got 'fleet-x'")
+    assert all(f"'{name}'" in message for name in REGISTRY)
+
+
+def test_an_option_the_policy_does_not_take_names_the_field_and_the_policy():
+    assert scheduler_error(policy="baseline", alpha=0.8) == (
+        "scheduler.alpha: policy 'baseline' takes no such option (it takes none)")
+    assert scheduler_error(policy="fleet-l", alpha=0.5, delta=2.0) == (
+        "scheduler.alpha: policy 'fleet-l' takes no such option (its options: delta)")
+    assert scheduler_error(policy="fleet-g", window=4).startswith("scheduler.window: policy 'fleet-g' takes no such")
+
+
+def test_a_key_no_policy_takes_is_unknown_with_the_valid_keys():
+    assert scheduler_error(alpah=0.5) == (
+        "scheduler.alpah: unknown key (valid keys: alpha, delta, policy, profile, profile_batches, profile_timed)")
+    assert scheduler_error(policy="baseline", options={}).startswith("scheduler.options: unknown key")
+
+
+def test_values_are_checked_by_the_policys_rules():
+    assert scheduler_error(alpha=0) == "scheduler.alpha: must be a number > 0 and <= 1, got 0"
+    assert scheduler_error(policy="fleet-l", delta="fast") == "scheduler.delta: must be a number > 0, or null, got 'fast'"
+    assert scheduler_error(policy="fleet-adaptive", window=0) == "scheduler.window: must be an integer >= 1, got 0"
+
+
+def test_options_not_written_take_the_policys_defaults():
+    assert parse_spec(doc()).scheduler.options == {"alpha": 0.8, "delta": None}
+    assert parse_spec(doc(policy="baseline")).scheduler.options == {}
+    adaptive = parse_spec(doc(policy="fleet-adaptive", window=3)).scheduler
+    assert adaptive.options["window"] == 3 and adaptive.options["target_factor"] == 1.15
+    assert adaptive.options["match_tolerance"] == 0.10 and adaptive.options["extra_gpus"] == 2
+
+
+def test_the_spec_builds_its_policy_with_its_options():
+    spec = parse_spec(doc(policy="fleet-g", alpha=0.5, delta=7))
+    policy = spec.scheduler.create_policy(spec.seed)
+    assert isinstance(policy, FleetGlobal) and (policy.alpha, policy.delta) == (0.5, 7.0)
+    local = parse_spec(doc(policy="fleet-l", delta=3)).scheduler.create_policy(0)
+    assert isinstance(local, FleetLocal) and local.delta == 3.0
+    adaptive = parse_spec(doc(policy="fleet-adaptive", window=2, extra_gpus=0)).scheduler.create_policy(0)
+    assert isinstance(adaptive, FleetAdaptive) and (adaptive.window, adaptive.extra) == (2, 0)
+
+
+def test_another_policy_by_name_takes_its_own_defaults():
+    scheduler = parse_spec(doc(policy="fleet-g", alpha=0.5, delta=7)).scheduler
+    assert scheduler.create_policy(0, "fleet-g").alpha == 0.5
+    assert scheduler.create_policy(0, "fleet-l").delta is None
+    assert type(scheduler.create_policy(0, "baseline")).__name__ == "Baseline"
+
+
+def test_the_resolved_spec_writes_options_beside_the_policy_and_reads_back():
+    spec = parse_spec(doc(policy="fleet-l", delta=3))
+    written = yaml.safe_load(spec.to_yaml())["scheduler"]
+    assert written == {"policy": "fleet-l", "delta": 3.0, "profile": True, "profile_batches": 48, "profile_timed": 20}
+    assert parse_spec(yaml.safe_load(spec.to_yaml())) == spec
+
+
+def test_the_python_api_takes_the_same_keys():
+    assert SchedulerSpec(policy="fleet-g", alpha=0.6).options == {"alpha": 0.6, "delta": None}
+    assert SchedulerSpec().options == {"alpha": 0.8, "delta": None}
+
+
+def test_the_dry_runs_predictions_run_the_specs_policy_with_its_options():
+    scenario = paper100(0).scenario(20)
+    default = predict(parse_spec(doc(policy="fleet-g")), scenario, ("fleet-l",))
+    low_alpha = predict(parse_spec(doc(policy="fleet-g", alpha=0.3, delta=None)), scenario, ("fleet-l",))
+    assert low_alpha["fleet-g"].rounds < default["fleet-g"].rounds
+    assert low_alpha["fleet-l"].makespan == default["fleet-l"].makespan  # another policy: its defaults
