@@ -8,6 +8,7 @@ import yaml
 from fleet.schedule import POLICIES as REGISTRY
 from fleet.schedule import paper100
 from fleet.schedule.planners import FleetAdaptive, FleetGlobal, FleetLocal
+from fleet.errors import UserError
 from fleet.spec import SchedulerSpec, SpecError, parse_spec
 from profiler.report import predict
 
@@ -92,3 +93,20 @@ def test_the_dry_runs_predictions_run_the_specs_policy_with_its_options():
     low_alpha = predict(parse_spec(doc(policy="fleet-g", alpha=0.3, delta=None)), scenario, ("fleet-l",))
     assert low_alpha["fleet-g"].rounds < default["fleet-g"].rounds
     assert low_alpha["fleet-l"].makespan == default["fleet-l"].makespan  # another policy: its defaults
+
+
+def test_a_run_directory_written_by_an_older_fleet_resumes_with_any_policy(tmp_path):
+    """spec.yaml used to carry alpha and delta whatever the policy; only models and data must
+    match on resume, so such a directory resumes under a policy that takes neither."""
+    from fleet.runtime.control.setup import check_same_ensemble
+
+    doc = {"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
+           "scheduler": {"policy": "baseline"}}
+    spec = parse_spec(doc)
+    old = dict(doc, scheduler={"policy": "baseline", "alpha": 0.8, "delta": None})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(old))
+    check_same_ensemble(tmp_path, spec)  # no error
+    other = dict(doc, models=[{"family": "cnn"}])
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(other))
+    with pytest.raises(UserError, match="different ensemble"):
+        check_same_ensemble(tmp_path, spec)

@@ -44,7 +44,12 @@ def check_same_ensemble(run_dir: Path, spec: Spec) -> None:
     if not saved.exists():
         return
     try:
-        previous = parse_spec(yaml.safe_load(saved.read_text()), check_paths=False)
+        document = yaml.safe_load(saved.read_text())
+        if isinstance(document, dict):
+            # only the models and the data must match; a scheduler section written by an older
+            # fleet (alpha and delta beside every policy) need not parse today
+            document.pop("scheduler", None)
+        previous = parse_spec(document, check_paths=False)
     except UserError as exc:
         raise UserError(f"{saved}: cannot read the spec of the earlier run: {exc}") from None
     if previous.models != spec.models or previous.data.model_copy(update={"path": None}) != spec.data.model_copy(
