@@ -12,6 +12,7 @@ import os
 import sys
 
 from fleet.commands._args import positive_int, positive_int_list
+from fleet.commands._watch import finish
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -55,4 +56,5 @@ def _launch(args: argparse.Namespace) -> int:
     command[command.index("train")] = "profile"
     if args.gpus:
         command += ["--gpus", ",".join(str(g) for g in args.gpus)]
-    return start_here(command, f"profiling on {command[command.index('-n') + 1]} ranks")
+    outcome = start_here(command, f"profiling on {command[command.index('-n') + 1]} ranks", spec.run_dir)
+    return finish(spec, outcome, training=False)

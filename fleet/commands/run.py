@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fleet.commands._watch import finish
 from fleet.runlock import RunLock
 
 
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         return run_local(spec, args)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
-    return start_here(command, f"starting {ranks} ranks")
+    return finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir), training=True)
 
 
 def run_local(spec, args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 import sys
 import threading
 import time
@@ -107,7 +108,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     from fleet.runtime.context import RunContext
     from fleet.runtime.launch.jobenv import read_job_env
     from fleet.runtime.launch.process import mpi_library
-    from fleet.runtime.launch.topology import bind_device, build_topology, check_launch
+    from fleet.runtime.launch.topology import bind_device, build_topology, check_launch, gather_node_names
     from fleet.spec import load_spec
 
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
@@ -118,6 +119,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     topology = build_topology(world, spec.cluster, env, options.ranks_per_node)
     placement = topology.placements[world.rank]
     who.role, who.node = placement.role.value, placement.node
+    processes = gather_node_names(world, f"{socket.gethostname()} {os.getpid()}", spec.runtime.timeout_s)
 
     who.error_log = str(Path(spec.run_dir) / "fleet-errors.log")
     _choose_polling(spec, topology, placement.node)
@@ -127,6 +129,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     )
     ctx = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
     ctx.extras["profile_only"] = options.profile_only
+    ctx.extras["processes"] = processes
     rates = _from_rank0(ctx, _rank0_rates, "the rates decision from rank 0")
     ctx.rates = rates["emulated"]
     if not options.profile_only:
@@ -170,6 +173,7 @@ def _rank0_rates(ctx) -> dict | str:
     try:
         _lock_run_dir(ctx)
         run_dir = prepare_run_dir(ctx.spec)
+        _write_ranks(ctx, run_dir)
         decision = rates_decision(ctx.spec, run_dir, ctx.extras.get("profile_only", False))
     except UserError as exc:
         return str(exc)
@@ -193,6 +197,19 @@ def _lock_run_dir(ctx) -> None:
     ctx.extras["run_lock"] = lock
     if lock.note:
         print(f"fleet: note: {lock.note}", flush=True)
+
+
+def _write_ranks(ctx, run_dir: Path) -> None:
+    """ranks.json: every rank's host, pid, role and node (`fleet run` watches these pids)."""
+    from fleet.atomic import atomic_write_json
+    from fleet.runtime.launch.supervise import RANKS_FILE
+
+    ranks = []
+    for placement, process in zip(ctx.topology.placements, ctx.extras["processes"]):
+        host, _, pid = process.rpartition(" ")
+        ranks.append({"rank": placement.rank, "host": host, "pid": int(pid), "role": placement.role.value,
+                      "node": placement.node, "gpu": placement.gpu})
+    atomic_write_json(run_dir / RANKS_FILE, {"ranks": ranks})
 
 
 def _profile(ctx, options: TrainOptions) -> None:

@@ -19,6 +19,7 @@ from fleet.errors import UserError
 from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.runtime.control.accounting import ModelRecord
+from fleet.runtime.events import read_events
 from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
 from fleet.schedule import Policy, RateTable
 from fleet.schedule.ledger import Ledger
@@ -211,4 +212,29 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
     write_results(run_dir, result)
     plan = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", plan)
+    return result
+
+
+def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
+    """results.json and leaderboard.csv from the event log, for a job that ended before rank 0
+    could write them (a rank was killed): each model's epochs as far as its last checkpoint,
+    marked interrupted. Reads no checkpoint file, only their commit records."""
+    records = {m.id: ModelRecord(family=m.family) for m in spec.models}
+    store = CheckpointStore(run_dir)
+    kept = {m.id: (store.latest_info(m.id) or {}).get("epochs", 0) for m in spec.models}
+    for event in read_events(run_dir / "events.jsonl"):
+        record = records.get(event.get("model"))
+        if record is None:
+            continue
+        if event["event"] == "epoch" and event["epoch"] <= kept[event["model"]]:
+            entry = {k: v for k, v in event.items() if k not in ("event", "time", "model", "stop_reason")}
+            record.history = [h for h in record.history if h["epoch"] < entry["epoch"]] + [entry]
+            record.epochs = entry["epoch"]
+            record.converged, record.stop_reason = event["stop_reason"] is not None, event["stop_reason"]
+        elif event["event"] == "member_left":
+            record.gpu_seconds, record.parameters = event["gpu_seconds"], event["parameters"]
+    models = [model_result(m.id, records[m.id], m.train.stop.metric.value) for m in spec.models]
+    result = RunResult(name=spec.name, policy=spec.scheduler.policy, gpus=spec.cluster.gpus, makespan_s=0.0,
+                       rounds=0, samples_decoded=0, overhead_s={}, models=models, interrupted=True)
+    write_results(run_dir, result)
     return result

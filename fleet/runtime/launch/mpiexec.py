@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.errors import UserError
+from fleet.runtime.launch.supervise import JobWatch, Outcome
 from fleet.spec import Spec
 
 DEFAULT_PREPROCESSORS = 1  # per node, when the spec says auto and nothing else decides
@@ -73,9 +74,10 @@ def mpiexec_command(
     return command
 
 
-def start_here(command: list[str], what: str, environ: Mapping[str, str] = os.environ) -> int:
-    """Print `what` and the command line, run `command` (an `mpiexec_command`) and return its
-    exit code; every rank starts on this machine.
+def start_here(command: list[str], what: str, run_dir: str | os.PathLike,
+               environ: Mapping[str, str] = os.environ) -> Outcome:
+    """Print `what` and the command line, run `command` (an `mpiexec_command`) under a
+    `JobWatch` and return how it ended; every rank starts on this machine.
 
     The batch allocation's variables are hidden from the mpiexec (`without_allocation`), so
     inside a multi-node Slurm/LSF/PBS allocation neither MPICH nor Open MPI reaches for the
@@ -83,15 +85,13 @@ def start_here(command: list[str], what: str, environ: Mapping[str, str] = os.en
     process initialised may have set variables in the C environment that an mpirun would take
     for its own job's.
     """
-    import subprocess
-
     from fleet.runtime.launch.jobenv import without_allocation
 
     note = allocation_note(environ)
     if note:
         print(note, flush=True)
     print(f"fleet: {what}: {' '.join(command)}", flush=True)
-    return subprocess.call(command, env=without_allocation(environ))
+    return JobWatch(command, Path(run_dir), without_allocation(environ), sys.stdout, sys.stderr).run()
 
 
 def allocation_note(environ: Mapping[str, str] = os.environ) -> str | None:
