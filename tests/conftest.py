@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from fleet.runtime.launch.supervise import mpi_segments, remove_leftover_segments
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -69,30 +71,6 @@ def run_mpi(ranks: int, *args: str, timeout: float = 300, env: dict | None = Non
                           env=mpi_env(env))
 
 
-SHM = Path("/dev/shm")
-
-
-SEGMENT_PREFIXES = ("mpich_shm_", "vader_segment.", "osc_sm.")  # MPICH; Open MPI's vader BTL and osc/sm windows
-
-
-def _mpi_segments() -> set[str]:
-    try:
-        return {p.name for p in SHM.iterdir() if p.name.startswith(SEGMENT_PREFIXES)}
-    except OSError:
-        return set()
-
-
-def _mapped_names() -> str:
-    """Every process's memory maps, as one string (to see whether a segment is still in use)."""
-    maps = []
-    for proc in Path("/proc").iterdir():
-        try:
-            maps.append((proc / "maps").read_text())
-        except (OSError, UnicodeDecodeError):
-            continue
-    return "".join(maps)
-
-
 def _openmpi_session_dirs() -> set[Path]:
     """Open MPI's per-mpirun session directories, /tmp/ompi.HOST.UID/pid.PID."""
     return set(Path(tempfile.gettempdir()).glob("ompi.*/pid.*"))
@@ -104,13 +82,9 @@ def remove_leaked_mpi_segments():
     SIGKILL or MPI_Abort (the tests that kill a job or time one out) leaves them behind, a few
     MB each, and /dev/shm is memory (Open MPI's mpirun also leaves its session directory in
     /tmp). Remove the ones this session created that no process uses any more."""
-    before, sessions_before = _mpi_segments(), _openmpi_session_dirs()
+    before, sessions_before = mpi_segments(), _openmpi_session_dirs()
     yield
-    leaked = _mpi_segments() - before
-    in_use = _mapped_names() if leaked else ""
-    for name in leaked:
-        if name not in in_use:
-            (SHM / name).unlink(missing_ok=True)
+    remove_leftover_segments(before)
     for session in _openmpi_session_dirs() - sessions_before:
         if not Path("/proc", session.name.removeprefix("pid.")).exists():
             shutil.rmtree(session, ignore_errors=True)
