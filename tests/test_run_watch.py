@@ -122,7 +122,7 @@ def test_a_killed_rank_is_named_with_how_it_died_and_the_run_resumes(tmp_path):
     assert "BAD TERMINATION" not in out + err and "to resume" in err
     assert "ended first" in (run_dir / "fleet-errors.log").read_text()
     assert json.loads((run_dir / "results.json").read_text())["interrupted"] is True
-    assert mpi_segments() - segments == set()
+    assert remove_leftover_segments(segments) == []  # fleet run removed what its job left (others' are in use)
     # the run resumes from its checkpoints (then the checkpoint signal stops it again)
     again = start_fleet_run(spec, run_dir)
     deadline = time.monotonic() + 120
