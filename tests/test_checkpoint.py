@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fleet.runtime.train.checkpoint as checkpoint_module
-from fleet.engines import TorchEngine
+from fleet.engines.torch import TorchEngine
 from fleet.errors import UserError
 from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
 from fleet.runtime.train.stop import StopTracker
