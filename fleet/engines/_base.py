@@ -99,6 +99,11 @@ if TYPE_CHECKING:  # annotations only: the spec is a layer above this interface'
 InputShape = tuple[int, int, int]
 
 
+def host_device_name(device: str) -> str:
+    """A device on the host, named with the processor: ``cpu (x86_64)``."""
+    return f"{device} ({platform.processor() or platform.machine()})"
+
+
 def check_flat(flat: Any, expected: int, what: str) -> None:
     """For implementations: `flat` is a 1-D array-like of `expected` elements (else ValueError)."""
     shape = tuple(flat.shape)
@@ -363,7 +368,7 @@ class Framework(ABC):
 
     def device_name(self, device: str) -> str:
         """What `device` is: the GPU's model name, or the host's processor for ``cpu``."""
-        return f"{device} ({platform.processor() or platform.machine()})"
+        return host_device_name(device)
 
     def read_legacy_checkpoint(self, data: bytes) -> dict[str, Any] | None:
         """A whole checkpoint file in a format older fleet versions wrote with this framework,
