@@ -148,6 +148,7 @@ NO_TORCH_SCRIPT = """
 import sys
 import numpy as np
 from fleet.engines.factory import create_engine
+from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
 from fleet.schedule.rates import RateTable
 from fleet.spec import parse_spec
 
@@ -156,16 +157,18 @@ rates = RateTable.from_dict({"schema": 1, "gpus_per_node": 1, "samples_per_epoch
                              "models": [{"id": "resnet-000", "rates": {"1": 1e6}}]})
 engine = create_engine(spec.models[0], (1, 8, 8), 10, device="emulated", rates=rates)
 engine.train_step(np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, np.int64))
-engine.load_state_bytes(engine.state_bytes())
+store = CheckpointStore(sys.argv[1])
+store.save(ModelCheckpoint("resnet-000", engine.state_bytes(), stop={}))
+engine.load_state_bytes(store.load("resnet-000").engine_state)
 assert "torch" not in sys.modules, "torch was imported"
 print("no torch")
 """
 
 
 def test_the_emulated_device_runs_without_importing_torch(tmp_path):
-    """The spec, the engine factory, the emulated engine and its state codec import no
-    framework: an emulated run needs none installed."""
-    done = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT], capture_output=True, text=True, cwd=REPO,
+    """The spec, the engine factory, the emulated engine, its state codec and the checkpoint
+    store import no framework: an emulated run needs none installed."""
+    done = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no torch"

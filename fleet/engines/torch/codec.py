@@ -6,14 +6,15 @@ as a ``.npy`` array of its dtype and shape, given back as a CPU tensor. Nothing 
 Older checkpoints (fleet up to commit 99f14b6) are one `torch.save` of the whole
 ``ModelCheckpoint.to_dict()``: a zip holding ``<name>/data.pkl``. They are read with
 ``torch.load(weights_only=True)``, torch's restricted unpickler, which rebuilds tensors and
-plain containers and refuses every other global: a file that would run code is refused, with
-the global it asked for named.
+plain containers and refuses every other global: a file that would run code is refused, naming
+the global it asked for.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import re
 import zipfile
 from typing import Any
 
@@ -65,17 +66,16 @@ def read_legacy_checkpoint(data: bytes) -> dict[str, Any] | None:
     try:
         found = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
-        raise ValueError(f"refused: loading it would run code or build objects a checkpoint never holds "
-                         f"({_first_line(exc)})") from None
+        raise ValueError(f"refused: loading it would call {_refused_global(exc)}, and a checkpoint never "
+                         "needs code to load") from None
     except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"damaged torch checkpoint: {_first_line(exc)}") from None
+        raise ValueError(f"damaged torch checkpoint: {' '.join(str(exc).split())[:200]}") from None
     if not isinstance(found, dict) or not isinstance(found.get("engine_state"), dict):
         raise ValueError("a torch file, but not a fleet checkpoint")
     return {**found, "engine_state": CODEC.encode(found["engine_state"])}
 
 
-def _first_line(exc: BaseException) -> str:
-    """The part of torch's message that says what it refused (it adds paragraphs of advice)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    refused = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
-    return " ".join((refused or lines or [type(exc).__name__])[0].split())[:200]
+def _refused_global(exc: BaseException) -> str:
+    """What torch's restricted unpickler refused, from its message (paragraphs of advice)."""
+    found = re.search(r"GLOBAL (\S+)", str(exc))
+    return found.group(1) if found else "something torch's safe loader does not allow"

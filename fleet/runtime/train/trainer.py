@@ -118,7 +118,7 @@ class GroupTraining:
         checkpoint = self.store.load(self.model.id)
         if checkpoint is None:
             return 0
-        self.engine.load_state(checkpoint.engine_state)
+        self.engine.load_state_bytes(checkpoint.engine_state)
         self.tracker = StopTracker.from_dict(self.model.train.stop, checkpoint.stop)
         self.tracker.max_epochs = self.start.epoch_limit or self.model.train.max_epochs
         self.history = list(checkpoint.history)
@@ -319,7 +319,7 @@ class GroupTraining:
         started = time.monotonic()
         reason = self.tracker.reason
         checkpoint = ModelCheckpoint(
-            model_id=self.model.id, engine_state=self.engine.state(), stop=self.tracker.to_dict(),
+            model_id=self.model.id, engine_state=self.engine.state_bytes(), stop=self.tracker.to_dict(),
             history=self.history, epochs=self.tracker.epochs, epoch_samples=self.totals.samples,
             gpu_seconds=self.gpu_seconds, converged=reason is not None,
             stop_reason=reason.value if reason else None,
