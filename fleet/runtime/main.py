@@ -19,6 +19,7 @@ from typing import Any
 
 from fleet.engines import get_framework
 from fleet.errors import UserError
+from fleet.runtime.train.collectives import resolve_backend
 from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object
 
 
@@ -205,14 +206,12 @@ def _warm_up(ctx, role: str) -> None:
     if role != "trainer":
         return
     _ = ctx.validation
-    modules = ["fleet.engines.factory", "fleet.runtime.train.collectives", "fleet.runtime.train.trainer"]
-    if ctx.spec.runtime.collective != "mpi":
-        modules.append("torch.distributed")
-    for module in modules:
+    for module in ("fleet.engines.factory", "fleet.runtime.train.trainer"):
         importlib.import_module(module)
     if ctx.device != "emulated":
         for name in sorted({m.framework for m in ctx.spec.models}):
             get_framework(name)  # importing the framework is the slow part
+    resolve_backend(ctx.spec.runtime.collective, "cpu" if ctx.device == "emulated" else ctx.device)  # imports it
 
 
 def _choose_polling(spec, topology, node: int) -> None:

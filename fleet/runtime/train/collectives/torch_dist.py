@@ -124,6 +124,22 @@ class TorchCollective(Collective):
             self._drop()
             raise
 
+    # -- the backend, as the registry sees it ------------------------------------------------
+
+    @classmethod
+    def backend_for(cls, device: str) -> str:
+        return f"torch-{backend_for(torch.device(device))}"
+
+    @classmethod
+    def unavailable(cls, device: str) -> str | None:
+        name = backend_for(torch.device(device))
+        built_in = dist.is_available() and (dist.is_nccl_available() if name == "nccl" else dist.is_gloo_available())
+        return None if built_in else f"this torch build has no {name} backend for device {device!r}"
+
+    @classmethod
+    def for_group(cls, group_comm: Any, device: str, timeout_s: float, label: str | None) -> "TorchCollective":
+        return cls(group_comm, device, timeout_s, label)
+
     # -- construction -----------------------------------------------------------------------
 
     @property
