@@ -93,7 +93,7 @@ import numpy as np
 
 from fleet.errors import UserError
 
-if TYPE_CHECKING:  # annotations only: the spec is a layer above this interface's import
+if TYPE_CHECKING:  # annotations only: the spec imports this package (for its framework names)
     from fleet.spec.search import ModelSpec
 
 InputShape = tuple[int, int, int]
