@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fleet.engines import ModelStats, get_framework
 from fleet.spec import ModelSpec, Spec, TrainSpec
 
 
@@ -13,7 +14,7 @@ class ModelRow:
     id: str
     family: str
     key_params: str
-    stats: Any  # fleet.models.ModelStats
+    stats: ModelStats
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,11 @@ def num_classes(spec: Spec) -> int:
 
 
 def describe_ensemble(spec: Spec) -> EnsembleSummary:
-    from fleet.models import describe
-
+    """Each model's size and cost, counted by its framework's zoo."""
     classes, shape = num_classes(spec), input_shape(spec)
     rows = [
-        ModelRow(m.id, m.family, key_params(m, spec.train), describe(m.family, m.params, shape, classes))
+        ModelRow(m.id, m.family, key_params(m, spec.train),
+                 get_framework(m.framework).zoo.describe(m.family, m.params, shape, classes))
         for m in spec.models
     ]
     return EnsembleSummary(classes, shape, rows)

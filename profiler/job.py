@@ -16,6 +16,7 @@ from typing import Any
 from profiler.document import build_document
 from profiler.measure import time_decoding, time_training
 from profiler.plan import Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
+from fleet.engines import get_framework
 from fleet.runtime.waiting import bcast_object, recv_object, send_object
 from fleet.spec.sections import Device
 
@@ -160,17 +161,17 @@ class _Driver:
 
         names = [e["device_name"] for by_m in self.measured.values() for e in by_m.values() if "device_name" in e]
         name = names[0] if names else self.spec.cluster.device.value
-        try:
-            import torch
-
-            torch_version = torch.__version__
-        except ImportError:
-            torch_version = None
         return {
             "device": self.spec.cluster.device.value, "device_name": name, "host": platform.node(),
             "nodes": self.spec.cluster.nodes, "trainers": self.gpus,
             "preprocessors": len(self.topology.preprocessor_ranks()),
             "threads_per_trainer": self.spec.cluster.threads_per_trainer, "cpu": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "torch": torch_version,
+            "python": platform.python_version(), "frameworks": self._framework_versions(),
             "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         }
+
+    def _framework_versions(self) -> dict[str, str]:
+        """The version of each framework the models train with (none on the emulated device)."""
+        if self.spec.cluster.device is Device.EMULATED:
+            return {}
+        return {name: get_framework(name).version() for name in sorted({m.framework for m in self.spec.models})}

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from fleet.engines import Framework, get_framework
+from fleet.engines._base import host_device_name
 from fleet.runtime.waiting import IDLE, wait_request
 
 
@@ -49,57 +51,43 @@ def _group_failed(group_comm: Any, failed: bool, what: str, timeout_s: float, ba
     return flags[0] > 0
 
 
-def device_name(device: str) -> str:
+def framework_of(ctx, model) -> Framework | None:
+    """The framework that trains `model` here; None on the emulated device, which uses none."""
+    return None if ctx.device == "emulated" else get_framework(model.framework)
+
+
+def device_name(framework: Framework | None, device: str) -> str:
     """What this trainer runs on: the GPU's name, or the processor's."""
-    if str(device).startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(torch.device(device))
-    import platform
-
-    return f"{device} ({platform.processor() or platform.machine()})"
+    return framework.device_name(device) if framework is not None else host_device_name(device)
 
 
-def _synchronize(device: str) -> None:
-    if str(device).startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
+def _synchronize(framework: Framework | None, device: str) -> None:
+    if framework is not None:
+        framework.synchronize(device)
 
 
-def _release_memory(device: str) -> None:
-    gc.collect()
-    if str(device).startswith("cuda"):
-        import torch
-
-        torch.cuda.empty_cache()
+def _release_memory(framework: Framework | None, device: str) -> None:
+    gc.collect()  # the dropped engine's memory goes now, so that the framework can free its cache
+    if framework is not None:
+        framework.release_memory(device)
 
 
 TRAINING_STATE_FACTOR = 4  # weights, gradients and up to two optimizer buffers per parameter
 
 
 def parameter_bytes(ctx, model) -> int | None:
-    """Bytes of `model`'s parameters, counted on the meta device (nothing is allocated);
-    None when the model cannot be built there (then the real build decides)."""
-    import torch
-
-    from fleet.models import build_model
-
-    try:
-        with torch.device("meta"):
-            module = build_model(model.family, model.params, ctx.input_shape, ctx.num_classes)
-    except Exception:
-        return None
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    """Bytes of `model`'s parameters, counted by its framework's zoo without allocating them;
+    None when that cannot be done (then the real build decides)."""
+    zoo = get_framework(model.framework).zoo
+    return zoo.parameter_bytes(model.family, model.params, ctx.input_shape, ctx.num_classes)
 
 
-def free_memory_bytes(ctx) -> int | None:
+def free_memory_bytes(ctx, framework: Framework) -> int | None:
     """Memory this trainer may use: free memory of its GPU, or its share of the node's
     available host memory; None when unknown."""
-    if str(ctx.device).startswith("cuda"):
-        import torch
-
-        return int(torch.cuda.mem_get_info(torch.device(ctx.device))[0])
+    free = framework.free_device_memory(ctx.device)
+    if free is not None:
+        return free
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             fields = dict(line.split(":", 1) for line in meminfo)
@@ -115,7 +103,7 @@ def does_not_fit(ctx, model) -> str | None:
     would otherwise be killed by the kernel's OOM killer, which no process can report)."""
     if ctx.device == "emulated":
         return None
-    size, free = parameter_bytes(ctx, model), free_memory_bytes(ctx)
+    size, free = parameter_bytes(ctx, model), free_memory_bytes(ctx, get_framework(model.framework))
     if size is None or free is None or TRAINING_STATE_FACTOR * size <= free:
         return None
     gib = 2**30
@@ -132,6 +120,7 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
     from fleet.runtime.train.trainer import build_collective, build_engine
 
     model = ctx.spec.model(model_id)
+    framework = framework_of(ctx, model)
     size, timeout = group_comm.size, ctx.timeout_s
     engine = collective = None
     reason = does_not_fit(ctx, model)
@@ -143,35 +132,36 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
         except Exception as exc:  # a model that cannot be built is a result, not a crash
             reason = describe_failure(exc)
     if _group_failed(group_comm, reason is not None, f"the group building {model_id}", timeout, IDLE):
-        return _finish(engine, collective, ctx.device, reason or "another member of the group failed to build it")
+        reason = reason or "another member of the group failed to build it"
+        return _finish(engine, collective, framework, ctx.device, reason)
     x, y = profile_batch(ctx, model.train.batch_size)
     started = None
     for step in range(batches):
         if step == batches - timed:
-            _synchronize(ctx.device)
+            _synchronize(framework, ctx.device)
             started = time.perf_counter()
         try:
             engine.compute_gradients(x, y)
         except Exception as exc:
             reason = describe_failure(exc)
         if _group_failed(group_comm, reason is not None, f"a step of {model_id}", timeout):
-            return _finish(engine, collective, ctx.device, reason or "another member of the group failed")
+            return _finish(engine, collective, framework, ctx.device, reason or "another member of the group failed")
         if size > 1:
             collective.allreduce_gradients(engine)
         engine.apply_gradients()
-    _synchronize(ctx.device)
+    _synchronize(framework, ctx.device)
     elapsed = time.perf_counter() - started
     result = {"rate": size * len(x) * timed / elapsed, "step_s": elapsed / timed,
-              "parameters": int(engine.num_parameters), "device_name": device_name(ctx.device)}
-    _finish(engine, collective, ctx.device, None)
+              "parameters": int(engine.num_parameters), "device_name": device_name(framework, ctx.device)}
+    _finish(engine, collective, framework, ctx.device, None)
     return result
 
 
-def _finish(engine, collective, device: str, reason: str | None) -> dict:
+def _finish(engine, collective, framework: Framework | None, device: str, reason: str | None) -> dict:
     if collective is not None:
         collective.close()
     del engine
-    _release_memory(device)
+    _release_memory(framework, device)
     return {"failed": reason} if reason else {}
 
 

@@ -30,11 +30,11 @@ class Measurement:
 
 
 def speed_key(model, emulated: bool = False) -> str:
-    """What a model's step time depends on (a spec's `ModelSpec`): its architecture, batch size
-    and optimizer, with or without momentum and weight decay; not its learning rate, schedule,
-    epochs, stop rule or seed. On the emulated device, its id too (its rates are its own)."""
+    """What a model's step time depends on (a spec's `ModelSpec`): its framework, architecture,
+    batch size and optimizer, with or without momentum and weight decay; not its learning rate,
+    schedule, epochs, stop rule or seed. On the emulated device, its id too (its rates are its own)."""
     train = model.train
-    facts = {"family": model.family, "params": model.params, "optimizer": train.optimizer,
+    facts = {"framework": model.framework, "family": model.family, "params": model.params, "optimizer": train.optimizer,
              "batch_size": train.batch_size, "momentum": train.momentum > 0, "weight_decay": train.weight_decay > 0,
              "id": model.id if emulated else None}
     return json.dumps(facts, sort_keys=True, default=str)

@@ -21,7 +21,9 @@ from mpi4py import MPI
 
 from fleet.errors import UserError
 from fleet.runtime.train.collectives import (
-    BACKENDS,
+    AUTO_ORDER,
+    COLLECTIVES,
+    KINDS,
     CollectiveError,
     CollectiveState,
     MPICollective,
@@ -103,10 +105,42 @@ def test_resolve_backend():
     assert resolve_backend("mpi", "cpu") == "mpi"
     assert resolve_backend("auto", "cpu") == "torch-gloo"
     assert resolve_backend("torch", "cpu") == "torch-gloo"
-    assert set(available_backends()) <= set(BACKENDS)
+    assert set(available_backends()) <= {"mpi", "torch-gloo", "torch-nccl"}
     assert {"mpi", "torch-gloo"} <= set(available_backends())
     with pytest.raises(UserError, match="collective 'nccl': expected one of auto, mpi, torch"):
         resolve_backend("nccl", "cpu")
+
+
+def test_the_registry_gives_the_kinds_and_the_spec_its_valid_names():
+    from fleet.spec import parse_spec
+
+    assert KINDS == ("auto", *COLLECTIVES.names) == ("auto", "mpi", "torch")
+    assert set(AUTO_ORDER) <= set(COLLECTIVES.names)
+    base = {"name": "t", "data": {"source": "digits"}, "models": [{"family": "mlp"}]}
+    for kind in KINDS:
+        assert parse_spec({**base, "runtime": {"collective": kind}}).runtime.collective == kind
+    with pytest.raises(UserError, match=r"^runtime.collective: unknown collective 'gloo' \(valid: auto, mpi, torch\)$"):
+        parse_spec({**base, "runtime": {"collective": "gloo"}})
+
+
+def test_auto_takes_the_first_usable_backend_and_a_broken_one_is_skipped(monkeypatch):
+    COLLECTIVES.add("broken", "fleet_no_such_collective_module:Backend")
+    try:
+        monkeypatch.setattr("fleet.runtime.train.collectives.AUTO_ORDER", ("broken", "mpi", "torch"))
+        assert resolve_backend("auto", "cpu") == "mpi"  # not importable here: skipped
+        monkeypatch.setattr("fleet.runtime.train.collectives.KINDS", ("auto", "mpi", "torch", "broken"))
+        with pytest.raises(UserError, match=r"^collective 'broken': cannot import it here; use 'mpi'$"):
+            resolve_backend("broken", "cpu")
+    finally:
+        COLLECTIVES.remove("broken")
+
+
+def test_the_package_imports_no_torch():
+    script = "import sys, fleet.runtime.train.collectives; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 def test_torch_on_cuda_without_nccl_is_a_user_error():

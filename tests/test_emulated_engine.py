@@ -4,19 +4,26 @@ that the torch engine passes too."""
 
 from __future__ import annotations
 
-import io
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from fleet.engines import EmulatedEngine, Engine, EnginePhase, TorchEngine, create_engine
+from fleet.engines import Engine, EnginePhase
+from fleet.engines.emulated import EmulatedEngine
+from fleet.engines.factory import create_engine
+from fleet.engines.torch import TorchEngine
 from fleet.errors import UserError
 from fleet.runtime.train.stop import StopReason, StopTracker
 from fleet.schedule.rates import RateTable
 from fleet.spec import ModelSpec, StopRule, TrainSpec
 
+REPO = Path(__file__).resolve().parent.parent
 SHAPE, CLASSES = (1, 8, 8), 4
 PROFILE = {
     "schema": 1,
@@ -57,7 +64,7 @@ def check_engine_interface(make: callable) -> None:
     """What the runtime relies on, for any engine; `make()` builds a fresh, equal replica."""
     engine = make()
     assert isinstance(engine, Engine) and engine.phase is EnginePhase.BUILT and engine.epoch == 0
-    assert engine.device == torch.device("cpu") and isinstance(engine.lr, float)
+    assert str(engine.device) == "cpu" and isinstance(engine.lr, float)
     x, y = batch()
     loss = engine.compute_gradients(x, y)
     assert isinstance(loss, float) and math.isfinite(loss) and engine.phase is EnginePhase.TRAINING
@@ -68,7 +75,13 @@ def check_engine_interface(make: callable) -> None:
     halved = flat.copy() * 0.5
     engine.load_flat_gradients(halved)
     assert np.array_equal(engine.flat_gradients(), halved)
-    engine.load_flat_gradients(torch.from_numpy(halved.copy()))
+    buffer = engine.gradient_buffer()  # the framework's own type: what a collective reduces in place
+    assert engine.gradient_buffer() is buffer and tuple(buffer.shape) == (engine.num_parameters,)
+    engine.load_flat_gradients(buffer)  # the engine's own buffer: a no-op
+    assert np.array_equal(engine.flat_gradients(), halved)
+    engine.scale_gradients(4.0)
+    assert np.array_equal(engine.flat_gradients(), halved * 4)  # exact: a power of two
+    engine.load_flat_gradients(halved)
     with pytest.raises(ValueError, match="expected a 1-D array of"):
         engine.load_flat_gradients(np.zeros(3, dtype=np.float32))
     before = engine.flat_parameters()
@@ -88,11 +101,8 @@ def check_engine_interface(make: callable) -> None:
     engine.end_epoch()
     assert engine.epoch == 1
 
-    snapshot = engine.state()
-    buffer = io.BytesIO()
-    torch.save(snapshot, buffer)
     resumed = make()
-    resumed.load_state(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
+    resumed.load_state_bytes(engine.state_bytes())
     assert (resumed.epoch, resumed.lr, resumed.phase) == (1, engine.lr, EnginePhase.BUILT)
     assert np.array_equal(resumed.flat_parameters(), engine.flat_parameters())
     later = [batch(seed=s) for s in range(2, 5)]
@@ -132,6 +142,36 @@ def test_torch_engine_passes_the_interface_checks():
 
 def test_emulated_engine_passes_the_interface_checks():
     check_engine_interface(lambda: emulated()[0])
+
+
+NO_TORCH_SCRIPT = """
+import sys
+import numpy as np
+from fleet.engines.factory import create_engine
+from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
+from fleet.schedule.rates import RateTable
+from fleet.spec import parse_spec
+
+spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "resnet"}]})
+rates = RateTable.from_dict({"schema": 1, "gpus_per_node": 1, "samples_per_epoch": 64,
+                             "models": [{"id": "resnet-000", "rates": {"1": 1e6}}]})
+engine = create_engine(spec.models[0], (1, 8, 8), 10, device="emulated", rates=rates)
+engine.train_step(np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, np.int64))
+store = CheckpointStore(sys.argv[1])
+store.save(ModelCheckpoint("resnet-000", engine.state_bytes(), stop={}))
+engine.load_state_bytes(store.load("resnet-000").engine_state)
+assert "torch" not in sys.modules, "torch was imported"
+print("no torch")
+"""
+
+
+def test_the_emulated_device_runs_without_importing_torch(tmp_path):
+    """The spec, the engine factory, the emulated engine, its state codec and the checkpoint
+    store import no framework: an emulated run needs none installed."""
+    done = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no torch"
 
 
 # -- timing ---------------------------------------------------------------------------------
@@ -238,9 +278,7 @@ def test_state_round_trip_mid_epoch_keeps_the_curves():
     for _ in range(5):
         engine.train_step(*batch())
     resumed, _ = emulated(epochs=6)
-    buffer = io.BytesIO()
-    torch.save(engine.state(), buffer)
-    resumed.load_state(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
+    resumed.load_state_bytes(engine.state_bytes())
     assert (resumed.steps, resumed.epoch) == (5, 0)
     assert resumed.evaluate(*batch()) == engine.evaluate(*batch())
     assert resumed.train_step(*batch()) == engine.train_step(*batch())

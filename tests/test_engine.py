@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from fleet.engines import Engine, EnginePhase, TorchEngine, create_engine, learning_rate
+from fleet.engines import Engine, EnginePhase
+from fleet.engines.factory import create_engine
+from fleet.engines.schedule import learning_rate
+from fleet.engines.torch import TorchEngine
 from fleet.errors import UserError
 from fleet.rows import Pieces
 from fleet.spec import LRSchedule, ModelSpec, TrainSpec
@@ -103,7 +105,7 @@ def test_state_resumes_exactly(family_params, train):
     original = TorchEngine(spec, MNIST_LIKE, CLASSES)
     continue_training(original, before)
     original.end_epoch()
-    snapshot = original.state()
+    snapshot, original_bytes = original.state(), original.state_bytes()
     expected = continue_training(original, after)
 
     resumed = TorchEngine(spec, MNIST_LIKE, CLASSES)
@@ -111,11 +113,8 @@ def test_state_resumes_exactly(family_params, train):
     assert (resumed.epoch, resumed.steps, resumed.lr) == (1, 3, original.lr)
     assert continue_training(resumed, after) == expected
 
-    buffer = io.BytesIO()
-    torch.save(snapshot, buffer)
-    buffer.seek(0)
     from_disk = TorchEngine(spec, MNIST_LIKE, CLASSES)
-    from_disk.load_state(torch.load(buffer, weights_only=False))
+    from_disk.load_state_bytes(original_bytes)
     assert continue_training(from_disk, after) == expected
     assert np.array_equal(from_disk.flat_parameters(), original.flat_parameters())
     assert np.array_equal(from_disk.flat_buffers(), original.flat_buffers())
@@ -185,7 +184,11 @@ def test_flat_gradients_is_a_view_of_the_gradients_on_cpu():
     flat *= 0.5  # an in-place reduction reaches the parameters' .grad directly
     assert np.array_equal(flat[: first_weight.numel()], first_weight.grad.reshape(-1).numpy())
     engine.load_flat_gradients(flat)  # its own memory: a no-op
-    assert engine.flat_gradients_tensor().data_ptr() == flat.__array_interface__["data"][0]
+    buffer = engine.gradient_buffer()
+    assert isinstance(buffer, torch.Tensor) and buffer.data_ptr() == flat.__array_interface__["data"][0]
+    engine.scale_gradients(2.0)  # in place, on the buffer itself
+    assert np.array_equal(flat[: first_weight.numel()], first_weight.grad.reshape(-1).numpy())
+    assert engine.gradient_buffer() is buffer
 
 
 def test_load_flat_gradients_checks_the_length():
@@ -312,11 +315,8 @@ def test_cuda_engine_trains_and_moves_to_cpu(family_params):
     assert all(math.isfinite(v) for v in losses)
     grads = gpu.flat_gradients()
     assert grads.dtype == np.float32 and grads.size == gpu.num_parameters
-    assert gpu.flat_gradients_tensor().device == torch.device("cuda:0")
-    buffer = io.BytesIO()
-    torch.save(gpu.state(), buffer)
-    buffer.seek(0)
-    cpu.load_state(torch.load(buffer, weights_only=False))
+    assert gpu.gradient_buffer().device == torch.device("cuda:0")
+    cpu.load_state_bytes(gpu.state_bytes())
     np.testing.assert_array_equal(cpu.flat_parameters(), gpu.flat_parameters())
     x, y = batches(1, seed=8)[0]
     assert cpu.evaluate(x, y)["loss"] == pytest.approx(gpu.evaluate(x, y)["loss"], rel=1e-4)

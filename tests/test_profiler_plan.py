@@ -197,3 +197,18 @@ def test_a_model_far_too_big_is_judged_before_it_is_built():
     assert does_not_fit(ctx, s.model("small")) is None
     reason = does_not_fit(ctx, huge)
     assert reason.startswith("out of memory: needs at least") and "GiB free on cpu" in reason
+
+
+def test_the_framework_is_part_of_a_models_speed():
+    """The same architecture in another framework times differently: it is timed on its own,
+    and a profile measured with the other framework is not reused."""
+    s = parse_spec({"name": "p", "data": {"source": "digits"}, "cluster": {"gpus_per_node": 2},
+                    "models": [{"family": "mlp", "name": "a"}, {"family": "mlp", "name": "b"}]})
+    a, b = s.models
+    b_elsewhere = b.model_copy(update={"framework": "tensorflow"})  # as a second registry entry would allow
+    assert timed_as([a, b]) == {"a": "a", "b": "a"}
+    assert timed_as([a, b_elsewhere]) == {"a": "a", "b": "b"}
+    measured = {"a": {1: {"rate": 100.0, "step_s": 0.3, "gpus": [0]}}}
+    doc = build_document(s, 1000, measured, {}, {"device": "cpu"}, {"seconds": 1.0, "m_t": 1}, timed_as(s.models))
+    assert reuse_verdict(doc, s) == (True, "measured for this ensemble")
+    assert reuse_verdict(doc, s.model_copy(update={"models": (a, b_elsewhere)}))[0] is False

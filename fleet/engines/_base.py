@@ -6,8 +6,8 @@ Ownership and threads
     An engine holds one replica of one model (weights, optimizer state, LR schedule position,
     epoch counter, the RNG it draws dropout masks from) on one device. It is created, used and
     dropped by one trainer thread; it is **not thread-safe**. Engines of different models may
-    live side by side in one process (one per thread); process-wide torch settings (thread
-    count, cuDNN flags) are set by the last engine built and should agree between them.
+    live side by side in one process (one per thread); process-wide framework settings (torch's
+    thread count and cuDNN flags) are set by the last engine built and should agree between them.
 
 States (`EnginePhase`)
     ``BUILT``: weights are the seeded initial ones (the same `ModelSpec` gives the same
@@ -31,34 +31,84 @@ Training, single replica
 
 Training, data-parallel group of m replicas
     Each replica calls `compute_gradients` on its shard (equal shard sizes, so the mean of
-    shard means is the batch mean), the group averages `flat_gradients()` (a collective reduces
-    it in place, then divides by m), each replica calls `load_flat_gradients(avg)` (a no-op when
-    `avg` is the engine's own buffer) and `apply_gradients()`. Replicas that start from equal
-    weights (`flat_parameters` broadcast from the master, or one checkpoint) then stay equal.
+    shard means is the batch mean), the group averages the gradients (a collective reduces
+    `gradient_buffer()` or `flat_gradients()` in place, then they are divided by m, e.g. with
+    `scale_gradients`), each replica calls `load_flat_gradients(avg)` (a no-op when `avg` is
+    the engine's own buffer) and `apply_gradients()`. Replicas that start from equal weights
+    (`flat_parameters` broadcast from the master, or one checkpoint) then stay equal.
     Batch-norm running statistics are *not* parameters: each replica updates them from its own
     shard; `flat_buffers` / `load_flat_buffers` let a group average or broadcast them.
+
+The gradient buffer (what a collective may assume)
+    `gradient_buffer()` is the memory the gradients live in, in the framework's own type
+    (a ``torch.Tensor`` for the torch engine, a numpy array for the emulated one), on the
+    engine's device: 1-D, contiguous, float32, `num_parameters` elements in parameter order
+    (the layout of `flat_gradients()`). It is the same object for the engine's whole life;
+    `compute_gradients` overwrites it and `apply_gradients` zeroes it. A collective that knows
+    the type may reduce it in place between those two calls and then call
+    `load_flat_gradients(buffer)`, a no-op; one that does not know the type (another
+    framework's engine) goes through `flat_gradients()` on the host instead. Nothing else may
+    keep or resize it.
 
 Epochs
     `end_epoch()` advances the epoch counter and sets the learning rate for the next epoch
     from the model's schedule (see `fleet.engines.schedule.learning_rate`).
 
 Checkpoints
-    `state()` returns a self-contained snapshot (host tensors and plain Python values; it
-    survives `torch.save` / `torch.load(weights_only=False)` and a device change) of
-    everything needed to continue exactly: weights and buffers, optimizer state, epoch (the
-    schedule position), step count and the engine's torch RNG state. `load_state(state)` on an
-    engine built from the same `ModelSpec` restores it; the next steps then give the losses the
-    uninterrupted engine would have given (bit-identical on the same device type).
-    Python's `random` and numpy's global RNGs are not the engine's business.
+    `state()` returns a self-contained snapshot (host arrays or host tensors and plain Python
+    values; it survives a device change) of everything needed to continue exactly: weights
+    and buffers, optimizer state, epoch (the schedule position), step count and the engine's
+    RNG state. `load_state(state)` on an engine built from the same `ModelSpec` restores it;
+    the next steps then give the losses the uninterrupted engine would have given
+    (bit-identical on the same device type). `state_bytes()` is the snapshot encoded by the
+    engine's `codec` (what a checkpoint stores); `load_state_bytes` decodes and restores it,
+    never running code from the bytes. Python's `random` and numpy's global RNGs are not the
+    engine's business.
+
+Frameworks (`Framework`, `ModelZoo`, `StateCodec`)
+    Everything fleet does with a deep-learning framework goes through one `Framework` object
+    per framework, found by name in `fleet.engines.registry` (the spec's ``framework``):
+    building engines, its model zoo (sizes and FLOPs of a family, the parameter bytes judged
+    before building), its state codec, and its devices (GPUs visible, a device's name and free
+    memory, synchronising, freeing cached memory). A framework object is created once per
+    process, when its module is first imported (which imports the framework: only the
+    registry does that, and only when a model needs it); it keeps no state of its own apart
+    from what the framework keeps process-wide, and its methods may be called from any thread.
+    Devices are strings: ``cpu``, ``cuda`` or ``cuda:<index>``. The emulated device
+    (``cluster.device: emulated``) stands in for every framework and uses none.
+    A second framework is one new package (engine, zoo, codec, framework object) and one
+    entry in `fleet.engines.registry.FRAMEWORKS`.
 """
 
 from __future__ import annotations
 
+import platform
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+from fleet.errors import UserError
+
+if TYPE_CHECKING:  # annotations only: the spec imports this package (for its framework names)
+    from fleet.spec.search import ModelSpec
+
+InputShape = tuple[int, int, int]
+
+
+def host_device_name(device: str) -> str:
+    """A device on the host, named with the processor: ``cpu (x86_64)``."""
+    return f"{device} ({platform.processor() or platform.machine()})"
+
+
+def check_flat(flat: Any, expected: int, what: str) -> None:
+    """For implementations: `flat` is a 1-D array-like of `expected` elements (else ValueError)."""
+    shape = tuple(flat.shape)
+    if shape != (expected,):
+        raise ValueError(f"{what}: expected a 1-D array of {expected} elements, got shape {shape}")
 
 
 class EnginePhase(Enum):
@@ -73,13 +123,16 @@ class Engine(ABC):
 
     Attributes:
         model_id: the `ModelSpec.id` the engine was built from.
-        device: the device the replica lives on (e.g. ``cpu``, ``cuda:0``).
+        device: the device the replica lives on (``cpu``, ``cuda:0``; the framework's own
+            device object where it has one, which compares and prints as that).
         num_parameters: number of trainable parameters (the length of `flat_gradients()`).
+        codec: encodes `state()` for `state_bytes` (one per engine class).
     """
 
     model_id: str
     device: Any
     num_parameters: int
+    codec: ClassVar["StateCodec"]
 
     @property
     @abstractmethod
@@ -98,9 +151,11 @@ class Engine(ABC):
 
     # -- training ---------------------------------------------------------------------------
 
-    @abstractmethod
     def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
         """Forward, backward and optimizer step on one batch; returns the batch's mean loss."""
+        loss = self.compute_gradients(x, y)
+        self.apply_gradients()
+        return loss
 
     @abstractmethod
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> float:
@@ -116,11 +171,27 @@ class Engine(ABC):
         """
 
     @abstractmethod
-    def load_flat_gradients(self, flat: Any) -> None:
-        """Make `flat` (same layout as `flat_gradients()`, numpy or torch) the gradients.
+    def gradient_buffer(self) -> Any:
+        """The gradients' own memory, in the framework's type, on the engine's device.
 
-        A no-op when `flat` is already the gradients' memory.
+        See "The gradient buffer" in the module docstring for what a collective may assume.
         """
+
+    @abstractmethod
+    def load_flat_gradients(self, flat: Any) -> None:
+        """Make `flat` (the layout of `flat_gradients()`: a numpy array, or the framework's
+        type like `gradient_buffer()`) the gradients. A no-op when `flat` is that buffer.
+        """
+
+    def scale_gradients(self, factor: float) -> None:
+        """Multiply the gradients by `factor` in place (e.g. a trainer's share of a batch).
+
+        This default goes through `flat_gradients()` and back; engines whose gradients live
+        on a device override it to scale them there.
+        """
+        flat = self.flat_gradients()
+        flat *= np.float32(factor)
+        self.load_flat_gradients(flat)
 
     @abstractmethod
     def apply_gradients(self) -> None:
@@ -159,7 +230,7 @@ class Engine(ABC):
 
     @abstractmethod
     def state(self) -> dict[str, Any]:
-        """A snapshot to continue exactly from (host tensors and plain values only)."""
+        """A snapshot to continue exactly from (host arrays or tensors and plain values only)."""
 
     @abstractmethod
     def load_state(self, state: dict[str, Any]) -> None:
@@ -168,3 +239,143 @@ class Engine(ABC):
         Raises:
             UserError: the snapshot belongs to another model or is not an engine state.
         """
+
+    def state_bytes(self) -> bytes:
+        """`state()` encoded by the engine's `codec`: what a checkpoint stores."""
+        return self.codec.encode(self.state())
+
+    def load_state_bytes(self, data: bytes) -> None:
+        """Restore a `state_bytes()` snapshot; nothing in `data` is ever run.
+
+        Raises:
+            UserError: the bytes are damaged, not a state of this codec, or of another model.
+        """
+        try:
+            state = self.codec.decode(data)
+        except ValueError as exc:
+            raise UserError(f"checkpoint of model {self.model_id!r}: engine state refused: {exc}") from None
+        self.load_state(state)
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """What a model costs.
+
+    Attributes:
+        parameters: number of trainable and frozen parameters (buffers excluded).
+        param_bytes: bytes those parameters take.
+        flops_per_sample: approximate forward-pass FLOPs for one sample (2 x multiply-adds).
+    """
+
+    parameters: int
+    param_bytes: int
+    flops_per_sample: int
+
+
+class StateCodec(ABC):
+    """Engine states to bytes and back, for checkpoints.
+
+    `decode` must never run code from the bytes (no unpickling of arbitrary objects): a
+    checkpoint may have been planted by anyone who can write the run directory. Whether the
+    state is one its engine can load is `Engine.load_state`'s to check (states carry a
+    ``format`` key for that).
+    """
+
+    @abstractmethod
+    def encode(self, state: Mapping[str, Any]) -> bytes:
+        """The bytes of an `Engine.state()` snapshot."""
+
+    @abstractmethod
+    def decode(self, data: bytes) -> dict[str, Any]:
+        """The snapshot again. Raises ValueError (one line) for bytes it will not load."""
+
+
+class ModelZoo(ABC):
+    """The model families a framework builds: ``resnet``, ``densenet``, ``cnn``, ``mlp``,
+    ``lstm`` (params validated by `fleet.spec.families`) and ``package.module:function``.
+
+    Every method raises `UserError` for an unknown family, bad params or a user model that
+    cannot be built.
+    """
+
+    @abstractmethod
+    def build(
+        self, family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int, *,
+        seed: int | None = None,
+    ) -> Any:
+        """The family's network in the framework's type, on the host, in training mode;
+        `seed` fixes its initial weights in any process."""
+
+    @abstractmethod
+    def describe(
+        self, family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int
+    ) -> ModelStats:
+        """Parameters, their bytes and approximate forward FLOPs per sample of the model."""
+
+    @abstractmethod
+    def parameter_bytes(
+        self, family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int
+    ) -> int | None:
+        """Bytes of the model's parameters, counted without allocating them (a model far too
+        big must be judged before it is built); None when that cannot be done for it."""
+
+
+class Framework(ABC):
+    """One deep-learning framework as fleet uses it (see "Frameworks" in the module docstring).
+
+    Attributes:
+        name: the registry's name for it (the spec's ``framework``), e.g. ``torch``.
+        zoo: its model zoo.
+        codec: the codec its engines' states are stored with.
+    """
+
+    name: str
+    zoo: ModelZoo
+    codec: StateCodec
+
+    @abstractmethod
+    def version(self) -> str:
+        """The framework's version, for the profile's record of the hardware and software."""
+
+    @abstractmethod
+    def create_engine(
+        self, model: "ModelSpec", input_shape: InputShape, num_classes: int, device: str = "cpu",
+        threads: int | None = None, deterministic: bool = False,
+    ) -> Engine:
+        """A replica of `model` on `device`, bound to it (the framework's current device is
+        set), `threads` host threads for this trainer, deterministic kernels if asked.
+
+        Raises:
+            UserError: a device it cannot use, or a model it cannot build.
+        """
+
+    @abstractmethod
+    def visible_gpus(self) -> int:
+        """How many GPUs this process sees (0 without any)."""
+
+    @abstractmethod
+    def free_device_memory(self, device: str) -> int | None:
+        """Bytes free on an accelerator `device`; None for ``cpu`` (the host's memory is the
+        caller's to judge) or when unknown."""
+
+    @abstractmethod
+    def synchronize(self, device: str) -> None:
+        """Wait until the work queued on `device` is done (nothing to do on ``cpu``)."""
+
+    @abstractmethod
+    def release_memory(self, device: str) -> None:
+        """Give the memory the framework caches on `device` back (after engines are dropped)."""
+
+    def device_name(self, device: str) -> str:
+        """What `device` is: the GPU's model name, or the host's processor for ``cpu``."""
+        return host_device_name(device)
+
+    def read_legacy_checkpoint(self, data: bytes) -> dict[str, Any] | None:
+        """A whole checkpoint file in a format older fleet versions wrote with this framework,
+        as ``ModelCheckpoint.to_dict()`` with its ``engine_state`` re-encoded by `codec`; None
+        when `data` is in none of them (this default: the framework has no old formats).
+
+        Raises:
+            ValueError: one of its formats, but it cannot be loaded safely (one line).
+        """
+        return None

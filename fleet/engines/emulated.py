@@ -35,7 +35,9 @@ Numbers
     The "parameters" are `grad_size` float32 values (seeded); gradients are
     ``0.1 * params + noise(seed, step) + 1e-3 * mean(y)``, so replicas given different shards
     have different gradients and a real (small) allreduce is needed to keep them equal.
-    `apply_gradients` is plain SGD with the model's LR schedule. No torch model is built.
+    `apply_gradients` is plain SGD with the model's LR schedule. No network is built and no
+    framework is imported: the buffers are numpy arrays (`gradient_buffer()` too), and the state
+    is stored by a `TreeStateCodec` with numpy arrays as they are.
 """
 
 from __future__ import annotations
@@ -47,10 +49,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
-from fleet.engines._base import Engine, EnginePhase
+from fleet.engines._base import Engine, EnginePhase, check_flat
 from fleet.engines.schedule import learning_rate
+from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
 from fleet.schedule.rates import RateTable
 from fleet.spec.search import ModelSpec
@@ -83,6 +85,8 @@ class EmulatedEngine(Engine):
         UserError: the profile has no rates for the model, or a bad device.
     """
 
+    codec = TreeStateCodec()
+
     def __init__(
         self,
         model: ModelSpec,
@@ -107,7 +111,7 @@ class EmulatedEngine(Engine):
             )
         self.spec = model
         self.model_id = model.id
-        self.device = torch.device("cpu")
+        self.device = "cpu"
         self.num_parameters = int(grad_size)
         self.input_shape = tuple(int(d) for d in input_shape)
         self.num_classes = int(num_classes)
@@ -170,11 +174,6 @@ class EmulatedEngine(Engine):
 
     # -- training ---------------------------------------------------------------------------
 
-    def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        loss = self.compute_gradients(x, y)
-        self.apply_gradients()
-        return loss
-
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> float:
         self._check_batch(x, y)
         self._wait(self.step_seconds(len(x)))
@@ -191,15 +190,13 @@ class EmulatedEngine(Engine):
     def flat_gradients(self) -> np.ndarray:
         return self._grads
 
-    def flat_gradients_tensor(self) -> torch.Tensor:
-        """The gradient buffer as a CPU tensor sharing its memory (for torch.distributed)."""
-        return torch.from_numpy(self._grads)
+    def gradient_buffer(self) -> np.ndarray:
+        """The gradient buffer itself: a numpy array on the host (the same as `flat_gradients()`)."""
+        return self._grads
 
     def load_flat_gradients(self, flat: Any) -> None:
-        _check_flat(flat, self.num_parameters, "load_flat_gradients")
-        if isinstance(flat, torch.Tensor):
-            flat = flat.detach().cpu().numpy()
-        flat = np.asarray(flat)
+        check_flat(flat, self.num_parameters, "load_flat_gradients")
+        flat = np.asarray(flat)  # a host tensor of any framework converts without a copy
         if flat.__array_interface__["data"][0] == self._grads.__array_interface__["data"][0]:
             return  # the caller reduced our own buffer in place
         np.copyto(self._grads, flat.astype(np.float32, copy=False))
@@ -215,14 +212,14 @@ class EmulatedEngine(Engine):
         return self._params.copy()
 
     def load_flat_parameters(self, flat: np.ndarray) -> None:
-        _check_flat(flat, self.num_parameters, "load_flat_parameters")
+        check_flat(flat, self.num_parameters, "load_flat_parameters")
         np.copyto(self._params, np.asarray(flat, dtype=np.float32))
 
     def flat_buffers(self) -> np.ndarray:
         return np.zeros(0, dtype=np.float32)
 
     def load_flat_buffers(self, flat: np.ndarray) -> None:
-        _check_flat(flat, 0, "load_flat_buffers")
+        check_flat(flat, 0, "load_flat_buffers")
 
     # -- evaluation and epochs --------------------------------------------------------------
 
@@ -254,7 +251,7 @@ class EmulatedEngine(Engine):
             "format": STATE_FORMAT,
             "model_id": self.model_id,
             "num_parameters": self.num_parameters,
-            "params": torch.from_numpy(self._params.copy()),
+            "params": self._params.copy(),
             "epoch": self._epoch,
             "steps": self._steps,
             "group_samples": self._group_samples,
@@ -263,9 +260,7 @@ class EmulatedEngine(Engine):
 
     def load_state(self, state: dict[str, Any]) -> None:
         self._check_state(state)
-        params = state["params"]
-        params = params.numpy() if isinstance(params, torch.Tensor) else np.asarray(params)
-        np.copyto(self._params, params.astype(np.float32, copy=False))
+        np.copyto(self._params, np.asarray(state["params"], dtype=np.float32))
         self._grads[:] = 0.0
         self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
         self._group_samples, self._trained = int(state["group_samples"]), bool(state["trained"])
@@ -315,8 +310,3 @@ class EmulatedEngine(Engine):
                 f"the engine has {self.num_parameters}"
             )
 
-
-def _check_flat(flat: Any, expected: int, what: str) -> None:
-    shape = tuple(flat.shape)
-    if shape != (expected,):
-        raise ValueError(f"{what}: expected a 1-D array of {expected} elements, got shape {shape}")

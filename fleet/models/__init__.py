@@ -2,8 +2,10 @@
 
 `build_model` turns a family name and its validated parameters (see `fleet.spec.families`)
 into a `torch.nn.Module` taking ``(N, C, H, W)`` float images and returning ``(N, K)`` logits;
-`describe` gives its size and approximate cost. A family written ``package.module:function``
-is a user model (see `fleet.models.user`).
+`describe` gives its size and approximate cost, `parameter_bytes` its size without building
+it. A family written ``package.module:function`` is a user model (see `fleet.models.user`).
+This is the torch zoo: `fleet.engines.torch.framework.TorchZoo` offers it to the rest of fleet
+as a `fleet.engines.ModelZoo`.
 """
 
 from __future__ import annotations
@@ -101,6 +103,18 @@ def describe(family: str, params: Mapping[str, Any], input_shape: InputShape, nu
     return model_stats(model, tuple(int(d) for d in input_shape))  # type: ignore[arg-type]
 
 
+def parameter_bytes(family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int) -> int | None:
+    """Bytes of the model's parameters, counted on torch's meta device (nothing is allocated);
+    None when the model cannot be built there (a user model that computes with its weights
+    while it is built, say): then building it for real decides."""
+    try:
+        with torch.device("meta"):
+            module = _build(family, params, input_shape, num_classes)
+    except Exception:  # noqa: BLE001 - any failure here only means "not countable on meta"
+        return None
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 __all__ = [
     "BUILDERS",
     "InputShape",
@@ -109,5 +123,6 @@ __all__ = [
     "build_model",
     "describe",
     "family_params",
+    "parameter_bytes",
     "set_dropout_generator",
 ]

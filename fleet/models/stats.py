@@ -8,28 +8,13 @@ so shapes that depend on the input (strides, pooling) are exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
+from fleet.engines._base import ModelStats
 from fleet.models._layers import InputShape
-
-
-@dataclass(frozen=True)
-class ModelStats:
-    """What a model costs.
-
-    Attributes:
-        parameters: number of trainable and frozen parameters (buffers excluded).
-        param_bytes: bytes those parameters take.
-        flops_per_sample: approximate forward-pass FLOPs for one sample (2 x multiply-adds).
-    """
-
-    parameters: int
-    param_bytes: int
-    flops_per_sample: int
 
 
 def conv2d_macs(layer: nn.Conv2d, output: torch.Tensor) -> int:

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet.engines import get_framework
 from fleet.errors import UserError
+from fleet.runtime.train.collectives import resolve_backend
 from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object
 
 
@@ -241,11 +243,12 @@ def _warm_up(ctx, role: str) -> None:
     if role != "trainer":
         return
     _ = ctx.validation
-    modules = ["fleet.engines", "fleet.runtime.train.collectives", "fleet.runtime.train.trainer"]  # torch is the slow part
-    if ctx.spec.runtime.collective != "mpi":
-        modules.append("torch.distributed")
-    for module in modules:
+    for module in ("fleet.engines.factory", "fleet.runtime.train.trainer"):
         importlib.import_module(module)
+    if ctx.device != "emulated":
+        for name in sorted({m.framework for m in ctx.spec.models}):
+            get_framework(name)  # importing the framework is the slow part
+    resolve_backend(ctx.spec.runtime.collective, "cpu" if ctx.device == "emulated" else ctx.device)  # imports it
 
 
 def _choose_polling(spec, topology, node: int) -> None:
@@ -262,11 +265,11 @@ def _choose_polling(spec, topology, node: int) -> None:
 
 
 def _visible_gpus(spec) -> int | None:
+    """GPUs this process sees on a CUDA cluster, as the first model's framework counts them
+    (every framework sees the same devices)."""
     if spec.cluster.device.value != "cuda":
         return None
-    import torch
-
-    return torch.cuda.device_count()
+    return get_framework(spec.models[0].framework).visible_gpus()
 
 
 def _rank0_setup(ctx) -> dict | str:

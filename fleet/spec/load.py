@@ -7,12 +7,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ValidationError, field_validator
 
 from fleet.errors import UserError
 from fleet.spec._base import Section, valid_keys
 from fleet.spec.families import FAMILIES, family_error, is_user_family
-from fleet.spec.search import MAX_MODELS, ID_PATTERN, ModelEntry, ModelSpec, model_ids, model_seed, split_train_keys
+from fleet.engines.registry import DEFAULT_FRAMEWORK
+from fleet.spec.search import (
+    ID_PATTERN,
+    MAX_MODELS,
+    ModelEntry,
+    ModelSpec,
+    check_framework,
+    model_ids,
+    model_seed,
+    split_train_keys,
+)
 from fleet.spec.sections import (
     OPS,
     ClusterSpec,
@@ -79,6 +89,7 @@ class RawSpec(Section):
     name: str
     seed: int = 0
     run_dir: str | None = None
+    framework: str = DEFAULT_FRAMEWORK
     data: dict[str, Any]
     preprocess: list[Any] = []
     models: list[Any]
@@ -87,13 +98,19 @@ class RawSpec(Section):
     cluster: dict[str, Any] = {}
     runtime: dict[str, Any] = {}
 
+    _framework = field_validator("framework")(lambda cls, v: check_framework(v))
+
 
 class Spec(Section):
-    """A whole ensemble, validated and expanded. Build it with `load_spec` or `parse_spec`."""
+    """A whole ensemble, validated and expanded. Build it with `load_spec` or `parse_spec`.
+
+    `framework` is the ensemble's default; each model's own is `ModelSpec.framework`.
+    """
 
     name: str
     seed: int
     run_dir: str
+    framework: str
     data: DataSpec
     preprocess: tuple[Op, ...]
     models: tuple[ModelSpec, ...]
@@ -112,7 +129,8 @@ class Spec(Section):
         """A plain document that `parse_spec` turns back into this very spec."""
         doc = self.model_dump(mode="json", by_alias=True, exclude={"models"})
         doc["models"] = [
-            {"name": m.id, "family": m.family, "params": m.params, "train": m.train.model_dump(mode="json")}
+            {"name": m.id, "family": m.family, "params": m.params, "train": m.train.model_dump(mode="json"),
+             **({"framework": m.framework} if m.framework != self.framework else {})}
             for m in self.models
         ]
         return doc
@@ -169,8 +187,11 @@ def _model_train(entry: ModelEntry, index: int, base: TrainSpec, drawn: dict[str
     return validate(TrainSpec, merged, ("models", index, where))
 
 
-def expand_models(raw_models: list[Any], train: TrainSpec, seed: int) -> tuple[ModelSpec, ...]:
-    """Expand every entry's search space into concrete, validated models with unique ids."""
+def expand_models(
+    raw_models: list[Any], train: TrainSpec, seed: int, framework: str = DEFAULT_FRAMEWORK
+) -> tuple[ModelSpec, ...]:
+    """Expand every entry's search space into concrete, validated models with unique ids
+    (`framework`: the ensemble's, for entries that name none)."""
     if not raw_models:
         raise SpecError("models: the ensemble is empty; list at least one model")
     entries = [validate(ModelEntry, item, ("models", i)) for i, item in enumerate(raw_models)]
@@ -194,6 +215,7 @@ def expand_models(raw_models: list[Any], train: TrainSpec, seed: int) -> tuple[M
                     params=_concrete_params(entry, i, params_drawn),
                     train=_model_train(entry, i, train, train_drawn),
                     seed=model_seed(seed, model_id),
+                    framework=entry.framework or framework,
                 )
             )
     return tuple(out)
@@ -253,9 +275,10 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
         name=raw.name,
         seed=raw.seed,
         run_dir=run_dir or raw.run_dir or os.path.join("runs", raw.name),
+        framework=raw.framework,
         data=data,
         preprocess=ops,
-        models=expand_models(raw.models, train, raw.seed),
+        models=expand_models(raw.models, train, raw.seed, raw.framework),
         train=train,
         scheduler=validate(SchedulerSpec, raw.scheduler, ("scheduler",)),
         cluster=validate(ClusterSpec, raw.cluster, ("cluster",)),

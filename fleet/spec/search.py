@@ -15,8 +15,9 @@ import re
 import zlib
 from typing import Any
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
+from fleet.engines.registry import DEFAULT_FRAMEWORK, FRAMEWORKS
 from fleet.spec._base import Section
 from fleet.spec.sections import TrainSpec
 
@@ -65,15 +66,25 @@ class Dimension(Section):
         return [rng.randint(lo, hi) for _ in range(self.size)]
 
 
+def check_framework(value: str | None) -> str | None:
+    """A registered framework name (`fleet.engines.registry`), or None (raises ValueError)."""
+    if value is not None and value not in FRAMEWORKS:
+        raise ValueError(FRAMEWORKS.unknown(value))
+    return value
+
+
 class ModelEntry(Section):
     """One item of the `models` list, before expansion."""
 
     family: str
+    framework: str | None = None  # None: the ensemble's
     name: str | None = None
     params: dict[str, Any] = {}
     search: dict[str, Dimension] = {}
     samples: PositiveInt = 1
     train: dict[str, Any] = {}
+
+    _framework = field_validator("framework")(lambda cls, v: check_framework(v))
 
     @model_validator(mode="after")
     def _search_keys(self) -> "ModelEntry":
@@ -103,13 +114,19 @@ class ModelEntry(Section):
 
 
 class ModelSpec(Section):
-    """A concrete model of the ensemble, with its parameters and training settings resolved."""
+    """A concrete model of the ensemble, with its parameters and training settings resolved.
+
+    `framework` is the model's own, else the ensemble's (``torch`` unless the spec says).
+    """
 
     id: str
     family: str
     params: dict[str, Any]
     train: TrainSpec
     seed: int
+    framework: str = DEFAULT_FRAMEWORK
+
+    _framework = field_validator("framework")(lambda cls, v: check_framework(v))
 
 
 def model_seed(seed: int, model_id: str) -> int:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
+from fleet.runtime.train.collectives import KINDS as COLLECTIVE_KINDS
 from fleet.schedule import Policy
 from fleet.schedule.options import OptionError
 from fleet.schedule.planners import POLICIES as POLICY_REGISTRY, create_policy, policy_class, policy_options
@@ -300,7 +301,7 @@ class ClusterSpec(Section):
 class RuntimeSpec(Section):
     """Queue sizes, timeouts and the gradient collective of the MPI runtime."""
 
-    collective: Literal["auto", "mpi", "torch"] = "auto"
+    collective: str = "auto"  # one of the collectives registry's KINDS
     poll: Literal["auto", "busy", "sleep"] = "auto"  # how data waits poll MPI; auto: busy if the node has the cores
     chunk_samples: PositiveInt | Literal["auto"] = "auto"
     qp_samples: PositiveInt = 2048
@@ -308,6 +309,13 @@ class RuntimeSpec(Section):
     qd_batches: PositiveInt = 10
     timeout_s: PositiveFloat = 600.0
     shared_memory: bool = True  # chunks read in place by the masters of their preprocessor's node
+
+    @field_validator("collective")
+    @classmethod
+    def _known_collective(cls, value: str) -> str:
+        if value not in COLLECTIVE_KINDS:
+            raise ValueError(f"unknown collective {value!r} (valid: {', '.join(COLLECTIVE_KINDS)})")
+        return value
 
     def chunk_size(self, sample_bytes: int) -> int:
         """Samples per chunk: as given, or about `AUTO_CHUNK_BYTES` (8 to 512, a multiple of 8)."""

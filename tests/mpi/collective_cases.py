@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleet.engines import TorchEngine
+from fleet.engines.torch import TorchEngine
 from fleet.runtime.train.collectives import MPICollective
 from fleet.runtime.train.collectives.torch_dist import TorchCollective
 from fleet.spec import ModelSpec, TrainSpec

@@ -3,9 +3,16 @@
 Layout (one directory per model, written only by that model's group master)::
 
     <run_dir>/checkpoints/<model_id>/
-        ckpt-<epochs:05d>-<epoch_samples:09d>.pt   torch.save of ModelCheckpoint.to_dict()
-        ckpt-...pt                                 the previous one (kept as a fallback)
+        ckpt-<epochs:05d>-<epoch_samples:09d>.npz  ModelCheckpoint.to_dict() as a fleet.safetree
+        ckpt-...npz                                the previous one (kept as a fallback)
         latest.json                                the commit record (see below)
+
+The store knows no framework: a checkpoint's engine state is the bytes the engine gave
+(`Engine.state_bytes()`), and the file around them is a `fleet.safetree` archive (JSON and
+``.npy`` arrays) that loads without running code. Files named ``ckpt-*.pt`` were written by
+fleet up to commit 99f14b6 (`torch.save` of the whole dict); the framework that wrote them
+reads them safely (`fleet.engines.registry.read_legacy_checkpoint`: torch's
+``weights_only`` loader) or refuses them, so a run started then still resumes.
 
 `CheckpointStore.save` writes the checkpoint file atomically (temporary file, fsync, rename;
 `fleet.atomic`), then atomically replaces ``latest.json``, then deletes the files that
@@ -16,22 +23,19 @@ It holds the newest checkpoint's ``file``, ``sha256`` (of the file's bytes), ``b
 the same fields for the older files still kept, newest first.
 
 `CheckpointStore.load` verifies the size and SHA-256 of the newest file and falls back to the
-previous one, with a warning, when it is missing, corrupt or not this model's; when none is
-usable it raises a one-line `UserError` naming the newest file.
+previous one, with a warning, when it is missing, corrupt, refused or not this model's; when
+none is usable it raises a one-line `UserError` naming the newest file. A checksum only
+proves that the file is the one ``latest.json`` names, and anyone who can write the run
+directory can update both: loading therefore never unpickles or runs anything from a file.
 
 Concurrency: writers of *different* models may save at the same time (threads or processes,
 also on a shared parallel file system): each touches only its own model's directory and
 relies on atomic rename, never on file locks. One model has one writer at a time.
-
-Loading uses ``torch.load(..., weights_only=False)``, which unpickles: it is only ever called
-on files that fleet wrote itself into the run directory and whose checksum matches the
-commit record.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -43,17 +47,24 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from fleet import safetree
 from fleet.atomic import atomic_write_bytes, atomic_write_json
+from fleet.engines.registry import read_legacy_checkpoint
 from fleet.errors import UserError
 
-CHECKPOINT_FORMAT = "fleet.checkpoint/1"
+CHECKPOINT_FORMAT = "fleet.checkpoint/2"
+LEGACY_FORMAT = "fleet.checkpoint/1"  # torch.save of the whole dict, engine state as tensors
 LATEST_SCHEMA = 1
 LATEST = "latest.json"
+SUFFIX, LEGACY_SUFFIX = ".npz", ".pt"
 _ENTRY_KEYS = ("file", "sha256", "bytes", "epochs", "epoch_samples", "converged", "time")
-_FILE_PATTERN = re.compile(r"^ckpt-\d{5,}-\d{9,}(-r\d+)?\.pt$")
+_FILE_PATTERN = re.compile(r"^ckpt-\d{5,}-\d{9,}(-r\d+)?\.(npz|pt)$")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "model_id": (str,), "engine_state": (bytes,), "stop": (dict,), "history": (list,), "epochs": (int,),
+    "epoch_samples": (int,), "gpu_seconds": (int, float), "converged": (bool,), "stop_reason": (str, type(None)),
+    "meta": (dict,),
+}
 
 _log = logging.getLogger(__name__)
 
@@ -64,7 +75,8 @@ class ModelCheckpoint:
 
     Attributes:
         model_id: the `ModelSpec.id`.
-        engine_state: `Engine.state()` (weights, optimizer, schedule position, RNG).
+        engine_state: `Engine.state_bytes()` (weights, optimizer, schedule position, RNG),
+            opaque to the store; `Engine.load_state_bytes` restores it.
         stop: `StopTracker.to_dict()`.
         history: one record per completed epoch (epoch, train_loss, val_loss, val_accuracy,
             samples_per_s, lr, time, ...).
@@ -77,7 +89,7 @@ class ModelCheckpoint:
     """
 
     model_id: str
-    engine_state: dict
+    engine_state: bytes
     stop: dict
     history: list[dict] = field(default_factory=list)
     epochs: int = 0
@@ -88,19 +100,22 @@ class ModelCheckpoint:
     meta: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict (no fleet classes are pickled, so renaming one breaks no checkpoint)."""
+        """A plain dict of plain values and the engine's bytes (what the file holds)."""
         return {"format": CHECKPOINT_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
     @classmethod
     def from_dict(cls, data: Any) -> "ModelCheckpoint":
-        """Inverse of `to_dict`; raises ValueError for anything else."""
-        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+        """Inverse of `to_dict` (also of an old file's dict, its engine state re-encoded as
+        bytes); raises ValueError for anything else, naming the first bad field."""
+        if not isinstance(data, dict) or data.get("format") not in (CHECKPOINT_FORMAT, LEGACY_FORMAT):
             raise ValueError(f"not a fleet checkpoint ({CHECKPOINT_FORMAT})")
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise ValueError(f"checkpoint lacks {missing[0]!r}")
-        return cls(**{n: data[n] for n in names})
+        for name, types in _FIELD_TYPES.items():
+            if name not in data:
+                raise ValueError(f"checkpoint lacks {name!r}")
+            if not isinstance(data[name], types) or (isinstance(data[name], bool) and bool not in types):
+                raise ValueError(f"checkpoint field {name!r}: expected {' or '.join(t.__name__ for t in types)}, "
+                                 f"got {type(data[name]).__name__}")
+        return cls(**{name: data[name] for name in _FIELD_TYPES})
 
 
 @dataclass(frozen=True)
@@ -283,13 +298,14 @@ class CheckpointStore:
 
 
 def _serialize(ckpt: ModelCheckpoint) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(ckpt.to_dict(), buffer)
-    return buffer.getvalue()
+    if not isinstance(ckpt.engine_state, bytes):
+        raise TypeError(f"checkpoint of {ckpt.model_id!r}: engine_state must be Engine.state_bytes(), "
+                        f"got a {type(ckpt.engine_state).__name__}")
+    return safetree.dumps(ckpt.to_dict())
 
 
 def _unique_name(epochs: int, epoch_samples: int, taken: set[str]) -> str:
-    """``ckpt-EEEEE-SSSSSSSSS.pt``; a ``-r<k>`` suffix when a kept file has that name.
+    """``ckpt-EEEEE-SSSSSSSSS.npz``; a ``-r<k>`` suffix when a kept file has that name.
 
     Never overwriting a committed file keeps the fallback valid if the process dies between
     writing the new file and committing it.
@@ -297,10 +313,10 @@ def _unique_name(epochs: int, epoch_samples: int, taken: set[str]) -> str:
     if epochs < 0 or epoch_samples < 0:
         raise ValueError(f"checkpoint position: expected epochs, epoch_samples >= 0, got {epochs}, {epoch_samples}")
     base = f"ckpt-{epochs:05d}-{epoch_samples:09d}"
-    name, k = f"{base}.pt", 0
+    name, k = f"{base}{SUFFIX}", 0
     while name in taken:
         k += 1
-        name = f"{base}-r{k}.pt"
+        name = f"{base}-r{k}{SUFFIX}"
     return name
 
 
@@ -327,7 +343,7 @@ def _check_latest(info: Any, model_id: str, path: Path) -> None:
 
 
 def _read_checkpoint(path: Path, entry: dict, model_id: str) -> ModelCheckpoint:
-    """Read, verify and unpickle one committed file (raises `_Unusable`)."""
+    """Read, verify and decode one committed file (raises `_Unusable`)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -339,13 +355,23 @@ def _read_checkpoint(path: Path, entry: dict, model_id: str) -> ModelCheckpoint:
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise _Unusable("checksum mismatch (file corrupt?)")
     try:
-        # weights_only=False unpickles: safe here, fleet wrote this file and its checksum matches.
-        ckpt = ModelCheckpoint.from_dict(torch.load(io.BytesIO(data), weights_only=False, map_location="cpu"))
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "unusable file"
-        raise _Unusable(f"not a readable checkpoint: {' '.join(str(exc).split())[:200]}") from None
+        ckpt = ModelCheckpoint.from_dict(_decode(path.suffix, data))
+    except ValueError as exc:  # safetree.TreeError, a refused or damaged old file, a bad field
+        raise _Unusable(f"not a readable checkpoint: {' '.join(str(exc).split())[:300]}") from None
     if ckpt.model_id != model_id:
         raise _Unusable(f"holds model {ckpt.model_id!r}, expected {model_id!r}")
     return ckpt
+
+
+def _decode(suffix: str, data: bytes) -> Any:
+    """A file's dict: a safetree, or an old file read by the framework that wrote it. Neither
+    runs code from the file (raises ValueError)."""
+    if suffix == SUFFIX:
+        return safetree.loads(data)
+    legacy = read_legacy_checkpoint(data)
+    if legacy is None:
+        raise ValueError(f"no installed framework reads this {LEGACY_SUFFIX} file")
+    return legacy
 
 
 def _no_usable_message(failures: list[tuple[Path, str]]) -> str:

@@ -66,7 +66,7 @@ def train_model(
     model: ModelSpec, data: LocalData, device: str, on_epoch: Callable[[EpochRecord], None]
 ) -> ModelResult:
     """Train one model until its stop rule fires; report every epoch through `on_epoch`."""
-    from fleet.engines import create_engine
+    from fleet.engines.factory import create_engine
 
     engine = create_engine(model, input_shape(data.spec), data.num_classes, device=device)
     tracker = StopTracker(model.train.stop, model.train.max_epochs)

@@ -49,7 +49,7 @@ def create_group_comm(parent: Any, ranks: tuple[int, ...], uid: int) -> Any:
 
 def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int | None = None):
     """This trainer's replica of `model` on its device (the emulated device: with the run's rates)."""
-    from fleet.engines import create_engine
+    from fleet.engines.factory import create_engine
 
     device = ctx.device
     threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
@@ -118,7 +118,7 @@ class GroupTraining:
         checkpoint = self.store.load(self.model.id)
         if checkpoint is None:
             return 0
-        self.engine.load_state(checkpoint.engine_state)
+        self.engine.load_state_bytes(checkpoint.engine_state)
         self.tracker = StopTracker.from_dict(self.model.train.stop, checkpoint.stop)
         self.tracker.max_epochs = self.start.epoch_limit or self.model.train.max_epochs
         self.history = list(checkpoint.history)
@@ -230,9 +230,9 @@ class GroupTraining:
             loss = engine.compute_gradients(batch.x, batch.y)
             self.totals.loss_sum += loss * count
             if count != total:
-                scale_gradients(engine, count / total)
+                engine.scale_gradients(count / total)
         else:
-            scale_gradients(engine, 0.0)
+            engine.scale_gradients(0.0)
         if self.size > 1:
             self.collective.allreduce_gradients(engine)
         engine.apply_gradients()
@@ -319,7 +319,7 @@ class GroupTraining:
         started = time.monotonic()
         reason = self.tracker.reason
         checkpoint = ModelCheckpoint(
-            model_id=self.model.id, engine_state=self.engine.state(), stop=self.tracker.to_dict(),
+            model_id=self.model.id, engine_state=self.engine.state_bytes(), stop=self.tracker.to_dict(),
             history=self.history, epochs=self.tracker.epochs, epoch_samples=self.totals.samples,
             gpu_seconds=self.gpu_seconds, converged=reason is not None,
             stop_reason=reason.value if reason else None,
@@ -347,15 +347,6 @@ class GroupTraining:
         rate = self.totals.samples / max(1e-9, now - self.totals.started)
         progress = Progress(self.model.id, self.tracker.epochs, self.totals.samples, rate)
         send_object(self.ctx.ctrl, progress, 0, Tag.REPORT, "the coordinator to take a progress report", self.ctx.timeout_s)
-
-
-def scale_gradients(engine, factor: float) -> None:
-    """Multiply the engine's gradient buffer in place (a view on the CPU, a tensor on CUDA)."""
-    tensor = getattr(engine, "flat_gradients_tensor", None)
-    if tensor is not None:
-        tensor().mul_(factor)
-        return
-    engine.load_flat_gradients(engine.flat_gradients() * factor)
 
 
 class TrainerLoop:

@@ -10,6 +10,12 @@ Ownership and threads
     over MPI duplicates the communicator first, so its traffic never mixes with the caller's.
     Nothing involves ranks outside the group: groups come and go independently.
 
+Backends by name
+    A backend class is registered under a name in `fleet.runtime.train.collectives`
+    (``mpi``, ``torch``); the class says which backend it runs on a device (`backend_for`),
+    whether this process can use it there (`unavailable`, checked before the group is built,
+    so every member decides the same), and builds one member's collective (`for_group`).
+
 States (`CollectiveState`)
     ``OPEN`` after the constructor (which is collective: every member constructs at about the
     same time) until `close`; then ``CLOSED``, where every call but `close` raises
@@ -98,6 +104,24 @@ class Collective(ABC):
         self.timeout_s = float(timeout_s)
         self.label = label
         self._state = CollectiveState.OPEN
+
+    # -- the backend, as the registry sees it ------------------------------------------------
+
+    @classmethod
+    def backend_for(cls, device: str) -> str:
+        """The name of the backend this class runs on `device` (its `name`, by default)."""
+        return cls.name
+
+    @classmethod
+    def unavailable(cls, device: str) -> str | None:
+        """Why this process cannot use the backend on `device`; None when it can."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def for_group(cls, group_comm: Any, device: str, timeout_s: float, label: str | None) -> "Collective":
+        """This member's collective over `group_comm` for gradients on `device` (collective:
+        every member calls it); `label` names the group in messages (None: the communicator's name)."""
 
     # -- identity ---------------------------------------------------------------------------
 

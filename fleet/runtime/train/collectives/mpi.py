@@ -34,6 +34,10 @@ class MPICollective(Collective):
         super().__init__(comm.Get_size(), comm.Get_rank(), timeout_s, label)
         self._comm = comm
 
+    @classmethod
+    def for_group(cls, group_comm: Any, device: str, timeout_s: float, label: str | None) -> "MPICollective":
+        return cls(group_comm, timeout_s, label)  # host buffers on any device
+
     def allreduce_sum(self, buf: np.ndarray) -> None:
         self._check_open("allreduce_sum")
         check_host_array(buf, self._what("allreduce_sum"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fleet.runtime.train.collectives._base import Collective, check_host_array
@@ -14,6 +16,10 @@ class SoloCollective(Collective):
 
     def __init__(self, timeout_s: float = 60.0, label: str = "a group of 1 rank"):
         super().__init__(1, 0, timeout_s, label)
+
+    @classmethod
+    def for_group(cls, group_comm: Any, device: str, timeout_s: float, label: str | None) -> "SoloCollective":
+        return cls(timeout_s, label or "a group of 1 rank")
 
     def allreduce_sum(self, buf: np.ndarray) -> None:
         self._check_open("allreduce_sum")

@@ -68,9 +68,9 @@ def gloo_device(address: str) -> Any:
 class TorchCollective(Collective):
     """Sums and broadcasts with `ProcessGroupGloo` (CPU) or `ProcessGroupNCCL` (CUDA).
 
-    Gradients are reduced where they live: `engine.flat_gradients_tensor()` in place on the
-    device. Host arrays (the control vector, `broadcast`) are wrapped without a copy for
-    gloo, and copied to the GPU and back for NCCL.
+    Gradients are reduced where they live: a torch engine's `gradient_buffer()` in place on the
+    device (any other engine's through the host). Host arrays (the control vector, `broadcast`)
+    are wrapped without a copy for gloo, and copied to the GPU and back for NCCL.
 
     Waiting: gloo's `Work.wait(timeout)` sleeps on a condition variable (no spinning, measured)
     and gloo also fails the operation itself at the timeout, so its worker thread is freed.
@@ -124,6 +124,22 @@ class TorchCollective(Collective):
             self._drop()
             raise
 
+    # -- the backend, as the registry sees it ------------------------------------------------
+
+    @classmethod
+    def backend_for(cls, device: str) -> str:
+        return f"torch-{backend_for(torch.device(device))}"
+
+    @classmethod
+    def unavailable(cls, device: str) -> str | None:
+        name = backend_for(torch.device(device))
+        built_in = dist.is_available() and (dist.is_nccl_available() if name == "nccl" else dist.is_gloo_available())
+        return None if built_in else f"this torch build has no {name} backend for device {device!r}"
+
+    @classmethod
+    def for_group(cls, group_comm: Any, device: str, timeout_s: float, label: str | None) -> "TorchCollective":
+        return cls(group_comm, device, timeout_s, label)
+
     # -- construction -----------------------------------------------------------------------
 
     @property
@@ -171,10 +187,9 @@ class TorchCollective(Collective):
 
     def allreduce_gradients(self, engine: Any) -> None:
         self._check_open("allreduce_gradients")
-        tensor_of = getattr(engine, "flat_gradients_tensor", None)
-        grads = tensor_of() if tensor_of is not None else None
-        if grads is None or grads.device.type != self._device.type:
-            super().allreduce_gradients(engine)  # through the host
+        grads = engine.gradient_buffer()
+        if not isinstance(grads, torch.Tensor) or grads.device.type != self._device.type:
+            super().allreduce_gradients(engine)  # another framework's buffer, or another device: through the host
             return
         self._allreduce(grads, f"allreduce_gradients of {grads.numel()} {grads.dtype}")
         engine.load_flat_gradients(grads)  # a no-op: grads is the engine's own buffer

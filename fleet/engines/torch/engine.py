@@ -1,4 +1,4 @@
-"""`TorchEngine`: the engine interface (see `_base.py`) for PyTorch models on a CPU or a CUDA GPU."""
+"""`TorchEngine`: the engine interface (see `fleet/engines/_base.py`) for PyTorch models on a CPU or a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fleet.engines._base import Engine, EnginePhase
-from fleet.engines._tensors import (
+from fleet.engines._base import Engine, EnginePhase, check_flat
+from fleet.engines.torch._tensors import (
     bind_flat_gradients,
-    check_flat,
     copy_flat_into,
     flatten_to_host,
     host_tensor,
@@ -24,6 +23,7 @@ from fleet.engines._tensors import (
     total_numel,
 )
 from fleet.engines.schedule import learning_rate
+from fleet.engines.torch.codec import CODEC
 from fleet.errors import UserError
 from fleet.models import InputShape, build_model, set_dropout_generator
 from fleet.rows import Rows
@@ -98,6 +98,8 @@ class TorchEngine(Engine):
         UserError: bad device, unknown family, bad params, or an unbuildable user model.
     """
 
+    codec = CODEC
+
     def __init__(
         self,
         model: ModelSpec,
@@ -149,11 +151,6 @@ class TorchEngine(Engine):
 
     # -- training ---------------------------------------------------------------------------
 
-    def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        loss = self.compute_gradients(x, y)
-        self.apply_gradients()
-        return loss
-
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> float:
         inputs, targets = self._batch(x, y)
         self.net.train()
@@ -169,9 +166,12 @@ class TorchEngine(Engine):
         self._host_grads.copy_(self._grads)
         return self._host_grads.numpy()
 
-    def flat_gradients_tensor(self) -> torch.Tensor:
-        """The gradient buffer itself, on the engine's device (for torch.distributed / NCCL)."""
+    def gradient_buffer(self) -> torch.Tensor:
+        """The gradient buffer itself, a tensor on the engine's device (for torch.distributed / NCCL)."""
         return self._grads
+
+    def scale_gradients(self, factor: float) -> None:
+        self._grads.mul_(factor)
 
     def load_flat_gradients(self, flat: np.ndarray | torch.Tensor) -> None:
         check_flat(flat, self.num_parameters, "load_flat_gradients")

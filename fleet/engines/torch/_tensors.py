@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from fleet.engines._base import check_flat
 from fleet.rows import Pieces, Rows, joined
 
 
@@ -33,13 +34,6 @@ def flatten_to_host(tensors: Sequence[torch.Tensor]) -> np.ndarray:
     if not tensors:
         return np.zeros(0, dtype=np.float32)
     return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors]).cpu().numpy()
-
-
-def check_flat(flat: Any, expected: int, what: str) -> None:
-    """A 1-D array-like of `expected` elements (raises ValueError)."""
-    shape = tuple(flat.shape)
-    if shape != (expected,):
-        raise ValueError(f"{what}: expected a 1-D array of {expected} elements, got shape {shape}")
 
 
 def copy_flat_into(tensors: Sequence[torch.Tensor], flat: np.ndarray, what: str) -> None:
