@@ -55,13 +55,18 @@ class Holder:
         return f"{self.command} (host {self.host}, pid {self.pid}, since {when}{job})"
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """Fields 3.. of /proc/PID/stat (state, ppid, ..., starttime at index 19); [] when unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return []
+
+
 def _process_start(pid: int) -> str:
     """The start time of process `pid` in clock ticks since boot ('' when unknown or gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rpartition(")")[2].split()[19]  # field 22 of stat: starttime
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def _alive(holder: Holder) -> bool:
@@ -72,7 +77,10 @@ def _alive(holder: Holder) -> bool:
         return False
     except PermissionError:
         pass  # someone else's process: it exists
-    start = _process_start(holder.pid)
+    fields = _stat_fields(holder.pid)
+    if fields and fields[0] in ("Z", "X"):
+        return False  # killed, not yet reaped by its parent
+    start = fields[19] if len(fields) > 19 else ""
     return not holder.proc_start or not start or start == holder.proc_start
 
 

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from pathlib import Path
 
 from fleet.errors import UserError
 from fleet.runlock import LOCK_NAME, RunDirInUse, RunLock
@@ -111,3 +112,23 @@ def test_losing_the_lock_is_reported(tmp_path, monkeypatch):
     lock.release()
     assert lost and "lost the run directory lock to fleet train (host thief, pid 1" in lost[0]
     assert (tmp_path / LOCK_NAME).exists()  # the thief's lock is not removed by the loser
+
+
+def test_a_killed_holder_not_yet_reaped_is_not_alive(tmp_path):
+    """A job killed by SIGKILL leaves zombies until their parent reaps them; `kill(pid, 0)`
+    still succeeds on one, but it holds nothing."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = RunLock(tmp_path, "fleet train")
+        plant(tmp_path, host=lock.host, pid=child.pid)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        lock.acquire()  # the zombie's lock is taken over
+        assert lock.note
+        lock.release()
+    finally:
+        child.kill()
+        child.wait()

@@ -805,3 +805,13 @@ def test_a_member_reports_its_start_once():
     assert take() == 0.0  # no batch yet (a leave before any data): nothing to report
     group.first_batch = 10.25
     assert take() == 0.25 and take() == 0.0
+
+
+def test_a_device_override_is_the_spec_s_enum():
+    """`--device emulated` used to leave a plain string where the runtime reads `.value`."""
+    from fleet.runtime.main import with_device
+    from fleet.spec import Device
+
+    spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}]})
+    overridden = with_device(spec, "emulated")
+    assert overridden.cluster.device is Device.EMULATED and overridden.cluster.device.value == "emulated"

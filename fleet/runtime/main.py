@@ -115,7 +115,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
 
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
     if options.device:
-        spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"device": options.device})})
+        spec = with_device(spec, options.device)
     env = read_job_env(os.environ)
     check_launch(world.Get_size(), env, mpi_library())
     topology = build_topology(world, spec.cluster, env, options.ranks_per_node)
@@ -146,6 +146,13 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     ctx.rates = rates["emulated"] or shared["rates"]
     ctx.extras["epoch_limits"] = shared["epoch_limits"]
     return ctx
+
+
+def with_device(spec, device: str):
+    """The spec with `cluster.device` overridden (``--device``), as the validated enum."""
+    from fleet.spec import Device
+
+    return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"device": Device(device)})})
 
 
 def _chunk_pool(ctx):
