@@ -117,7 +117,7 @@ def profile_fits(profile: Path, data: Path, args) -> bool:
     """Whether a kept profile is one `fleet run` reuses for these specs (else every policy's run
     would profile again on its own): it exists and its fingerprint matches."""
     from fleet.spec import parse_spec
-    from profiler.document import reuse_verdict
+    from fleet.profiling.document import reuse_verdict
 
     if not profile.exists():
         return False

@@ -49,7 +49,7 @@ def profile_scenario(
 ) -> Scenario:
     """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
     measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled)."""
-    from profiler.document import decode_limit
+    from fleet.profiling.document import decode_limit
 
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)

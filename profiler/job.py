@@ -13,9 +13,9 @@ import platform
 import time
 from typing import Any
 
-from profiler.document import build_document
+from fleet.profiling.document import build_document
 from profiler.measure import time_decoding, time_training
-from profiler.plan import Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
+from fleet.profiling.plan import Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
 from fleet.engines import get_framework
 from fleet.runtime.waiting import bcast_object, recv_object, send_object
 from fleet.spec.sections import Device

@@ -40,11 +40,11 @@ def predict(spec, scenario, policies=POLICIES) -> dict:
 
 def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     """Write plan.json and plan-gantt.png into `run_dir`; the report to print."""
-    from fleet.commands.plan import render_plan
+    from fleet.report.plan_text import render_plan
     from fleet.report.gantt import write_gantt
     from fleet.schedule import lower_bounds
     from fleet.schedule_io import load_profile, plan_document, write_json
-    from profiler.document import summarize_failures
+    from fleet.profiling.document import summarize_failures
 
     path = run_dir / "profile.json"
     rates = load_profile(path)
@@ -98,8 +98,8 @@ def preprocessors_for(spec, rates) -> tuple[int, float] | None:
 
 
 def _preprocessors_needed(plan: dict, rates, spec) -> tuple[int, float] | None:
-    from profiler.document import decode_rates, stream_demand
-    from profiler.plan import needed_preprocessors
+    from fleet.profiling.document import decode_rates, stream_demand
+    from fleet.profiling.plan import needed_preprocessors
 
     measured = decode_rates(rates.extra.get("preprocessing", {}))
     demand = stream_demand(plan, rates.rate)

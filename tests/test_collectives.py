@@ -20,18 +20,11 @@ import torch
 from mpi4py import MPI
 
 from fleet.errors import UserError
-from fleet.runtime.train.collectives import (
-    AUTO_ORDER,
-    COLLECTIVES,
-    KINDS,
-    CollectiveError,
-    CollectiveState,
-    MPICollective,
-    SoloCollective,
-    available_backends,
-    create_collective,
-    resolve_backend,
-)
+from fleet.runtime.train.collectives import AUTO_ORDER, COLLECTIVES, KINDS
+from fleet.runtime.train.collectives._base import CollectiveError, CollectiveState
+from fleet.runtime.train.collectives.factory import available_backends, create_collective, resolve_backend
+from fleet.runtime.train.collectives.mpi import MPICollective
+from fleet.runtime.train.collectives.solo import SoloCollective
 
 REPO = Path(__file__).resolve().parent.parent
 MPI_DIR = REPO / "tests" / "mpi"

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.spec import parse_spec
-from profiler.document import build_document, model_rates, reuse_verdict, stream_demand
-from profiler.plan import decode_capacity, needed_preprocessors, preprocessor_counts, threshold_gpus, timed_as, waves
+from fleet.profiling.document import build_document, model_rates, reuse_verdict, stream_demand
+from fleet.profiling.plan import decode_capacity, needed_preprocessors, preprocessor_counts, threshold_gpus, timed_as, waves
 
 
 def test_threshold_is_the_rate_spread_or_two_nodes_capped_by_the_gpus():
@@ -165,12 +165,12 @@ def test_stream_demand_counts_each_stream_once_at_its_slowest_member():
     assert stream_demand(plan, lambda model, m: rates[(model, m)]) == [140.0]
 
 
-@pytest.mark.parametrize("name", ["plan.py", "document.py", "report.py"])
+@pytest.mark.parametrize("name", ["fleet/profiling/plan.py", "fleet/profiling/document.py", "profiler/report.py"])
 def test_planning_parts_import_neither_mpi_nor_torch(name):
     import ast
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "profiler" / name
+    path = Path(__file__).resolve().parents[1] / name
     roots = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

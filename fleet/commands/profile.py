@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from fleet.commands._args import positive_int, positive_int_list
 from fleet.commands._watch import finish
+from profiler.report import dry_run
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         from fleet.runtime.main import TrainOptions, train_entry
 
         options = TrainOptions(args.spec, args.run_dir, args.ranks_per_node, args.device, args.quiet,
-                               profile_only=True, what_if_gpus=tuple(args.gpus))
+                               profile_only=True, epilogue=lambda spec, run_dir: report(spec, run_dir, args.gpus))
         return train_entry(options)
     return _launch(args)
 
@@ -58,3 +60,8 @@ def _launch(args: argparse.Namespace) -> int:
         command += ["--gpus", ",".join(str(g) for g in args.gpus)]
     outcome = start_here(command, f"profiling on {command[command.index('-n') + 1]} ranks", spec.run_dir)
     return finish(spec, outcome, training=False)
+
+
+def report(spec, run_dir: Path, what_if_gpus: list[int]) -> None:
+    """Rank 0, once every rank has profiled: the plan and the predicted makespans."""
+    print(dry_run(spec, run_dir, tuple(what_if_gpus)), flush=True)

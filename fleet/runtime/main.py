@@ -16,11 +16,12 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from fleet.engines import get_framework
 from fleet.errors import UserError
-from fleet.runtime.train.collectives import resolve_backend
+from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object
 
 
@@ -35,8 +36,8 @@ class TrainOptions:
     ranks_per_node: int | None = None
     device: str | None = None
     quiet: bool = False
-    profile_only: bool = False  # `fleet profile`: measure, report the plan, train nothing
-    what_if_gpus: tuple[int, ...] = ()
+    profile_only: bool = False  # `fleet profile`: measure, train nothing
+    epilogue: Callable[[Any, Path], None] | None = None  # rank 0, (spec, run dir), before the job ends
 
 
 def train_entry(options: TrainOptions) -> int:
@@ -65,10 +66,10 @@ def train_entry(options: TrainOptions) -> int:
         ctx = _start_or_exit(world, who, options)
         ctx.extras["process_start"] = process_start
         ctx.extras["checkpoint_signal"] = checkpoint_signal
-        if options.profile_only:
-            _dry_run_report(ctx, options)
-        else:
+        if not options.profile_only:
             _run_role(ctx, options)
+        if options.epilogue is not None and ctx.rank == 0:
+            options.epilogue(ctx.spec, Path(ctx.run_dir))
         barrier(world, "every rank to finish", ctx.timeout_s)
         if ctx.pool is not None:
             ctx.pool.free()
@@ -290,15 +291,6 @@ def _rank0_setup(ctx) -> dict | str:
     ctx.extras["plan"] = plan
     emulated = ctx.rates or plan.rates
     return {"rates": plan.rates, "epoch_limits": epoch_limits(ctx.spec, emulated)}
-
-
-def _dry_run_report(ctx, options: TrainOptions) -> None:
-    """`fleet profile`: rank 0 prints the plan and the predicted makespans; nothing is trained."""
-    if ctx.rank != 0:
-        return
-    from profiler.report import dry_run
-
-    print(dry_run(ctx.spec, Path(ctx.run_dir), options.what_if_gpus), flush=True)
 
 
 def _run_role(ctx, options: TrainOptions) -> None:

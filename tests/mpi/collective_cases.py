@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fleet.engines.torch import TorchEngine
-from fleet.runtime.train.collectives import MPICollective
+from fleet.runtime.train.collectives.mpi import MPICollective
 from fleet.runtime.train.collectives.torch_dist import TorchCollective
 from fleet.spec import ModelSpec, TrainSpec
 from fleet.runtime.waiting import IDLE, wait_request

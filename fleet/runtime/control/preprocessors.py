@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from profiler.document import decode_rates
-from profiler.plan import needed_preprocessors
+from fleet.profiling.document import decode_rates
+from fleet.profiling.plan import needed_preprocessors
 from fleet.schedule.rates import RateTable
 
 

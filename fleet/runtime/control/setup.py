@@ -82,7 +82,7 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool) -> RatesDecisi
     """Profile when asked to (`fleet profile`) or when the run directory has no profile.json
     that matches the spec (unless `scheduler.profile` is false)."""
     from fleet.schedule_io import load_profile
-    from profiler.document import reuse_verdict
+    from fleet.profiling.document import reuse_verdict
 
     path = run_dir / "profile.json"
     document = _read_json(path) if path.exists() else None
@@ -159,7 +159,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
         record.epochs, record.history = checkpoint.epochs, list(checkpoint.history)
         record.converged, record.stop_reason = checkpoint.converged, checkpoint.stop_reason
         record.gpu_seconds = checkpoint.gpu_seconds
-    from profiler.document import decode_limit
+    from fleet.profiling.document import decode_limit
 
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
     ledger = Ledger(todo, epochs_estimate(todo, spec), spec.cluster.gpus, spec.cluster.gpus_per_node,

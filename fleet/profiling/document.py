@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profiler.plan import decode_capacity, speed_key
+from fleet.profiling.plan import decode_capacity, speed_key
 
 PROFILER_VERSION = 1
 
@@ -79,7 +79,7 @@ def build_document(
 
     Args:
         measured: per model id, per m: ``{"rate", "step_s", "gpus"}`` or ``{"failed": reason, "gpus"}``.
-        timed_as: model id -> the id whose measurements stand for it (`profiler.plan.timed_as`);
+        timed_as: model id -> the id whose measurements stand for it (`fleet.profiling.plan.timed_as`);
             such a model's entry names it under ``timed_as``.
         preprocessing: the preprocessors' block (``samples_per_s`` by process count, ...).
         hardware: device, device name, hosts, versions.
