@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fleet.engines import ModelStats, get_framework
-from fleet.spec import ModelSpec, Spec, TrainSpec
+from fleet.spec import FAMILIES, ModelSpec, Spec, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,6 @@ def _fmt(value: Any) -> str:
 
 
 def family_defaults(family: str) -> dict[str, Any]:
-    from fleet.spec import FAMILIES
-
     schema = FAMILIES.get(family)
     return schema().model_dump(mode="json") if schema else {}
 
@@ -65,7 +63,7 @@ def num_classes(spec: Spec) -> int:
     """Declared in the spec, else read from the data set's labels."""
     if spec.data.classes is not None:
         return spec.data.classes
-    from preprocess.readers import open_reader
+    from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
 
     reader = open_reader(spec.data, seed=spec.seed)
     try:

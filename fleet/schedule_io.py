@@ -15,6 +15,7 @@ from typing import Any
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
+from fleet.profiling.document import decode_limit
 from fleet.schedule.rates import ProfileFormatError, RateTable
 from fleet.schedule.simulator import Cluster, Scenario, SimResult
 
@@ -49,8 +50,6 @@ def profile_scenario(
 ) -> Scenario:
     """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
     measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled)."""
-    from fleet.profiling.document import decode_limit
-
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit)

@@ -9,6 +9,7 @@ import numpy as np
 from PIL import Image
 
 from fleet.errors import UserError
+from fleet.spec import load_spec
 from preprocess.layout import PartitionManifest, is_partitioned, part_name, read_manifest
 from preprocess.readers import Reader, open_reader
 from preprocess.readers.hdf5 import H5_SUFFIXES, HDF5Reader, shard_files
@@ -37,8 +38,6 @@ def open_path(path: str | os.PathLike) -> tuple[Reader, PartitionManifest | None
 
 def open_spec(path: str | os.PathLike) -> tuple[Reader, PartitionManifest | None]:
     """Open the data set of a spec file (`data` section, spec seed)."""
-    from fleet.spec import load_spec
-
     spec = load_spec(path)
     manifest = read_manifest(spec.data.path) if spec.data.partitioned else None
     return open_reader(spec.data, seed=spec.seed), manifest

@@ -13,12 +13,13 @@ import platform
 import time
 from typing import Any
 
-from fleet.profiling.document import build_document
-from profiler.measure import time_decoding, time_training
-from fleet.profiling.plan import Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
 from fleet.engines import get_framework
+from fleet.profiling.document import build_document
+from fleet.profiling.plan import Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
+from fleet.runtime.train.trainer import create_group_comm
 from fleet.runtime.waiting import bcast_object, recv_object, send_object
 from fleet.spec.sections import Device
+from profiler.measure import time_decoding, time_training
 
 RESULT_TAG = 91
 DECODE_SECONDS = 1.0
@@ -57,8 +58,6 @@ def _execute(ctx, step: tuple) -> Any:
 
 
 def _time_group(ctx, model: str, ranks: tuple[int, ...], uid: int, batches: int, timed: int) -> dict | None:
-    from fleet.runtime.train.trainer import create_group_comm
-
     ctx.who.role = f"profiling {model} on {len(ranks)} trainer(s)"
     comm = create_group_comm(ctx.group_parent, ranks, uid)
     try:

@@ -16,6 +16,8 @@ import numpy as np
 
 from fleet.engines import Framework, get_framework
 from fleet.engines._base import host_device_name
+from fleet.runtime.data.chunks import ChunkLayout
+from fleet.runtime.train.trainer import build_collective, build_engine
 from fleet.runtime.waiting import IDLE, wait_request
 
 
@@ -117,8 +119,6 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
     Every member calls it; every member returns the same ``{"rate": samples/s, "step_s": s}``
     or ``{"failed": reason}`` (the first reason seen on this rank, else a member's).
     """
-    from fleet.runtime.train.trainer import build_collective, build_engine
-
     model = ctx.spec.model(model_id)
     framework = framework_of(ctx, model)
     size, timeout = group_comm.size, ctx.timeout_s
@@ -167,8 +167,6 @@ def _finish(engine, collective, framework: Framework | None, device: str, reason
 
 def time_decoding(ctx, seconds: float) -> dict:
     """Decode and augment chunks of the training split for about `seconds`; samples/s."""
-    from fleet.runtime.data.chunks import ChunkLayout
-
     chunk = ctx.chunk_samples
     layout = ChunkLayout(chunk, ctx.input_shape)
     buffer = layout.new_buffer()

@@ -9,7 +9,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from fleet.profiling.document import decode_rates, stream_demand, summarize_failures
+from fleet.profiling.plan import needed_preprocessors
+from fleet.report.gantt import write_gantt
+from fleet.report.plan_text import render_plan
 from fleet.report.table import format_duration, format_table
+from fleet.runtime.control.rates_source import epochs_estimate
+from fleet.schedule import Overheads, lower_bounds, simulate, whole_epochs
+from fleet.schedule_io import load_profile, plan_document, profile_scenario, write_json
 
 POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
 CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
@@ -18,10 +25,6 @@ CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s pe
 def _scenario(rates, spec, gpus: int):
     """The run to predict: the spec's epochs, and decoding limited to what the spec's
     preprocessors were measured to decode (when the profile measured it)."""
-    from fleet.runtime.control.rates_source import epochs_estimate
-    from fleet.schedule import whole_epochs
-    from fleet.schedule_io import profile_scenario
-
     estimates = tuple(epochs_estimate(rates, spec))
     return profile_scenario(rates, whole_epochs(estimates), estimates, gpus, spec.cluster.preprocessors_per_node)
 
@@ -29,8 +32,6 @@ def _scenario(rates, spec, gpus: int):
 def predict(spec, scenario, policies=POLICIES) -> dict:
     """Simulated runs of `policies` and the spec's policy on `scenario`: ``{policy: SimResult}``;
     the spec's policy runs with the spec's options, the others with their defaults."""
-    from fleet.schedule import Overheads, simulate
-
     overheads = Overheads(latency_s=CHECKPOINT_LATENCY_S)
     out = {}
     for name in dict.fromkeys([*policies, spec.scheduler.policy]):
@@ -40,12 +41,6 @@ def predict(spec, scenario, policies=POLICIES) -> dict:
 
 def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     """Write plan.json and plan-gantt.png into `run_dir`; the report to print."""
-    from fleet.report.plan_text import render_plan
-    from fleet.report.gantt import write_gantt
-    from fleet.schedule import lower_bounds
-    from fleet.schedule_io import load_profile, plan_document, write_json
-    from fleet.profiling.document import summarize_failures
-
     path = run_dir / "profile.json"
     rates = load_profile(path)
     gpus = spec.cluster.gpus
@@ -89,8 +84,6 @@ def preprocessors_for(spec, rates) -> tuple[int, float] | None:
     """(preprocessors per node, samples/s of the busiest round) that the spec's policy's
     predicted plan needs to keep its streams fed, from the profile's measured decoding; None
     when the profile measured none."""
-    from fleet.schedule_io import plan_document
-
     if not rates.extra.get("preprocessing", {}).get("samples_per_s"):
         return None
     result = predict(spec, _scenario(rates, spec, spec.cluster.gpus), policies=())[spec.scheduler.policy]
@@ -98,9 +91,6 @@ def preprocessors_for(spec, rates) -> tuple[int, float] | None:
 
 
 def _preprocessors_needed(plan: dict, rates, spec) -> tuple[int, float] | None:
-    from fleet.profiling.document import decode_rates, stream_demand
-    from fleet.profiling.plan import needed_preprocessors
-
     measured = decode_rates(rates.extra.get("preprocessing", {}))
     demand = stream_demand(plan, rates.rate)
     if not measured or not demand:

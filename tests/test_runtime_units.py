@@ -15,8 +15,8 @@ from fleet.runtime.control.tuning import RateTuner
 from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, Regroup, StartMember, StreamLayout, StreamSource, stream_tag
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue, Share
-from fleet.runtime.data.stream import MemberClock, own_rows
-from fleet.runtime.train.trainer import GroupTraining
+from fleet.runtime.data.stream import GroupSends, MemberClock, SlotClaims, own_rows
+from fleet.runtime.train.trainer import GroupTraining, MemberCosts
 from fleet.runtime.waiting import Backoff, WaitTimeout, poll
 from fleet.schedule import Member, ModelState, Overheads, PolicyError, RateTable, StreamPlan, create_policy
 from fleet.schedule.ledger import Ledger
@@ -501,7 +501,7 @@ def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
     master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
     master.rank, master.stream, master.k, master.qp_chunks = 8, 0, 80, 30  # Qp: chunks 80-109
     master.chunks, master.qp, master.inbox, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, {}, deque()
-    master.pool, master.claims = None, deque()
+    master.pool, master.claims = None, SlotClaims(None)
     master.versions = [Version(0, StreamLayout(0, 1, preprocessors, (6, 7, 8, 9, 10, 11, 13)))]
     master._post_qp()
     assert sorted(master.qp) == [80, 86, 92, 98, 104]
@@ -605,7 +605,8 @@ def test_once_every_member_has_left_the_chunks_before_the_switch_go_out_hollow()
     master = MasterStream.__new__(MasterStream)
     master.ctx, master.group_comm, master.chunks = SimpleNamespace(timeout_s=5.0), group, chunks
     master.qt, master.clock, master.leave_requested = SampleQueue(64, "Qt"), MemberClock(20), threading.Event()
-    master.forwarding, master.sends, master.send_window, master.claims, master.in_place = True, deque(), 2, deque(), [False, False]
+    master.forwarding, master.claims = True, SlotClaims(None)
+    master.shares = GroupSends(group, 2, [False, False], None, (0, 1), lambda test, what: test())
     master.k = 3
     real = chunks.new_buffer()
     write_header(chunks.header(real), 3, 0, 4)
@@ -691,12 +692,11 @@ def test_each_checkpoint_is_counted_once_and_weighed_by_its_group():
     and counts each save's seconds once per trainer of the group (they wait for it)."""
     from types import SimpleNamespace
 
-    group = SimpleNamespace(checkpoint_s=0.0)
-    unreported = GroupTraining._take_checkpoint_s.__get__(group)
+    costs = MemberCosts()
     reported = []
     for save_s in (0.5, 0.25, 0.125):  # epoch 1, epoch 2, the leave
-        group.checkpoint_s += save_s
-        reported.append(unreported())
+        costs.saved(save_s)
+        reported.append(costs.take_checkpoint_s())
     assert reported == [0.5, 0.25, 0.125]
 
     books = RunAccount({})
@@ -800,11 +800,11 @@ def test_a_member_reports_its_start_once():
     The coordinator's weighing charges the mean to every start it simulates."""
     from types import SimpleNamespace
 
-    group = SimpleNamespace(created=10.0, first_batch=None, start_reported=False)
-    take = GroupTraining._take_start_s.__get__(group)
-    assert take() == 0.0  # no batch yet (a leave before any data): nothing to report
-    group.first_batch = 10.25
-    assert take() == 0.25 and take() == 0.0
+    costs = MemberCosts(created=10.0)
+    assert costs.take_start_s() == 0.0  # no batch yet (a leave before any data): nothing to report
+    costs.first_batch_came(when=10.25)
+    costs.first_batch_came(when=11.0)  # only the first counts
+    assert costs.take_start_s() == 0.25 and costs.take_start_s() == 0.0
 
 
 def test_a_device_override_is_the_spec_s_enum():

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from fleet.runtime.control.setup import results_from_log
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.launch.supervise import Outcome
 from fleet.spec import Spec
@@ -54,8 +55,6 @@ def _append_error_log(run_dir: Path, line: str) -> None:
 
 
 def _write_partial_results(spec: Spec, run_dir: Path) -> None:
-    from fleet.runtime.control.setup import results_from_log
-
     try:
         results_from_log(spec, run_dir)
     except (OSError, ValueError) as exc:

@@ -90,7 +90,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from preprocess.make import make_synthetic
+    from preprocess.make import make_synthetic  # preprocess loads h5py and Pillow
 
     out = make_synthetic(
         args.out, args.fmt, classes=args.classes, samples=args.samples, image_size=args.image_size,
@@ -101,7 +101,7 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from preprocess.convert import convert_folder
+    from preprocess.convert import convert_folder  # preprocess loads h5py and Pillow
 
     out = convert_folder(
         args.src, args.out, args.image_size, shards=args.shards, channels=args.channels,
@@ -112,7 +112,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _partition(args: argparse.Namespace) -> int:
-    from preprocess.partition import partition_dataset
+    from preprocess.partition import partition_dataset  # preprocess loads h5py and Pillow
 
     manifest = partition_dataset(
         args.src, args.parts, args.out, seed=args.seed, progress=not args.quiet, force=args.force
@@ -123,7 +123,7 @@ def _partition(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from preprocess.info import describe, open_any
+    from preprocess.info import describe, open_any  # preprocess loads h5py and Pillow
 
     reader, manifest = open_any(args.path_or_spec)
     with reader:

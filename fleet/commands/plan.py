@@ -14,8 +14,10 @@ from pathlib import Path
 
 from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
 from fleet.report.plan_text import render_plan
-from fleet.schedule import POLICIES, Policy, create_policy
+from fleet.schedule import POLICIES, Overheads, Policy, create_policy, lower_bounds, simulate, whole_epochs
+from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
 from fleet.spec import load_spec
+from profiler.report import decode_limit_line
 
 DEFAULT_POLICY = "fleet-g"
 
@@ -44,10 +46,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.schedule import Overheads, lower_bounds, simulate, whole_epochs
-    from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
-    from profiler.report import decode_limit_line
-
     gpus = args.gpus
     policy = policy_of(args)
     rates = load_profile(args.profile)

@@ -14,6 +14,10 @@ from pathlib import Path
 
 from fleet.commands._args import positive_int, positive_int_list
 from fleet.commands._watch import finish
+from fleet.runtime.launch.jobenv import read_job_env
+from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, start_here
+from fleet.runtime.main import TrainOptions, train_entry
+from fleet.spec import load_spec
 from profiler.report import dry_run
 
 
@@ -37,11 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.runtime.launch.jobenv import read_job_env
-
     env = read_job_env(os.environ)
     if (env.size or 1) > 1:
-        from fleet.runtime.main import TrainOptions, train_entry
 
         options = TrainOptions(args.spec, args.run_dir, args.ranks_per_node, args.device, args.quiet,
                                profile_only=True, epilogue=lambda spec, run_dir: report(spec, run_dir, args.gpus))
@@ -50,9 +51,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, start_here
-    from fleet.spec import load_spec
-
     spec = load_spec(args.spec, run_dir=args.run_dir)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
     command[command.index("train")] = "profile"

@@ -6,8 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from fleet.atomic import atomic_write_text
 from fleet.commands._watch import finish
+from fleet.report.results import leaderboard_rows, write_results
 from fleet.runlock import RunLock
+from fleet.runtime.events import EventLog
+from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
+from fleet.runtime.train.local import train_local
+from fleet.spec import load_spec
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -26,9 +32,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
-    from fleet.spec import load_spec
-
     spec = load_spec(args.spec, run_dir=args.run_dir)
     RunLock(spec.run_dir, "fleet run").check_free()
     if args.local:
@@ -47,11 +50,6 @@ def run_local(spec, args: argparse.Namespace) -> int:
 
 
 def _train_here(spec, run_dir, args: argparse.Namespace) -> int:
-    from fleet.atomic import atomic_write_text
-    from fleet.report.results import leaderboard_rows, write_results
-    from fleet.runtime.events import EventLog
-    from fleet.runtime.train.local import train_local
-
     atomic_write_text(run_dir / "spec.yaml", spec.to_yaml())
     device = args.device or ("cpu" if spec.cluster.device.value == "emulated" else spec.cluster.device.value)
     log = EventLog(run_dir / "events.jsonl")

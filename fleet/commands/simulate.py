@@ -14,7 +14,11 @@ import json
 
 from fleet.commands._args import fraction, names_of, positive_float, positive_int, positive_int_list
 from fleet.errors import UserError
-from fleet.schedule import POLICIES
+from fleet.report.schedule_charts import write_schedule_charts
+from fleet.report.table import format_duration, format_table
+from fleet.schedule import POLICIES, WORKLOADS, Scenario, noisy_estimates, whole_epochs
+from fleet.schedule.compare import compare, summarize
+from fleet.schedule_io import epochs_from_profile, load_profile, profile_scenario
 
 DEFAULT_POLICIES = "baseline,homogeneous,fleet-l,fleet-g"
 
@@ -46,8 +50,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.schedule.compare import compare, summarize
-
     gpu_counts, policies, seeds, noise = args.gpus, args.policies, args.seeds, args.estimate_noise
     scenarios, label = _scenarios(args, noise)
     summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds)))
@@ -62,9 +64,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _scenarios(args: argparse.Namespace, noise: float):
     """``(gpus, seed) -> Scenario`` for the chosen input, and a label for it."""
-    from fleet.schedule import WORKLOADS, Scenario, noisy_estimates, whole_epochs
-    from fleet.schedule_io import epochs_from_profile, load_profile, profile_scenario
-
     if (args.profile is None) == (args.workload is None):
         raise UserError("simulate: give either a profile.json or --workload NAME (not both)")
     if args.workload is not None:
@@ -90,8 +89,6 @@ def _scenarios(args: argparse.Namespace, noise: float):
 
 
 def _render(summary: list[dict], label: str, seeds: int, noise: float, chart: str | None) -> str:
-    from fleet.report.table import format_duration, format_table
-
     rows = [
         [s["gpus"], s["policy"], format_duration(s["makespan_s"]), f"{s['speedup_baseline']:.2f}x",
          f"{s['speedup_homogeneous']:.2f}x", f"{s['makespan_lb2']:.2f}", f"{s['makespan_lb1']:.2f}",
@@ -107,6 +104,4 @@ def _render(summary: list[dict], label: str, seeds: int, noise: float, chart: st
 
 
 def _chart(summary: list[dict], path: str, label: str) -> None:
-    from fleet.report.schedule_charts import write_schedule_charts
-
     write_schedule_charts(summary, path, title=label)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from fleet.atomic import atomic_write_text
+from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
+from fleet.batch.submit import require_submitter, submit
 from fleet.commands._args import one_of, positive_int
+from fleet.runtime.control.setup import check_same_ensemble
+from fleet.schedule_io import load_profile
+from fleet.spec import load_spec
+from profiler.report import preprocessors_for
 
 SCHEDULERS = ("slurm", "lsf")
 
@@ -48,11 +55,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from fleet.atomic import atomic_write_text
-    from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
-    from fleet.batch.submit import require_submitter, submit
-    from fleet.runtime.control.setup import check_same_ensemble
-    from fleet.spec import load_spec
 
     system = BatchSystem(args.scheduler)
     if not args.dry_run:
@@ -84,8 +86,6 @@ def _profiled_preprocessors(spec) -> int | None:
     plan needs (said on the console); None without a profile that measured decoding."""
     from pathlib import Path
 
-    from fleet.schedule_io import load_profile
-    from profiler.report import preprocessors_for
 
     path = Path(spec.run_dir) / "profile.json"
     if not path.exists():

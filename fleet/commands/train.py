@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fleet.commands._args import positive_int
+from fleet.runtime.main import TrainOptions, train_entry
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,7 +28,5 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.runtime.main import TrainOptions, train_entry
-
     options = TrainOptions(args.spec, args.run_dir, args.ranks_per_node, args.device, args.quiet)
     return train_entry(options)

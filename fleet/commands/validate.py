@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from fleet.inspect import describe_ensemble
+from fleet.report.table import format_table, human
+from fleet.spec import load_spec
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -20,10 +24,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleet.inspect import describe_ensemble
-    from fleet.report.table import format_table, human
-    from fleet.spec import load_spec
-
     spec = load_spec(args.spec)
     summary = describe_ensemble(spec)
     if args.json:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from fleet.inspect import input_shape, num_classes
 from fleet.spec import Spec
 
 
@@ -43,13 +44,13 @@ class RunContext:
 
     @cached_property
     def reader(self):
-        from preprocess.readers import open_reader
+        from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
 
         return open_reader(self.spec.data, seed=self.spec.seed)
 
     @cached_property
     def split(self) -> tuple[np.ndarray, np.ndarray]:
-        from preprocess.split import split_indices
+        from preprocess.split import split_indices  # preprocess loads h5py and Pillow
 
         return split_indices(self.reader.labels, self.spec.data.val_fraction, self.spec.seed)
 
@@ -59,14 +60,10 @@ class RunContext:
 
     @cached_property
     def num_classes(self) -> int:
-        from fleet.inspect import num_classes
-
         return num_classes(self.spec)
 
     @cached_property
     def input_shape(self) -> tuple[int, int, int]:
-        from fleet.inspect import input_shape
-
         return input_shape(self.spec)
 
     @cached_property
@@ -82,7 +79,7 @@ class RunContext:
 
     @cached_property
     def pipeline(self):
-        from preprocess.transforms import Pipeline
+        from preprocess.transforms import Pipeline  # preprocess loads h5py and Pillow
 
         return Pipeline(self.spec.preprocess, self.spec.data)
 

@@ -14,16 +14,42 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
+from fleet.atomic import atomic_write_json
 from fleet.engines import get_framework
 from fleet.errors import UserError
+from fleet.runlock import RunLock
+from fleet.runtime.context import RunContext
+from fleet.runtime.control.console import Console
+from fleet.runtime.control.coordinator import Coordinator
+from fleet.runtime.control.setup import epoch_limits, plan_run, policy_for, prepare_run_dir, rates_decision, write_run
+from fleet.runtime.data.chunks import ChunkLayout
+from fleet.runtime.data.preprocessor import PreprocessorLoop
+from fleet.runtime.data.shm import create_pool
+from fleet.runtime.data.stream import FANOUT_WINDOW
+from fleet.runtime.events import EventLog
+from fleet.runtime.launch.jobenv import read_job_env
+from fleet.runtime.launch.process import exit_all, init_mpi, mpi_library
+from fleet.runtime.launch.signals import EXIT_CHECKPOINTED, install_checkpoint_signals
+from fleet.runtime.launch.supervise import RANKS_FILE
+from fleet.runtime.launch.topology import (
+    LaunchMismatch,
+    Role,
+    TopologyError,
+    bind_device,
+    build_topology,
+    check_launch,
+    gather_node_names,
+)
 from fleet.runtime.train.collectives.factory import resolve_backend
-from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object
-
+from fleet.runtime.train.trainer import TrainerLoop
+from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, use_busy_polling
+from fleet.spec import Device, SpecError, load_spec
+from profiler.job import run_profiling
 
 LINE_GRACE_S = 2.0
 """How long ranks that print nothing wait before leaving, where MPI cannot end the job together."""
@@ -46,9 +72,6 @@ def train_entry(options: TrainOptions) -> int:
     # mpi4py's three-line warning about another MPI's launcher, given once MPI_Init has
     # returned a world of one: `check_launch` then says it in one line
     warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
-    from fleet.runtime.launch.process import init_mpi
-    from fleet.runtime.launch.signals import install_checkpoint_signals
-    from fleet.runtime.launch.topology import LaunchMismatch
 
     try:
         MPI = init_mpi()
@@ -90,10 +113,6 @@ def train_entry(options: TrainOptions) -> int:
 def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
     """`_start`; an error every rank meets alike (spec, topology, run directory) ends the job
     cleanly: rank 0 prints one line and every rank exits 2."""
-    from fleet.runtime.launch.process import exit_all
-    from fleet.runtime.launch.topology import LaunchMismatch, TopologyError
-    from fleet.spec import SpecError
-
     try:
         return _start(world, who, options)
     except (SpecError, TopologyError, SameOnEveryRank) as exc:
@@ -108,12 +127,6 @@ class SameOnEveryRank(UserError):
 
 def _start(world: Any, who: RankIdentity, options: TrainOptions):
     """Spec, topology and communicators; rank 0 prepares the run directory and the plan."""
-    from fleet.runtime.context import RunContext
-    from fleet.runtime.launch.jobenv import read_job_env
-    from fleet.runtime.launch.process import mpi_library
-    from fleet.runtime.launch.topology import bind_device, build_topology, check_launch, gather_node_names
-    from fleet.spec import load_spec
-
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
     if options.device:
         spec = with_device(spec, options.device)
@@ -151,8 +164,6 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
 
 def with_device(spec, device: str):
     """The spec with `cluster.device` overridden (``--device``), as the validated enum."""
-    from fleet.spec import Device
-
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"device": Device(device)})})
 
 
@@ -160,9 +171,6 @@ def _chunk_pool(ctx):
     """Collective: this node's shared-memory chunk pool (`runtime.shared_memory`), or None."""
     if not ctx.spec.runtime.shared_memory:
         return None
-    from fleet.runtime.data.chunks import ChunkLayout
-    from fleet.runtime.data.shm import create_pool
-    from fleet.runtime.data.stream import FANOUT_WINDOW
 
     slot_bytes = ChunkLayout(ctx.chunk_samples, ctx.input_shape).nbytes
     return create_pool(ctx.world, ctx.topology, 2 * ctx.qp_chunks + FANOUT_WINDOW, slot_bytes, ctx.timeout_s)
@@ -178,8 +186,6 @@ def _from_rank0(ctx, make, what: str) -> Any:
 
 def _rank0_rates(ctx) -> dict | str:
     """Whether to profile first, and the rates an emulated device's steps take."""
-    from fleet.runtime.control.setup import prepare_run_dir, rates_decision
-
     try:
         _lock_run_dir(ctx)
         run_dir = prepare_run_dir(ctx.spec)
@@ -194,9 +200,6 @@ def _rank0_rates(ctx) -> dict | str:
 
 def _lock_run_dir(ctx) -> None:
     """Rank 0 holds the run directory's lock for the whole job (`fleet.runlock`)."""
-    from fleet.runlock import RunLock
-    from fleet.runtime.launch.jobenv import read_job_env
-
     command = "fleet profile" if ctx.extras.get("profile_only") else "fleet train"
     lock = RunLock(ctx.spec.run_dir, command, job=read_job_env(os.environ).job_id)
 
@@ -211,9 +214,6 @@ def _lock_run_dir(ctx) -> None:
 
 def _write_ranks(ctx, run_dir: Path) -> None:
     """ranks.json: every rank's host, pid, role and node (`fleet run` watches these pids)."""
-    from fleet.atomic import atomic_write_json
-    from fleet.runtime.launch.supervise import RANKS_FILE
-
     ranks = []
     for placement, process in zip(ctx.topology.placements, ctx.extras["processes"]):
         host, _, pid = process.rpartition(" ")
@@ -224,9 +224,6 @@ def _write_ranks(ctx, run_dir: Path) -> None:
 
 def _profile(ctx, options: TrainOptions) -> None:
     """Every rank takes part; rank 0 writes profile.json (and, for a dry run, the report)."""
-    from fleet.atomic import atomic_write_json
-    from profiler.job import run_profiling
-
     say = (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
     document = run_profiling(ctx, say)
     if ctx.rank != 0:
@@ -262,8 +259,6 @@ def _warm_up(ctx, role: str) -> None:
 def _choose_polling(spec, topology, node: int) -> None:
     """Busy polling where the node has a core for each polling thread (a trainer's stream
     and training threads, a preprocessor's loop), sleeping polls where ranks share cores."""
-    from fleet.runtime.waiting import busy_polling_fits, use_busy_polling
-
     mode = spec.runtime.poll
     if mode == "auto":
         threads = 2 * len(topology.trainer_ranks(node)) + len(topology.preprocessor_ranks(node))
@@ -282,8 +277,6 @@ def _visible_gpus(spec) -> int | None:
 
 def _rank0_setup(ctx) -> dict | str:
     """The plan on rank 0; a user error becomes its message for every rank."""
-    from fleet.runtime.control.setup import epoch_limits, plan_run
-
     try:
         plan = plan_run(ctx.spec, Path(ctx.run_dir), len(ctx.train_idx))
     except UserError as exc:
@@ -296,16 +289,12 @@ def _rank0_setup(ctx) -> dict | str:
 def _run_role(ctx, options: TrainOptions) -> None:
     """The rank's loop. Each role imports only its own modules: a preprocessor never loads
     torch, whose import would steal a core from the others just as the run starts."""
-    from fleet.runtime.launch.topology import Role
-
     role = ctx.topology.placements[ctx.rank].role
     coordinator = _start_coordinator(ctx, options) if ctx.rank == 0 else None
     if role is Role.TRAINER:
-        from fleet.runtime.train.trainer import TrainerLoop
 
         TrainerLoop(ctx).run()
     else:
-        from fleet.runtime.data.preprocessor import PreprocessorLoop
 
         PreprocessorLoop(ctx).run()
     if coordinator is not None:
@@ -340,12 +329,6 @@ def _start_coordinator(ctx, options: TrainOptions) -> CoordinatorThread:
 
 
 def _coordinate(ctx, options: TrainOptions) -> None:
-    from fleet.runtime.control.console import Console
-    from fleet.runtime.control.coordinator import Coordinator
-    from fleet.runtime.events import EventLog
-    from fleet.runtime.control.setup import write_run
-    from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
-
     spec, plan = ctx.spec, ctx.extras["plan"]
     run_dir = Path(ctx.run_dir)
     console = Console(quiet=options.quiet)
@@ -361,7 +344,6 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         f"{spec.cluster.device.value} trainer(s), {len(ctx.topology.preprocessor_ranks())} preprocessor(s); "
         f"rates {plan.rates_source}"
     )
-    from fleet.runtime.control.setup import policy_for
 
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
                               make_policy=lambda: policy_for(spec))

@@ -21,7 +21,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from fleet.schedule.costs import Overheads
 from fleet.schedule.rates import ModelProfile, RateTable
+from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
 
 EMA_WEIGHT = 0.5  # weight of the newest measurement
 MIN_CHANGE = 0.10  # relative change of a rate worth reporting and weighing
@@ -124,9 +126,6 @@ def weigh_refinement(
 def makespan_simulator(make_policy: Callable[[], object], total_gpus: int, overheads=None):
     """A `simulate_makespan` for `weigh_refinement`: a fresh policy from `make_policy` runs the
     remaining work in the simulator (epochs rounded up to whole epochs)."""
-    from fleet.schedule.costs import Overheads
-    from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
-
     costs = overheads or Overheads()
 
     def run(truth: RateTable, shown: RateTable, epochs: Sequence[float]) -> float:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from fleet.errors import UserError
+from fleet.schedule_io import load_profile
 from fleet.spec import Spec
 
 ASSUMED_FLOPS = {"cpu": 2e10, "cuda": 5e12}  # sustained FLOP/s of a trainer slot, for estimates only
@@ -31,8 +32,6 @@ def estimated_profile(spec: Spec, samples_per_epoch: int, flops_per_sample: dict
 
 def load_run_profile(run_dir: str | Path, spec: Spec):
     """The RateTable of `run_dir/profile.json` when it covers every model of `spec`, else None."""
-    from fleet.schedule_io import load_profile
-
     path = Path(run_dir) / "profile.json"
     if not path.exists():
         return None

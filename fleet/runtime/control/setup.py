@@ -16,13 +16,16 @@ import yaml
 
 from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
+from fleet.inspect import describe_ensemble
+from fleet.profiling.document import decode_limit, reuse_verdict
 from fleet.report.results import ModelResult, RunResult, write_results
-from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.runtime.control.accounting import ModelRecord
-from fleet.runtime.events import read_events
 from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
+from fleet.runtime.events import read_events
+from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Policy, RateTable
 from fleet.schedule.ledger import Ledger
+from fleet.schedule_io import load_profile
 from fleet.spec import Spec, parse_spec
 
 
@@ -81,9 +84,6 @@ class RatesDecision:
 def rates_decision(spec: Spec, run_dir: Path, profile_only: bool) -> RatesDecision:
     """Profile when asked to (`fleet profile`) or when the run directory has no profile.json
     that matches the spec (unless `scheduler.profile` is false)."""
-    from fleet.schedule_io import load_profile
-    from fleet.profiling.document import reuse_verdict
-
     path = run_dir / "profile.json"
     document = _read_json(path) if path.exists() else None
     emulated = None
@@ -124,11 +124,9 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
         return measured, f"measured ({run_dir / 'profile.json'})"
     if spec.cluster.device.value == "emulated":
         if spec.cluster.emulated_profile:
-            from fleet.schedule_io import load_profile
 
             return load_profile(spec.cluster.emulated_profile), f"the emulated device's ({spec.cluster.emulated_profile})"
         raise UserError(_NO_EMULATED_RATES.format(path=run_dir / "profile.json"))
-    from fleet.inspect import describe_ensemble
 
     flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
     return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops)), "estimated from FLOPs"
@@ -159,7 +157,6 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
         record.epochs, record.history = checkpoint.epochs, list(checkpoint.history)
         record.converged, record.stop_reason = checkpoint.converged, checkpoint.stop_reason
         record.gpu_seconds = checkpoint.gpu_seconds
-    from fleet.profiling.document import decode_limit
 
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
     ledger = Ledger(todo, epochs_estimate(todo, spec), spec.cluster.gpus, spec.cluster.gpus_per_node,

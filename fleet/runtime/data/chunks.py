@@ -160,7 +160,7 @@ class StreamOrder:
 
     def indices(self, chunk: int) -> np.ndarray:
         """Data-set indices of chunk `chunk`, in stream order."""
-        from preprocess.split import epoch_order
+        from preprocess.split import epoch_order  # preprocess loads h5py and Pillow
 
         epoch, i = divmod(chunk, self.chunks_per_epoch)
         if epoch != self._epoch:

@@ -38,16 +38,26 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from fleet.runtime.data.chunks import HEADER_BYTES, HEADER_WORDS, ChunkLayout, Field, Flag, chunk_tag, share_bounds, write_header
-from fleet.runtime.protocol import INBOX_DEPTH, Regroup, StartMember, StreamLayout, stream_tag
+from fleet.runtime import waiting
+from fleet.runtime.data.chunks import (
+    HEADER_BYTES,
+    HEADER_WORDS,
+    ChunkLayout,
+    Field,
+    Flag,
+    chunk_tag,
+    share_bounds,
+    write_header,
+)
 from fleet.runtime.data.queues import SampleQueue, Share
 from fleet.runtime.data.shm import Claim, claim_of, describe
-from fleet.runtime import waiting
-from fleet.runtime.waiting import all_done, poll, wait_request, wait_requests
+from fleet.runtime.protocol import INBOX_DEPTH, Regroup, StartMember, StreamLayout, stream_tag
+from fleet.runtime.waiting import WaitTimeout, all_done, poll, wait_request, wait_requests
 
 SHARE_TAG = 31
 FANOUT_WINDOW = 4  # chunks a root may have in flight to the other masters
@@ -148,6 +158,85 @@ class StreamThread(threading.Thread):
             self.waiting_for = None
 
 
+class SlotClaims:
+    """The shared-memory slots a master read, in order, held until nothing reads them any
+    more: its sends of the chunk (to the other masters, to its workers) complete and the
+    workers on its node released their rows read in place."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+        self.held: deque[Claim] = deque()
+
+    def add(self, claim: Claim | None) -> None:
+        """Hold `claim` (None: the chunk came as a message, nothing to hold)."""
+        if claim is not None:
+            self.held.append(claim)
+            self.release_ready()
+
+    def release_ready(self) -> None:
+        while self.held and all_done(self.held[0].requests) and self.pool.released(self.held[0]):
+            self.pool.release(self.held.popleft())
+
+    def release_all(self, wait: bool, timeout_s: float) -> None:
+        """Release every slot held, first waiting for the workers' releases if `wait` (after an
+        error the job is ending: no wait)."""
+        while self.held:
+            claim = self.held.popleft()
+            if wait:
+                poll(lambda: self.pool.released(claim), "the group's workers to release their last shares", timeout_s)
+            self.pool.release(claim)
+
+
+class GroupSends:
+    """A master's sends of its group's shares to the workers, at most a window in flight.
+
+    Args:
+        group_comm: the group's share communicator (rank 0 the master).
+        window: chunks' worth of sends per worker that may be in flight.
+        in_place: per group rank, whether it reads shares in place from this node's slots.
+        pool: the node's chunk pool (None without shared memory).
+        ranks: the group's world ranks.
+        wait: how to wait for a send (the stream thread's polling wait).
+    """
+
+    def __init__(self, group_comm: Any, window: int, in_place: list[bool], pool: Any, ranks: tuple[int, ...],
+                 wait: Callable[[Callable[[], bool], str], Any]):
+        self.group_comm, self.window, self.in_place, self.pool, self.ranks = group_comm, window, in_place, pool, ranks
+        self.wait = wait
+        self.pending: deque = deque()
+
+    def send(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int,
+                    claim: Claim | None = None, start: int = 0) -> None:
+        """Two messages: the header with the labels after it, then (if any) the rows straight
+        from the chunk's buffer (or slot: the claim then waits for that send); or, for a
+        worker on the slot's node, the header alone, a descriptor of its rows in the slot (the
+        claim then waits for the worker's release)."""
+        while len(self.pending) >= 2 * self.window * max(1, self.group_comm.size - 1):
+            request, _ = self.pending.popleft()
+            self.wait(request.Test, f"worker {worker} of the group to take its share")
+        head = np.empty(HEADER_WORDS + len(y), np.int64)
+        write_header(head[:HEADER_WORDS], chunk, 0, len(y), flags)
+        in_place = claim is not None and len(y) > 0 and self.in_place[worker]
+        if in_place:
+            head[:HEADER_WORDS] = describe(head, claim.owner, claim.slot, claim.ticket)
+            head[Field.SHARE_START] = start
+            claim.readers.append(self.pool.local[self.ranks[worker]])
+        head[HEADER_WORDS:] = y
+        for part in (head, x) if len(y) and not in_place else (head,):
+            self.pending.append((self.group_comm.Issend(part, dest=worker, tag=SHARE_TAG), part))
+        if claim is not None and len(y) and not in_place:
+            claim.requests.append(self.pending[-1][0])
+
+    def leave(self, chunk: int) -> None:
+        """Tell every worker that the group leaves (an empty share flagged LEAVE)."""
+        for worker in range(1, self.group_comm.size):
+            self.send(worker, chunk, np.empty((0,)), np.empty(0, np.int64), Flag.LEAVE)
+
+    def finish(self, timeout_s: float) -> None:
+        for request, _ in self.pending:
+            wait_request(request, "the group's workers to take their last shares", timeout_s)
+
+
 class MasterStream(StreamThread):
     """The master's stream thread (see the module docstring)."""
 
@@ -163,13 +252,13 @@ class MasterStream(StreamThread):
         self.inbox: dict[int, tuple[Any, np.ndarray]] = {}
         self.fanout: deque = deque()
         self.qp_chunks = max(1, ctx.spec.runtime.qp_samples // start.source.chunk_samples)
-        self.sends: deque = deque()
-        self.send_window = max(2, ctx.spec.runtime.qt_samples // start.source.chunk_samples)
         self.forwarding = True
         self.chunks_done = 0
         self.pool = ctx.pool
-        self.claims: deque[Claim] = deque()  # slots read here, in order, until their sends complete
-        self.in_place = [self.pool is not None and self.pool.is_local(r) for r in start.ranks]  # by group rank
+        self.claims = SlotClaims(self.pool)
+        in_place = [self.pool is not None and self.pool.is_local(r) for r in start.ranks]  # by group rank
+        window = max(2, ctx.spec.runtime.qt_samples // start.source.chunk_samples)
+        self.shares = GroupSends(group_comm, window, in_place, self.pool, start.ranks, self._wait)
         self.regroups = ctx.extras.setdefault("regroups", RegroupBox(ctx.ctrl))
 
     # -- the loop ----------------------------------------------------------------------
@@ -187,7 +276,7 @@ class MasterStream(StreamThread):
                     return
                 self._take_regroups(block_for=self.versions[-1].layout.version + 1, backoff=waiting.IDLE)
                 continue
-            self._release_ready()
+            self.claims.release_ready()
             self._post_qp()
             self._post_inbox()
             data, claim = self._take_chunk(version)
@@ -315,14 +404,10 @@ class MasterStream(StreamThread):
     def _wait(self, test, what: str, backoff=None):
         """Poll `test` (see `waiting.poll`), releasing the slots this thread is done with meanwhile."""
         def step():
-            self._release_ready()
+            self.claims.release_ready()
             return test()
 
         return self._poll(step, f"{what} (at chunk {self.k}, layout version {self.versions[-1].layout.version})", backoff)
-
-    def _release_ready(self) -> None:
-        while self.claims and all_done(self.claims[0].requests) and self.pool.released(self.claims[0]):
-            self.pool.release(self.claims.popleft())
 
     def _drop(self, buffer: np.ndarray) -> None:
         """A received chunk this thread will not take: release its slot, if it has one."""
@@ -365,7 +450,7 @@ class MasterStream(StreamThread):
             # command the trainer may not have polled yet): the member stops before it
             if self.forwarding:
                 self._stop_forwarding()
-            self._queue_release(claim)
+            self.claims.add(claim)
             return
         count = int(header[Field.COUNT])
         epoch_end = self.clock.consume(count)
@@ -373,43 +458,15 @@ class MasterStream(StreamThread):
         bounds = share_bounds(count, self.group_comm.size)
         for worker, (lo, hi) in enumerate(bounds[1:], start=1):
             flags = Flag.EPOCH_END if epoch_end else Flag.NONE
-            self._send_share(worker, int(header[Field.INDEX]), x[lo:hi], y[lo:hi], flags, claim, lo)
+            self.shares.send(worker, int(header[Field.INDEX]), x[lo:hi], y[lo:hi], flags, claim, lo)
         own_x, own_y = own_rows(x, y, *bounds[0], copy=claim is not None)
-        self._queue_release(claim)
+        self.claims.add(claim)
         self.qt.put(Share(own_x, own_y, int(header[Field.INDEX]), epoch_end=epoch_end), self.ctx.timeout_s)
-
-    def _queue_release(self, claim: Claim | None) -> None:
-        if claim is not None:
-            self.claims.append(claim)
-            self._release_ready()
-
-    def _send_share(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int,
-                    claim: Claim | None = None, start: int = 0) -> None:
-        """Two messages: the header with the labels after it, then (if any) the rows straight
-        from the chunk's buffer (or slot: the claim then waits for that send); or, for a
-        worker on the slot's node, the header alone, a descriptor of its rows in the slot (the
-        claim then waits for the worker's release)."""
-        while len(self.sends) >= 2 * self.send_window * max(1, self.group_comm.size - 1):
-            request, _ = self.sends.popleft()
-            self._wait(request.Test, f"worker {worker} of the group to take its share")
-        head = np.empty(HEADER_WORDS + len(y), np.int64)
-        write_header(head[:HEADER_WORDS], chunk, 0, len(y), flags)
-        in_place = claim is not None and len(y) > 0 and self.in_place[worker]
-        if in_place:
-            head[:HEADER_WORDS] = describe(head, claim.owner, claim.slot, claim.ticket)
-            head[Field.SHARE_START] = start
-            claim.readers.append(self.pool.local[self.start_cmd.ranks[worker]])
-        head[HEADER_WORDS:] = y
-        for part in (head, x) if len(y) and not in_place else (head,):
-            self.sends.append((self.group_comm.Issend(part, dest=worker, tag=SHARE_TAG), part))
-        if claim is not None and len(y) and not in_place:
-            claim.requests.append(self.sends[-1][0])
 
     def _stop_forwarding(self) -> None:
         """The group leaves: tell the workers, then only take part in the broadcast."""
         self.forwarding = False
-        for worker in range(1, self.group_comm.size):
-            self._send_share(worker, self.k, np.empty((0,)), np.empty(0, np.int64), Flag.LEAVE)
+        self.shares.leave(self.k)
         self.qt.close()
 
     def cleanup(self) -> None:
@@ -422,14 +479,8 @@ class MasterStream(StreamThread):
                     self._drop(buffer)
             for chunk, requests in self.fanout:
                 wait_requests(requests, f"the other masters to take chunk {chunk}", self.ctx.timeout_s)
-            for request, _ in self.sends:
-                wait_request(request, "the group's workers to take their last shares", self.ctx.timeout_s)
-            while self.claims:  # (after an error the job is ending: no wait for the workers)
-                claim = self.claims.popleft()
-                if self.error is None:
-                    poll(lambda: self.pool.released(claim), "the group's workers to release their last shares",
-                         self.ctx.timeout_s)
-                self.pool.release(claim)
+            self.shares.finish(self.ctx.timeout_s)
+            self.claims.release_all(wait=self.error is None, timeout_s=self.ctx.timeout_s)
         finally:
             self.group_comm.Free()
 
@@ -495,6 +546,5 @@ def wait_thread(thread: threading.Thread, what: str, timeout_s: float) -> None:
     while thread.is_alive():
         thread.join(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
         if time.monotonic() > deadline and thread.is_alive():
-            from fleet.runtime.waiting import WaitTimeout
 
             raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what}")

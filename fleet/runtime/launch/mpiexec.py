@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.errors import UserError
+from fleet.runtime.launch.jobenv import read_job_env, without_allocation
 from fleet.runtime.launch.supervise import JobWatch, Outcome
 from fleet.spec import Spec
 
@@ -85,8 +86,6 @@ def start_here(command: list[str], what: str, run_dir: str | os.PathLike,
     process initialised may have set variables in the C environment that an mpirun would take
     for its own job's.
     """
-    from fleet.runtime.launch.jobenv import without_allocation
-
     note = allocation_note(environ)
     if note:
         print(note, flush=True)
@@ -96,8 +95,6 @@ def start_here(command: list[str], what: str, run_dir: str | os.PathLike,
 
 def allocation_note(environ: Mapping[str, str] = os.environ) -> str | None:
     """A line for the user when `fleet run` starts inside a batch job of several nodes."""
-    from fleet.runtime.launch.jobenv import read_job_env
-
     job = read_job_env(environ)
     nodes = job.job_nodes or (len(job.job_hosts) if job.job_hosts else 0)
     if nodes <= 1:

@@ -35,6 +35,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from fleet.runtime.launch.jobenv import read_job_env
+from fleet.runtime.launch.topology import check_library
+
 
 def exit_all(world: Any, code: int, message: str | None = None, root: int = 0) -> NoReturn:
     """End this rank with `code`, as every rank of `world` does; `root` prints `message`.
@@ -68,8 +71,6 @@ def init_mpi(environ: Mapping[str, str] = os.environ) -> Any:
     from mpi4py import MPI
 
     if not MPI.Is_initialized():
-        from fleet.runtime.launch.jobenv import read_job_env
-        from fleet.runtime.launch.topology import check_library
 
         check_library(read_job_env(environ), MPI.Get_library_version())
         MPI.Init_thread(MPI.THREAD_MULTIPLE)

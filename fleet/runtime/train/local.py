@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleet.engines.factory import create_engine
 from fleet.inspect import input_shape
 from fleet.report.results import ModelResult, RunResult
 from fleet.runtime.train.stop import StopTracker
@@ -33,9 +34,9 @@ class LocalData:
     """The data set, split and preprocessed in this process."""
 
     def __init__(self, spec: Spec):
-        from preprocess.readers import open_reader
-        from preprocess.split import split_indices
-        from preprocess.transforms import Pipeline
+        from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
+        from preprocess.split import split_indices  # preprocess loads h5py and Pillow
+        from preprocess.transforms import Pipeline  # preprocess loads h5py and Pillow
 
         self.spec = spec
         self.reader = open_reader(spec.data, seed=spec.seed)
@@ -54,7 +55,7 @@ class LocalData:
         return self.pipeline(raw, rng, train=train), raw.labels
 
     def epoch_batches(self, epoch: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        from preprocess.split import epoch_order
+        from preprocess.split import epoch_order  # preprocess loads h5py and Pillow
 
         order = epoch_order(self.train_idx, self.spec.seed, epoch)
         rng = np.random.default_rng([self.spec.seed, epoch])
@@ -66,8 +67,6 @@ def train_model(
     model: ModelSpec, data: LocalData, device: str, on_epoch: Callable[[EpochRecord], None]
 ) -> ModelResult:
     """Train one model until its stop rule fires; report every epoch through `on_epoch`."""
-    from fleet.engines.factory import create_engine
-
     engine = create_engine(model, input_shape(data.spec), data.num_classes, device=device)
     tracker = StopTracker(model.train.stop, model.train.max_epochs)
     busy_s, final_loss, best_accuracy, history = 0.0, None, 0.0, []

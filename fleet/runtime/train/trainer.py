@@ -16,9 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
-from fleet.runtime.data.chunks import resumed_end_chunk
+from fleet.engines.factory import create_engine
 from fleet.runtime.context import RunContext
+from fleet.runtime.data.chunks import resumed_end_chunk
+from fleet.runtime.data.queues import Batch, Batcher, SampleQueue
+from fleet.runtime.data.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
+from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.protocol import (
     CheckpointModel,
     EndNeeded,
@@ -30,10 +33,9 @@ from fleet.runtime.protocol import (
     StartMember,
     Tag,
 )
-from fleet.runtime.data.queues import Batch, Batcher, SampleQueue
-from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
+from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
+from fleet.runtime.train.collectives.factory import create_collective
 from fleet.runtime.train.stop import StopReason, StopTracker
-from fleet.runtime.data.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
 PROGRESS_EVERY_S = 10.0
@@ -49,8 +51,6 @@ def create_group_comm(parent: Any, ranks: tuple[int, ...], uid: int) -> Any:
 
 def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int | None = None):
     """This trainer's replica of `model` on its device (the emulated device: with the run's rates)."""
-    from fleet.engines.factory import create_engine
-
     device = ctx.device
     threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
     extras = {}
@@ -61,8 +61,6 @@ def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int 
 
 def build_collective(ctx: RunContext, group_comm: Any):
     """The gradient collective of this trainer's group (`runtime.collective`)."""
-    from fleet.runtime.train.collectives.factory import create_collective
-
     device = "cpu" if ctx.device == "emulated" else ctx.device
     return create_collective(ctx.spec.runtime.collective, group_comm, device, ctx.timeout_s)
 
@@ -77,20 +75,49 @@ class EpochTotals:
     started: float = field(default_factory=time.monotonic)
 
 
+class MemberCosts:
+    """What a member's master reports of its own costs, each once: its start (from its
+    `StartMember` to its first batch: set-up, restore, the stream's first data) in the first
+    report after that batch, and the seconds of its saves since its last report (the
+    coordinator sums the reports, so each save counts once)."""
+
+    def __init__(self, created: float | None = None):
+        self.created = time.monotonic() if created is None else created
+        self.first_batch: float | None = None
+        self.start_reported = False
+        self.checkpoint_s = 0.0
+
+    def first_batch_came(self, when: float | None = None) -> None:
+        if self.first_batch is None:
+            self.first_batch = time.monotonic() if when is None else when
+
+    def saved(self, seconds: float) -> None:
+        self.checkpoint_s += seconds
+
+    def take_start_s(self) -> float:
+        """The start, once; 0 before the first batch (a leave before any data) and after."""
+        if self.first_batch is None or self.start_reported:
+            return 0.0
+        self.start_reported = True
+        return self.first_batch - self.created
+
+    def take_checkpoint_s(self) -> float:
+        seconds, self.checkpoint_s = self.checkpoint_s, 0.0
+        return seconds
+
+
 class GroupTraining:
     """One model trained by one group until it converges or is asked to leave."""
 
     def __init__(self, ctx: RunContext, start: StartMember, group_comm: Any):
-        self.created = time.monotonic()
-        self.first_batch: float | None = None  # when the first batch came (the member's start is over)
-        self.start_reported = False
+        self.costs = MemberCosts()
         self.ctx, self.start, self.group_comm = ctx, start, group_comm
         self.model = ctx.spec.model(start.model)
         self.is_master = group_comm.rank == 0
         self.size = group_comm.size
         self.store = CheckpointStore(ctx.run_dir)
-        self.engine = self._build_engine()
-        self.collective = self._collective()
+        self.engine = build_engine(ctx, self.model, self.size, start.epoch_limit)
+        self.collective = build_collective(ctx, group_comm)
         self.tracker = StopTracker(self.model.train.stop, start.epoch_limit or self.model.train.max_epochs)
         self.history: list[dict] = []
         self.gpu_seconds = 0.0
@@ -100,16 +127,9 @@ class GroupTraining:
         self.collective.broadcast_engine(self.engine)
         self.totals = self._resumed_epoch(epoch_samples)
         self.stop_requested = False
-        self.checkpoint_s = 0.0  # seconds of this group's saves since its master's last report
         self.last_progress = time.monotonic()
 
     # -- set-up ---------------------------------------------------------------------------
-
-    def _build_engine(self):
-        return build_engine(self.ctx, self.model, self.size, self.start.epoch_limit)
-
-    def _collective(self):
-        return build_collective(self.ctx, self.group_comm)
 
     def _resume(self) -> int:
         """Load the model's checkpoint when the command says so; returns the epoch's data position."""
@@ -164,8 +184,8 @@ class GroupTraining:
         self.ctx.extras.setdefault("draining", []).append(stream)
         return MemberLeft(
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
-            self.totals.samples, self.gpu_seconds, self._take_checkpoint_s(), self.engine.num_parameters,
-            self.ctx.extras.pop("val_decoded", 0), self._take_start_s(),
+            self.totals.samples, self.gpu_seconds, self.costs.take_checkpoint_s(), self.engine.num_parameters,
+            self.ctx.extras.pop("val_decoded", 0), self.costs.take_start_s(),
         )
 
     def _claim_stream_end(self) -> None:
@@ -219,8 +239,8 @@ class GroupTraining:
             raise WaitTimeout(f"{exc}; {stream.describe()}{also}") from None
         if batch.leave and stream.error is not None:
             raise stream.error
-        if self.first_batch is None and not batch.leave:
-            self.first_batch = time.monotonic()
+        if not batch.leave:
+            self.costs.first_batch_came()
         return batch
 
     def _step(self, batch: Batch | None, count: int, total: float) -> None:
@@ -293,25 +313,11 @@ class GroupTraining:
         self._save_checkpoint()
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
-            metrics["accuracy"], compute_rate, samples / max(epoch_s, 1e-9), lr, epoch_s, self._take_checkpoint_s(),
-            reason.value if reason else None, samples, self._take_start_s(),
+            metrics["accuracy"], compute_rate, samples / max(epoch_s, 1e-9), lr, epoch_s, self.costs.take_checkpoint_s(),
+            reason.value if reason else None, samples, self.costs.take_start_s(),
         )
         send_object(self.ctx.ctrl, report, 0, Tag.REPORT, "the coordinator to take an epoch report", self.ctx.timeout_s)
         return reason
-
-    def _take_start_s(self) -> float:
-        """The member's start (set-up, restore, first data), in the first report after its first
-        batch; 0 in every other report."""
-        if self.first_batch is None or self.start_reported:
-            return 0.0
-        self.start_reported = True
-        return self.first_batch - self.created
-
-    def _take_checkpoint_s(self) -> float:
-        """Seconds of saves since the last report, for this one: the coordinator sums the reports,
-        so each save counts once."""
-        seconds, self.checkpoint_s = self.checkpoint_s, 0.0
-        return seconds
 
     def _save_checkpoint(self) -> None:
         if not self.is_master:
@@ -327,7 +333,7 @@ class GroupTraining:
                   "epoch_loss_sum": self._epoch_sums[0], "epoch_compute_s": self._epoch_sums[1]},
         )
         self.store.save(checkpoint)
-        self.checkpoint_s += time.monotonic() - started
+        self.costs.saved(time.monotonic() - started)
 
     # -- the master's mailbox ---------------------------------------------------------------
 

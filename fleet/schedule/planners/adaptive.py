@@ -163,7 +163,7 @@ class FleetAdaptive(Policy):
             i = view.rates.index(event.model)
             gpus = len(view.model(event.model).gpus)
             profiled = view.rates.matrix(view.total_gpus)[i]
-            self.rates[i] = self._capped(view, profiled * (event.samples_per_s / profiled[gpus - 1]))
+            self.rates[i] = _capped(view, profiled * (event.samples_per_s / profiled[gpus - 1]))
         return NO_DECISION
 
     def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
@@ -189,7 +189,7 @@ class FleetAdaptive(Policy):
     def _plan(self, view: ClusterView) -> None:
         """Target makespan, GPU count per model and the LPT queue."""
         total = view.total_gpus
-        self.rates = self._capped(view, view.rates.matrix(total).copy())
+        self.rates = _capped(view, view.rates.matrix(total).copy())
         times = self._work(view)[:, None] / self.rates
         target = malleable_bound(times) * self.target_factor
         self.target = target
@@ -200,20 +200,10 @@ class FleetAdaptive(Policy):
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
 
-    @staticmethod
-    def _capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:
-        """Rates no faster than decoding, where the view knows its throughput."""
-        return rates if view.decode_rate is None else np.minimum(rates, view.decode_rate)
-
     def _work(self, view: ClusterView) -> np.ndarray:
         """Estimated samples each model still needs (at least one epoch)."""
         n = view.rates.samples_per_epoch
-        return np.array([self._remaining_epochs(m) * n for m in view.models])
-
-    @staticmethod
-    def _remaining_epochs(model) -> float:
-        """Estimated epochs left; a model past its estimate is assumed to need one more."""
-        return max(model.epochs_estimate - model.epochs_done, 1.0)
+        return np.array([_remaining_epochs(m) * n for m in view.models])
 
     def _member_rates(self, view: ClusterView, members: tuple[str, ...]) -> list[float]:
         return [self._rate(view, m, len(view.model(m).gpus)) for m in members]
@@ -238,7 +228,7 @@ class FleetAdaptive(Policy):
             free -= gpus
         if not self.queue and free > 0:
             self._boost(view, drafts, free)
-        launch = self._place(view, drafts)
+        launch = _place(view, drafts)
         if launch.launch or self.queue or not view.free_gpus:
             return launch
         return self._resize(view)
@@ -251,7 +241,7 @@ class FleetAdaptive(Policy):
         stream's pace better; the score adds the log-rate mismatch, the scaling loss of the
         extra GPUs and a small penalty for skipping ahead in the queue.
         """
-        if self._decoding_used_up(view, drafts):
+        if _decoding_used_up(view, drafts):
             limit = math.inf
         else:
             limit = self.hard_tolerance if self._crowded(view, drafts) else self.tolerance
@@ -269,12 +259,6 @@ class FleetAdaptive(Policy):
             return best[1:]
         head = self.queue[0]
         return head, min(self.counts[head], free), None
-
-    @staticmethod
-    def _decoding_used_up(view: ClusterView, drafts: list[_Draft]) -> bool:
-        """True when the drafted streams' paces already take all the decoding there is."""
-        paces = sum(min(d.rates) for d in drafts if d.rates)
-        return view.decode_rate is not None and paces >= view.decode_rate * (1 - 1e-9)
 
     def _crowded(self, view: ClusterView, drafts: list[_Draft]) -> bool:
         """True when one more stream would leave fewer than ``min_members`` per stream."""
@@ -328,17 +312,6 @@ class FleetAdaptive(Policy):
             drafts.append(_Draft(None, [self._rate(view, model, new_gpus)], [(model, new_gpus)]))
             free -= new_gpus - gpus
 
-    def _place(self, view: ClusterView, drafts: list[_Draft]) -> Decision:
-        members = [(d, model, gpus) for d in drafts for model, gpus in d.members]
-        if not members:
-            return NO_DECISION
-        runs = place([g for _, _, g in members], view.free_gpus, view.gpus_per_node)
-        plans: dict[int, list[Member]] = {}
-        for (draft, model, _), run in zip(members, runs):
-            plans.setdefault(id(draft), []).append(Member(model, run))
-        by_id = {id(d): d for d in drafts}
-        return Decision.launching(StreamPlan(tuple(ms), by_id[key].join) for key, ms in plans.items())
-
     # -- using leftover GPUs -------------------------------------------------------------
 
     def _resize(self, view: ClusterView) -> Decision:
@@ -349,7 +322,7 @@ class FleetAdaptive(Policy):
         ``resize_margin`` times that cost.
         """
         available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
-        finish = self._predicted_finish(view)
+        finish = _predicted_finish(view)
         chosen = []
         for model, (end, remaining) in sorted(finish.items(), key=lambda kv: -kv[1][0]):
             if available <= 0:
@@ -381,13 +354,47 @@ class FleetAdaptive(Policy):
         param_bytes = view.rates.profile(model).param_bytes
         return self.costs.checkpoint_s(param_bytes) + self.costs.restore_s(param_bytes)
 
-    def _predicted_finish(self, view: ClusterView) -> dict[str, tuple[float, float]]:
-        pace = {s.id: s.pace for s in view.streams}
-        n = view.rates.samples_per_epoch
-        out = {}
-        for m in view.models:
-            if m.state is not ModelState.RUNNING or not pace.get(m.stream):
-                continue
-            remaining = self._remaining_epochs(m) * n
-            out[m.id] = (view.time + remaining / pace[m.stream], remaining)
-        return out
+
+# -- helpers that need no state of the policy -------------------------------------------
+
+
+def _capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:
+    """Rates no faster than decoding, where the view knows its throughput."""
+    return rates if view.decode_rate is None else np.minimum(rates, view.decode_rate)
+
+
+def _remaining_epochs(model) -> float:
+    """Estimated epochs left; a model past its estimate is assumed to need one more."""
+    return max(model.epochs_estimate - model.epochs_done, 1.0)
+
+
+def _decoding_used_up(view: ClusterView, drafts: list[_Draft]) -> bool:
+    """True when the drafted streams' paces already take all the decoding there is."""
+    paces = sum(min(d.rates) for d in drafts if d.rates)
+    return view.decode_rate is not None and paces >= view.decode_rate * (1 - 1e-9)
+
+
+def _place(view: ClusterView, drafts: list[_Draft]) -> Decision:
+    """The drafts' new members on free GPUs (Alg. 3/4), one stream plan per draft."""
+    members = [(d, model, gpus) for d in drafts for model, gpus in d.members]
+    if not members:
+        return NO_DECISION
+    runs = place([g for _, _, g in members], view.free_gpus, view.gpus_per_node)
+    plans: dict[int, list[Member]] = {}
+    for (draft, model, _), run in zip(members, runs):
+        plans.setdefault(id(draft), []).append(Member(model, run))
+    by_id = {id(d): d for d in drafts}
+    return Decision.launching(StreamPlan(tuple(ms), by_id[key].join) for key, ms in plans.items())
+
+
+def _predicted_finish(view: ClusterView) -> dict[str, tuple[float, float]]:
+    """Per running model: (when it is predicted to finish at its stream's pace, samples left)."""
+    pace = {s.id: s.pace for s in view.streams}
+    n = view.rates.samples_per_epoch
+    out = {}
+    for m in view.models:
+        if m.state is not ModelState.RUNNING or not pace.get(m.stream):
+            continue
+        remaining = _remaining_epochs(m) * n
+        out[m.id] = (view.time + remaining / pace[m.stream], remaining)
+    return out
