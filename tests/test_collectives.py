@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from fleet.errors import UserError
-from fleet.runtime.train.collectives import AUTO_ORDER, COLLECTIVES, KINDS
+from fleet.runtime.train.collectives import AUTO_ORDER, COLLECTIVES, kinds
 from fleet.runtime.train.collectives._base import CollectiveError, CollectiveState
 from fleet.runtime.train.collectives.factory import available_backends, create_collective, resolve_backend
 from fleet.runtime.train.collectives.mpi import MPICollective
@@ -107,10 +107,10 @@ def test_resolve_backend():
 def test_the_registry_gives_the_kinds_and_the_spec_its_valid_names():
     from fleet.spec import parse_spec
 
-    assert KINDS == ("auto", *COLLECTIVES.names) == ("auto", "mpi", "torch")
+    assert kinds() == ("auto", *COLLECTIVES.names) == ("auto", "mpi", "torch")
     assert set(AUTO_ORDER) <= set(COLLECTIVES.names)
     base = {"name": "t", "data": {"source": "digits"}, "models": [{"family": "mlp"}]}
-    for kind in KINDS:
+    for kind in kinds():
         assert parse_spec({**base, "runtime": {"collective": kind}}).runtime.collective == kind
     with pytest.raises(UserError, match=r"^runtime.collective: unknown collective 'gloo' \(valid: auto, mpi, torch\)$"):
         parse_spec({**base, "runtime": {"collective": "gloo"}})
@@ -121,7 +121,6 @@ def test_auto_takes_the_first_usable_backend_and_a_broken_one_is_skipped(monkeyp
     try:
         monkeypatch.setattr("fleet.runtime.train.collectives.AUTO_ORDER", ("broken", "mpi", "torch"))
         assert resolve_backend("auto", "cpu") == "mpi"  # not importable here: skipped
-        monkeypatch.setattr("fleet.runtime.train.collectives.KINDS", ("auto", "mpi", "torch", "broken"))
         with pytest.raises(UserError, match=r"^collective 'broken': cannot import it here; use 'mpi'$"):
             resolve_backend("broken", "cpu")
     finally:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
-from fleet.runtime.train.collectives import KINDS as COLLECTIVE_KINDS
+from fleet.runtime.train.collectives import kinds as collective_kinds
 from fleet.schedule import Policy
 from fleet.schedule.options import OptionError
 from fleet.schedule.planners import POLICIES as POLICY_REGISTRY, create_policy, policy_class, policy_options
@@ -213,7 +213,7 @@ class SchedulerSpec(Section):
     checked by the policy's own declaration.
     """
 
-    policy: Literal[POLICIES] = "fleet-g"  # type: ignore[valid-type]
+    policy: str = "fleet-g"  # a name in the policies' registry (checked below, so a new entry counts)
     options: dict[str, Any] = {}
     profile: bool = True  # measure rates first when the run directory has no matching profile.json
     profile_batches: PositiveInt = 48
@@ -233,6 +233,13 @@ class SchedulerSpec(Section):
         if not (isinstance(name, str) and name in POLICY_REGISTRY):
             return {**rest, "options": written}
         return {**rest, "options": _checked_options(name, written)}
+
+    @field_validator("policy")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in POLICY_REGISTRY:
+            raise ValueError(f"unknown policy {name!r} (valid: {', '.join(POLICY_REGISTRY)})")
+        return name
 
     @model_serializer(mode="wrap")
     def _options_beside_policy(self, handler: Any) -> dict[str, Any]:
@@ -301,7 +308,7 @@ class ClusterSpec(Section):
 class RuntimeSpec(Section):
     """Queue sizes, timeouts and the gradient collective of the MPI runtime."""
 
-    collective: str = "auto"  # one of the collectives registry's KINDS
+    collective: str = "auto"  # one of the collectives registry's kinds()
     poll: Literal["auto", "busy", "sleep"] = "auto"  # how data waits poll MPI; auto: busy if the node has the cores
     chunk_samples: PositiveInt | Literal["auto"] = "auto"
     qp_samples: PositiveInt = 2048
@@ -313,8 +320,8 @@ class RuntimeSpec(Section):
     @field_validator("collective")
     @classmethod
     def _known_collective(cls, value: str) -> str:
-        if value not in COLLECTIVE_KINDS:
-            raise ValueError(f"unknown collective {value!r} (valid: {', '.join(COLLECTIVE_KINDS)})")
+        if value not in collective_kinds():
+            raise ValueError(f"unknown collective {value!r} (valid: {', '.join(collective_kinds())})")
         return value
 
     def chunk_size(self, sample_bytes: int) -> int:

@@ -1,11 +1,14 @@
-"""Helpers the planners share: turning a flotilla into a placed stream."""
+"""Helpers the planners share: turning a flotilla into a placed stream; a random order of models."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleet.schedule._base import Member, StreamPlan
+import numpy as np
+
+from fleet.schedule._base import ClusterView, Decision, Member, Policy, StreamPlan
 from fleet.schedule.flotilla import Flotilla, create_flotilla
+from fleet.schedule.options import NoOptions
 from fleet.schedule.placement import place
 from fleet.schedule.rates import RateTable
 
@@ -31,3 +34,33 @@ def flotilla_stream(
 def single_gpu_streams(models: Sequence[str], free_gpus: Sequence[int]) -> list[StreamPlan]:
     """One stream per model, each on one GPU (models and GPUs paired in order)."""
     return [StreamPlan((Member(m, (g,)),)) for m, g in zip(models, free_gpus)]
+
+
+class RandomOrder(Policy):
+    """A policy that takes the models in one random order (seeded), a GPU each, from the
+    front of the queue as GPUs come free (`take`); subclasses say when (`on_free`).
+
+    Args:
+        options: none (:class:`~fleet.schedule.options.NoOptions`); accepted for a uniform constructor.
+        seed: seeds the random order of the models.
+    """
+
+    uses_refined_rates = False  # the order is random, the GPUs one per model
+
+    def __init__(self, options: NoOptions = NoOptions(), seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.queue: list[str] = []
+
+    def start(self, view: ClusterView) -> Decision:
+        self.queue = [view.rates.ids[i] for i in self.rng.permutation(len(view.models))]
+        return self.on_free(view)
+
+    def on_free(self, view: ClusterView) -> Decision:
+        """GPUs may be free: launch what the policy launches now."""
+        raise NotImplementedError
+
+    def take(self, view: ClusterView) -> list[str]:
+        """The next models, one per free GPU (as many as are left)."""
+        count = min(len(self.queue), len(view.free_gpus))
+        models, self.queue = self.queue[:count], self.queue[count:]
+        return models

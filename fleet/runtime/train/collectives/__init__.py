@@ -2,7 +2,7 @@
 
 `Collective` (in `_base.py`) is the contract. Backends are registered by name in
 `COLLECTIVES`, imported only when a group uses them, and the spec's ``runtime.collective``
-takes its valid names (`KINDS`) from here:
+takes its valid names (`kinds()`) from here:
 
 - ``torch``: a torch.distributed process group over exactly the group's members, gloo on
   the CPU and NCCL on CUDA (`TorchCollective`);
@@ -29,4 +29,8 @@ COLLECTIVES: Registry[type] = Registry("collective", {
 })
 AUTO = "auto"
 AUTO_ORDER = ("torch", "mpi")  # Horovod goes first when it lands; mpi is always there
-KINDS = (AUTO, *COLLECTIVES.names)
+
+
+def kinds() -> tuple[str, ...]:
+    """The valid values of ``runtime.collective``: ``auto`` and every registered backend."""
+    return (AUTO, *COLLECTIVES.names)

@@ -22,8 +22,8 @@ def _load(kind: str) -> type[Collective] | None:
 
 def _backend_class(kind: str, device: str) -> type[Collective]:
     """The class that `kind` means on `device` (raises `UserError`, see `resolve_backend`)."""
-    if kind not in registry.KINDS:
-        raise UserError(f"collective {kind!r}: expected one of {', '.join(registry.KINDS)}")
+    if kind not in registry.kinds():
+        raise UserError(f"collective {kind!r}: expected one of {', '.join(registry.kinds())}")
     if kind == registry.AUTO:
         usable = (cls for cls in map(_load, registry.AUTO_ORDER) if cls is not None and cls.unavailable(device) is None)
         return next(usable, MPICollective)
@@ -57,7 +57,7 @@ def create_collective(
     """The collective of one trainer group, for this member (collective over `group_comm`).
 
     Args:
-        kind: one of the registry's `KINDS` (see its docstring).
+        kind: one of the registry's `kinds()` (see its docstring).
         group_comm: the group's communicator, rank 0 the master; the collective duplicates it.
         device: the device the engine's gradients live on (``cpu``, ``cuda:0``, ...).
         timeout_s: the longest any call of the collective waits.

@@ -1,0 +1,185 @@
+"""Example: a second framework, "numpy-example": softmax regression trained with plain numpy.
+
+A framework is (see docs/architecture.md, "Adding an engine"):
+1. an `Engine` (one replica on one device: gradients, the declared `gradient_buffer` a
+   collective reduces, optimizer step, evaluation, epochs, its state for checkpoints);
+2. a `ModelZoo` that builds, describes and sizes the families it supports;
+3. a `Framework` object tying them to a `StateCodec` (states to bytes that load without
+   running code) and the device questions (GPUs seen, free memory, synchronisation);
+4. a package whose module-level ``FRAMEWORK`` is that object, and one line in
+   `fleet.engines.registry.FRAMEWORKS`; the spec's ``framework:`` then accepts its name.
+
+This zoo builds one family, ``mlp`` with ``hidden: []`` (a linear classifier); the engine
+trains it with SGD at the spec's learning rate and schedule, on the CPU only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fleet.engines._base import Engine, EnginePhase, Framework, ModelStats, ModelZoo, check_flat
+from fleet.engines.schedule import learning_rate
+from fleet.engines.tree_codec import TreeStateCodec
+from fleet.errors import UserError
+
+STATE_FORMAT = "example.numpy_engine/1"
+
+
+class LinearZoo(ModelZoo):
+    """``mlp`` with no hidden layer: weights (inputs x classes) and a bias per class."""
+
+    def _check(self, family: str, params: Mapping[str, Any]) -> None:
+        if family != "mlp" or list(params.get("hidden", [])):
+            raise UserError(f"family {family!r} {dict(params)}: numpy-example builds mlp with hidden: [] only")
+
+    def build(self, family, params, input_shape, num_classes, *, seed=None) -> dict[str, np.ndarray]:
+        self._check(family, params)
+        inputs = int(np.prod(input_shape))
+        rng = np.random.default_rng(seed)
+        return {"w": (rng.standard_normal((inputs, num_classes)) / np.sqrt(inputs)).astype(np.float32),
+                "b": np.zeros(num_classes, np.float32)}
+
+    def describe(self, family, params, input_shape, num_classes) -> ModelStats:
+        self._check(family, params)
+        count = (int(np.prod(input_shape)) + 1) * num_classes
+        return ModelStats(count, 4 * count, 2 * count)
+
+    def parameter_bytes(self, family, params, input_shape, num_classes) -> int | None:
+        return self.describe(family, params, input_shape, num_classes).param_bytes
+
+
+class NumpyEngine(Engine):
+    """One replica: parameters and gradients in two flat float32 arrays (views give w and b)."""
+
+    codec = TreeStateCodec()
+
+    def __init__(self, model, input_shape, num_classes: int, device: str = "cpu"):
+        if device != "cpu":
+            raise UserError(f"device {device!r}: numpy-example runs on the CPU only")
+        net = LinearZoo().build(model.family, model.params, input_shape, num_classes, seed=model.seed)
+        self.model_id, self.device, self.spec = model.id, "cpu", model
+        self.params = np.concatenate([net["w"].ravel(), net["b"]])
+        self.grads = np.zeros_like(self.params)
+        self.num_parameters = self.params.size
+        self.shape = (int(np.prod(input_shape)), num_classes)
+        self._epoch, self._phase = 0, EnginePhase.BUILT
+        self._lr = self._scheduled_lr()
+
+    def _weights(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inputs, classes = self.shape
+        return flat[: inputs * classes].reshape(inputs, classes), flat[inputs * classes:]
+
+    def _scheduled_lr(self) -> float:
+        train = self.spec.train
+        return learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
+
+    def _probabilities(self, x: np.ndarray) -> np.ndarray:
+        w, b = self._weights(self.params)
+        logits = np.asarray(x, np.float32).reshape(len(x), -1) @ w + b
+        logits -= logits.max(axis=1, keepdims=True)
+        e = np.exp(logits)
+        return e / e.sum(axis=1, keepdims=True)
+
+    # -- the interface -----------------------------------------------------------------------
+
+    @property
+    def phase(self) -> EnginePhase:
+        return self._phase
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    def compute_gradients(self, x, y) -> float:
+        p = self._probabilities(x)
+        y = np.asarray(y, np.int64)
+        loss = float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
+        p[np.arange(len(y)), y] -= 1.0
+        gw, gb = self._weights(self.grads)
+        gw[...] = np.asarray(x, np.float32).reshape(len(x), -1).T @ p / len(y)
+        gb[...] = p.mean(axis=0)
+        self._phase = EnginePhase.TRAINING
+        return loss
+
+    def flat_gradients(self) -> np.ndarray:
+        return self.grads  # the buffer itself: a collective reduces it in place
+
+    def gradient_buffer(self) -> np.ndarray:
+        return self.grads
+
+    def load_flat_gradients(self, flat) -> None:
+        if flat is not self.grads:
+            check_flat(flat, self.num_parameters, "gradients")
+            self.grads[...] = flat
+
+    def apply_gradients(self) -> None:
+        self.params -= self._lr * self.grads
+        self.grads[...] = 0.0
+
+    def flat_parameters(self) -> np.ndarray:
+        return self.params.copy()
+
+    def load_flat_parameters(self, flat) -> None:
+        check_flat(flat, self.num_parameters, "parameters")
+        self.params[...] = flat
+
+    def flat_buffers(self) -> np.ndarray:
+        return np.empty(0, np.float32)  # no batch-norm statistics
+
+    def load_flat_buffers(self, flat) -> None:
+        pass
+
+    def evaluate(self, x, y, batch_size: int = 256) -> dict[str, float]:
+        p, y = self._probabilities(x), np.asarray(y, np.int64)
+        loss = float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
+        return {"loss": loss, "accuracy": float((p.argmax(axis=1) == y).mean())}
+
+    def end_epoch(self) -> None:
+        self._epoch += 1
+        self._lr = self._scheduled_lr()
+
+    def state(self) -> dict[str, Any]:
+        return {"format": STATE_FORMAT, "model_id": self.model_id, "params": self.params.copy(), "epoch": self._epoch}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT or state.get("model_id") != self.model_id:
+            raise UserError(f"checkpoint of model {self.model_id!r}: not a numpy-example state of this model")
+        self.load_flat_parameters(np.asarray(state["params"], np.float32))
+        self._epoch = int(state["epoch"])
+        self._lr = self._scheduled_lr()
+
+
+class NumpyFramework(Framework):
+    name = "numpy-example"
+    zoo = LinearZoo()
+    codec = NumpyEngine.codec
+
+    def version(self) -> str:
+        return np.__version__
+
+    def create_engine(self, model, input_shape, num_classes, device="cpu", threads=None,
+                      deterministic=False) -> Engine:
+        return NumpyEngine(model, input_shape, num_classes, device)
+
+    def visible_gpus(self) -> int:
+        return 0
+
+    def free_device_memory(self, device: str) -> int | None:
+        return None
+
+    def synchronize(self, device: str) -> None:
+        pass
+
+    def release_memory(self, device: str) -> None:
+        pass
+
+
+FRAMEWORK = NumpyFramework()
+"""What the registry line names: ``FRAMEWORKS.add("numpy-example", "docs.examples.engine_numpy:FRAMEWORK")``."""
