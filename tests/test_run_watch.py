@@ -153,3 +153,19 @@ def test_sigterm_to_fleet_run_checkpoints_the_job_instead_of_orphaning_it(tmp_pa
             pass
     assert alive == [], f"ranks {alive} trained on after fleet run ended"
     assert json.loads((run_dir / "results.json").read_text())["interrupted"] is True
+
+
+def test_a_job_whose_ranks_never_start_is_stopped_with_a_line(tmp_path):
+    """A rank that fails before MPI is up leaves the others in MPI's start-up, where fleet's own
+    deadlines do not reach: with no ranks.json after the start deadline, the watch stops the job."""
+    import io
+
+    from fleet.runtime.launch.supervise import JobWatch
+
+    stuck = [sys.executable, "-c", "import time; print('rank 1: ImportError', flush=True); time.sleep(120)"]
+    out = io.StringIO()
+    began = time.monotonic()
+    outcome = JobWatch(stuck, tmp_path, mpi_env(), out, io.StringIO(), start_timeout_s=1.0).run()
+    assert time.monotonic() - began < 30 and outcome.returncode != 0
+    assert "no rank had started after 1 s" in outcome.exit_string
+    assert "rank 1: ImportError" in out.getvalue()

@@ -14,6 +14,11 @@ from fleet.spec import Spec
 EXPECTED = (0, 2, EXIT_CHECKPOINTED)  # done; a user error (said by the ranks); checkpointed
 
 
+def start_timeout(spec: Spec) -> float:
+    """How long `fleet run` waits for the ranks to start: their own wait, and a minute more."""
+    return spec.runtime.timeout_s + 60.0
+
+
 def finish(spec: Spec, outcome: Outcome, training: bool) -> int:
     """Explain an abnormal end, write what can be written, and return the exit code."""
     run_dir = Path(spec.run_dir)

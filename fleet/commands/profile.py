@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from fleet.commands._args import positive_int, positive_int_list
-from fleet.commands._watch import finish
+from fleet.commands._watch import finish, start_timeout
 from fleet.runtime.launch.jobenv import read_job_env
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, start_here
 from fleet.runtime.main import TrainOptions, train_entry
@@ -56,7 +56,7 @@ def _launch(args: argparse.Namespace) -> int:
     command[command.index("train")] = "profile"
     if args.gpus:
         command += ["--gpus", ",".join(str(g) for g in args.gpus)]
-    outcome = start_here(command, f"profiling on {command[command.index('-n') + 1]} ranks", spec.run_dir)
+    outcome = start_here(command, f"profiling on {command[command.index('-n') + 1]} ranks", spec.run_dir, start_timeout(spec))
     return finish(spec, outcome, training=False)
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from fleet.atomic import atomic_write_text
-from fleet.commands._watch import finish
+from fleet.commands._watch import finish, start_timeout
 from fleet.report.results import leaderboard_rows, write_results
 from fleet.runlock import RunLock
 from fleet.runtime.events import EventLog
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         return run_local(spec, args)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
-    return finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir), training=True)
+    return finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
 
 
 def run_local(spec, args: argparse.Namespace) -> int:

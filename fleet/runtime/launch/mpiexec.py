@@ -75,10 +75,11 @@ def mpiexec_command(
     return command
 
 
-def start_here(command: list[str], what: str, run_dir: str | os.PathLike,
+def start_here(command: list[str], what: str, run_dir: str | os.PathLike, start_timeout_s: float | None = None,
                environ: Mapping[str, str] = os.environ) -> Outcome:
     """Print `what` and the command line, run `command` (an `mpiexec_command`) under a
-    `JobWatch` and return how it ended; every rank starts on this machine.
+    `JobWatch` and return how it ended; every rank starts on this machine (the job is stopped
+    when none has finished starting after `start_timeout_s`).
 
     The batch allocation's variables are hidden from the mpiexec (`without_allocation`), so
     inside a multi-node Slurm/LSF/PBS allocation neither MPICH nor Open MPI reaches for the
@@ -90,7 +91,8 @@ def start_here(command: list[str], what: str, run_dir: str | os.PathLike,
     if note:
         print(note, flush=True)
     print(f"fleet: {what}: {' '.join(command)}", flush=True)
-    return JobWatch(command, Path(run_dir), without_allocation(environ), sys.stdout, sys.stderr).run()
+    watch = JobWatch(command, Path(run_dir), without_allocation(environ), sys.stdout, sys.stderr, start_timeout_s)
+    return watch.run()
 
 
 def allocation_note(environ: Mapping[str, str] = os.environ) -> str | None:

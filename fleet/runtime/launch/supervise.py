@@ -203,10 +203,15 @@ class JobWatch:
         run_dir: the run directory (where rank 0 writes ``ranks.json``).
         env: the environment for mpiexec.
         out, err: where the ranks' stdout and stderr lines go.
+        start_timeout_s: the job is stopped when rank 0 has not written ``ranks.json`` this
+            long after the launch (a rank that failed before MPI was up leaves the others
+            waiting in MPI's start-up, where fleet's own deadlines do not reach); None: never.
     """
 
-    def __init__(self, command: list[str], run_dir: Path, env: Mapping[str, str], out: TextIO, err: TextIO):
+    def __init__(self, command: list[str], run_dir: Path, env: Mapping[str, str], out: TextIO, err: TextIO,
+                 start_timeout_s: float | None = None):
         self.command, self.run_dir, self.env = command, Path(run_dir), dict(env)
+        self.start_timeout_s = start_timeout_s
         self.out, self.err = out, err
         self.outcome = Outcome()
         self.filter = OutputFilter(self.outcome)
@@ -244,12 +249,25 @@ class JobWatch:
                     return
                 if not self._ranks:
                     self._watch_ranks(started)
+                    self._stop_if_never_started(proc, started)
                 for fd, _ in self._poll.poll(200) if self._ranks else ():
                     self._ended(fd)
                 if not self._ranks:
                     time.sleep(0.2)
             except KeyboardInterrupt:  # Ctrl-C reached mpiexec too: wait for it to end the job
                 self.outcome.forwarded = signal.SIGINT
+
+    def _stop_if_never_started(self, proc: subprocess.Popen, started: float) -> None:
+        if self.start_timeout_s is None or time.time() - started < self.start_timeout_s:
+            return
+        self.outcome.exit_string = (f"no rank had started after {self.start_timeout_s:g} s (one may have failed "
+                                    "before MPI was up, leaving the others waiting: see its output above)")
+        self.start_timeout_s = None
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
     def _watch_ranks(self, started: float) -> None:
         ranks = read_ranks(self.run_dir, started)
