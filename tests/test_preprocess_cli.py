@@ -1,5 +1,7 @@
 """`fleet data ...` as a user runs it: exit code 0 on success, 2 with one stderr line on bad input."""
 
+import json
+
 import pytest
 
 
@@ -97,3 +99,38 @@ def test_force_replaces(made, fleet_cli):
                        "--classes", "3", "--samples", "30", "--image-size", "12")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+# ----------------------------------------------------------------------------- classes inferred
+
+
+def sparse_h5(path):
+    """Labels 0..9 and 1000, no `classes` attribute: 1001 classes inferred, 11 with samples."""
+    import h5py
+    import numpy as np
+
+    labels = np.array([i % 10 for i in range(199)] + [1000])
+    with h5py.File(path, "w") as f:
+        f["images"] = np.zeros((len(labels), 8, 8, 1), np.uint8)
+        f["labels"] = labels
+    return path
+
+
+def test_inferred_classes_are_said_by_data_info_and_validate(tmp_path, fleet_cli):
+    h5 = sparse_h5(tmp_path / "x.h5")
+    note = f"fleet: note: {h5}: 1001 classes inferred from the labels (0..1000); set data.classes to say so"
+    warning = f"fleet: warning: {h5}: only 11 of 1001 classes have samples"
+    info = fleet_cli("data", "info", str(h5))
+    assert info.returncode == 0, info.stderr
+    assert info.stdout.count(note) == 1 and info.stdout.count(warning) == 1, info.stdout[-500:]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\ndata: {{source: hdf5, path: {h5}, image_size: 8, channels: 1}}\n"
+                    "models: [{family: mlp}]\n")
+    validate = fleet_cli("validate", str(spec))
+    assert validate.returncode == 0, validate.stderr
+    assert validate.stdout.count(note) == 1 and validate.stdout.count(warning) == 1, validate.stdout
+    as_json = fleet_cli("validate", str(spec), "--json")
+    assert json.loads(as_json.stdout)["num_classes"] == 1001 and note in as_json.stderr
+    spec.write_text(spec.read_text().replace("channels: 1", "channels: 1, classes: 11"))  # a count that disagrees
+    assert_user_error(fleet_cli("data", "info", str(spec)), f"data.classes: 11 declared, but {h5} holds 1001 classes")
+

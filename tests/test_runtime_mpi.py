@@ -296,6 +296,25 @@ def test_decode_once_for_all_models_of_a_stream(tmp_path):
     assert res["samples_decoded"] == n
 
 
+def test_a_class_count_inferred_from_the_labels_is_said_once(tmp_path):
+    """Labels 0..9 and 1000 in an HDF5 set without a `classes` attribute: the job trains
+    1001-class models, and says so once (rank 0), with the warning that 990 have no samples."""
+    import h5py
+
+    labels = np.array([i % 10 for i in range(199)] + [1000])
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["images"] = np.zeros((len(labels), 8, 8, 1), np.uint8)
+        f["labels"] = labels
+    data = {"source": "hdf5", "path": str(tmp_path / "x.h5"), "image_size": 8, "channels": 1, "val_fraction": 0.2}
+    spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp", "name": "a"}],
+                      {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}, "baseline", data=data,
+                      train={"batch_size": 32, "max_epochs": 1})
+    done = train(3, spec, tmp_path / "run")
+    output = done.stdout + done.stderr
+    assert output.count("1001 classes inferred from the labels (0..1000); set data.classes to say so") == 1, output
+    assert output.count("fleet: warning: ") == 1 and "only 11 of 1001 classes have samples" in output, output
+
+
 @pytest.mark.openmpi
 def test_resume_after_kill_continues_exactly(tmp_path):
     """Kill the job between epochs, start it again on the same run directory: no completed

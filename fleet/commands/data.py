@@ -124,10 +124,13 @@ def _partition(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from preprocess.info import describe, open_any  # preprocess loads h5py and Pillow
+    from preprocess.readers import class_notices  # preprocess loads h5py and Pillow
 
     reader, manifest = open_any(args.path_or_spec)
     with reader:
         print(describe(reader, args.path_or_spec, manifest))
+        for notice in class_notices(reader):
+            print(f"fleet: {notice}")
     return 0
 
 
