@@ -134,3 +134,62 @@ def test_inferred_classes_are_said_by_data_info_and_validate(tmp_path, fleet_cli
     spec.write_text(spec.read_text().replace("channels: 1", "channels: 1, classes: 11"))  # a count that disagrees
     assert_user_error(fleet_cli("data", "info", str(spec)), f"data.classes: 11 declared, but {h5} holds 1001 classes")
 
+
+# ----------------------------------------------------------------------------- info --check
+
+
+def broken_folder(root):
+    """Good JPEGs, one cut in half, and a text file named .jpg."""
+    from preprocess.make import make_synthetic
+
+    make_synthetic(root, "jpeg", classes=2, samples=10, image_size=12, progress=False)
+    truncated = root / "000.class0" / "000004.jpg"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    text = root / "001.class1" / "notes.jpg"
+    text.write_text("not an image\n")
+    return truncated, text
+
+
+def test_info_check_names_every_bad_file_and_exits_2(tmp_path, fleet_cli):
+    truncated, text = broken_folder(tmp_path / "set")
+    plain = fleet_cli("data", "info", str(tmp_path / "set"))
+    assert plain.returncode == 0 and "cannot" not in plain.stdout  # without --check: as before
+    checked = fleet_cli("data", "info", str(tmp_path / "set"), "--check")
+    assert checked.returncode == 2, checked.stderr
+    bad = [line for line in checked.stdout.splitlines() if "cannot decode image" in line]
+    assert bad == [f"{truncated}: cannot decode image (Truncated File Read)",
+                   f"{text}: cannot decode image (not a JPEG or PNG file)"], checked.stdout
+    assert checked.stdout.splitlines()[-1] == "fleet: check: 2 of 11 samples cannot be used (listed above)"
+    assert checked.stderr == ""  # no progress bar when stderr is not a terminal, nor a line this fast
+    spec = tmp_path / "s.yaml"  # through a spec's own pipeline: the same two
+    spec.write_text(f"name: s\ndata: {{source: imagefolder, path: {tmp_path / 'set'}, image_size: 8}}\n"
+                    "preprocess: [decode, {resize: {size: 8}}]\nmodels: [{family: mlp}]\n")
+    through_spec = fleet_cli("data", "info", str(spec), "--check")
+    assert through_spec.returncode == 2 and through_spec.stdout.count("cannot decode image") == 2, through_spec.stdout
+
+
+def test_info_check_of_good_data_exits_0(made, fleet_cli):
+    checked = fleet_cli("data", "info", str(made / "jpeg"), "--check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.splitlines()[-1] == "fleet: check: all 30 samples read and decode"
+
+
+def test_info_check_names_unreadable_hdf5_items(tmp_path, fleet_cli):
+    import h5py
+    import numpy as np
+
+    path = tmp_path / "z.h5"
+    with h5py.File(path, "w") as f:
+        images = f.create_dataset("images", data=np.zeros((40, 8, 8, 3), np.uint8), chunks=(1, 8, 8, 3),
+                                  compression="gzip")
+        f["labels"] = np.arange(40) % 4
+        f.attrs["classes"] = 4
+        spans = [(images.id.get_chunk_info(i).byte_offset, images.id.get_chunk_info(i).size) for i in (7, 23)]
+    raw = bytearray(path.read_bytes())
+    for offset, size in spans:
+        raw[offset : offset + size] = b"\xff" * size
+    path.write_bytes(bytes(raw))
+    checked = fleet_cli("data", "info", str(path), "--check")
+    assert checked.returncode == 2, checked.stderr
+    bad = [line.split(":")[0] for line in checked.stdout.splitlines() if "cannot read images" in line]
+    assert bad == [f"{path}[7]", f"{path}[23]"], checked.stdout
