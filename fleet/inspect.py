@@ -22,6 +22,7 @@ class EnsembleSummary:
     num_classes: int
     input_shape: tuple[int, int, int]
     rows: list[ModelRow]
+    notices: tuple[str, ...] = ()  # what the data set's reader says of its classes (`class_notices`)
 
     def as_dict(self) -> dict:
         return {
@@ -61,23 +62,29 @@ def input_shape(spec: Spec) -> tuple[int, int, int]:
 
 def num_classes(spec: Spec) -> int:
     """Declared in the spec, else read from the data set's labels."""
+    return classes_and_notices(spec)[0]
+
+
+def classes_and_notices(spec: Spec) -> tuple[int, tuple[str, ...]]:
+    """The class count (declared in the spec, else read from the data set's labels) and, when
+    the data set was read for it, what the user should hear of it (`class_notices`)."""
     if spec.data.classes is not None:
-        return spec.data.classes
-    from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
+        return spec.data.classes, ()
+    from preprocess.readers import class_notices, open_reader  # preprocess loads h5py and Pillow
 
     reader = open_reader(spec.data, seed=spec.seed)
     try:
-        return reader.num_classes
+        return reader.num_classes, tuple(class_notices(reader))
     finally:
         reader.close()
 
 
 def describe_ensemble(spec: Spec) -> EnsembleSummary:
     """Each model's size and cost, counted by its framework's zoo."""
-    classes, shape = num_classes(spec), input_shape(spec)
+    (classes, notices), shape = classes_and_notices(spec), input_shape(spec)
     rows = [
         ModelRow(m.id, m.family, key_params(m, spec.train),
                  get_framework(m.framework).zoo.describe(m.family, m.params, shape, classes))
         for m in spec.models
     ]
-    return EnsembleSummary(classes, shape, rows)
+    return EnsembleSummary(classes, shape, rows, notices)

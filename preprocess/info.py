@@ -50,7 +50,7 @@ def open_any(path_or_spec: str) -> tuple[Reader, PartitionManifest | None]:
     return open_path(path_or_spec)
 
 
-def _shape_line(reader: Reader) -> str:
+def _shape_line(reader: Reader, lenient: bool) -> str:
     if reader.image_shape is not None:
         h, w, c = reader.image_shape
         return f"{h}x{w}x{c} (HxWxC, uint8)"
@@ -60,19 +60,24 @@ def _shape_line(reader: Reader) -> str:
             with Image.open(first) as image:
                 return f"varies (encoded files; the first is {image.height}x{image.width} {image.mode}: {first})"
         except OSError:
+            if lenient:
+                return f"varies (encoded files; the first cannot be decoded: {first})"
             raise UserError(f"{first}: cannot decode image (not a JPEG/PNG file)") from None
     return "varies"
 
 
-def describe(reader: Reader, where: str, manifest: PartitionManifest | None = None) -> str:
-    """A few lines about `reader`'s data set, then one line per class."""
+def describe(reader: Reader, where: str, manifest: PartitionManifest | None = None, lenient: bool = False) -> str:
+    """A few lines about `reader`'s data set, then one line per class.
+
+    `lenient`: a first image that cannot be decoded is said in the shape line instead of
+    raising (`--check` then names every bad file)."""
     counts = np.bincount(reader.labels, minlength=reader.num_classes)
     lines = [
         f"source:       {reader.source}{' (partitioned)' if manifest else ''}",
         f"path:         {where}",
         f"samples:      {len(reader)}",
         f"classes:      {reader.num_classes}",
-        f"image shape:  {_shape_line(reader)}",
+        f"image shape:  {_shape_line(reader, lenient)}",
     ]
     if manifest is not None:
         sizes = ", ".join(str(s) for s in manifest.sizes)

@@ -102,6 +102,8 @@ def decode_image(data: bytes, name: str, channels: int, draft: tuple[int, int] |
             if draft is not None and image.format == "JPEG":
                 image.draft(mode, (draft[1], draft[0]))
             pixels = np.asarray(image if image.mode == mode else image.convert(mode))
+    except Image.UnidentifiedImageError:  # its message names the in-memory file object
+        raise UserError(f"{name}: cannot decode image (not a JPEG or PNG file)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise UserError(f"{name}: cannot decode image ({str(exc) or exc.__class__.__name__})") from None
     return pixels[..., None] if pixels.ndim == 2 else pixels

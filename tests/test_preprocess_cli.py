@@ -1,5 +1,7 @@
 """`fleet data ...` as a user runs it: exit code 0 on success, 2 with one stderr line on bad input."""
 
+import json
+
 import pytest
 
 
@@ -97,3 +99,97 @@ def test_force_replaces(made, fleet_cli):
                        "--classes", "3", "--samples", "30", "--image-size", "12")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+# ----------------------------------------------------------------------------- classes inferred
+
+
+def sparse_h5(path):
+    """Labels 0..9 and 1000, no `classes` attribute: 1001 classes inferred, 11 with samples."""
+    import h5py
+    import numpy as np
+
+    labels = np.array([i % 10 for i in range(199)] + [1000])
+    with h5py.File(path, "w") as f:
+        f["images"] = np.zeros((len(labels), 8, 8, 1), np.uint8)
+        f["labels"] = labels
+    return path
+
+
+def test_inferred_classes_are_said_by_data_info_and_validate(tmp_path, fleet_cli):
+    h5 = sparse_h5(tmp_path / "x.h5")
+    note = f"fleet: note: {h5}: 1001 classes inferred from the labels (0..1000); set data.classes to say so"
+    warning = f"fleet: warning: {h5}: only 11 of 1001 classes have samples"
+    info = fleet_cli("data", "info", str(h5))
+    assert info.returncode == 0, info.stderr
+    assert info.stdout.count(note) == 1 and info.stdout.count(warning) == 1, info.stdout[-500:]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\ndata: {{source: hdf5, path: {h5}, image_size: 8, channels: 1}}\n"
+                    "models: [{family: mlp}]\n")
+    validate = fleet_cli("validate", str(spec))
+    assert validate.returncode == 0, validate.stderr
+    assert validate.stdout.count(note) == 1 and validate.stdout.count(warning) == 1, validate.stdout
+    as_json = fleet_cli("validate", str(spec), "--json")
+    assert json.loads(as_json.stdout)["num_classes"] == 1001 and note in as_json.stderr
+    spec.write_text(spec.read_text().replace("channels: 1", "channels: 1, classes: 11"))  # a count that disagrees
+    assert_user_error(fleet_cli("data", "info", str(spec)), f"data.classes: 11 declared, but {h5} holds 1001 classes")
+
+
+# ----------------------------------------------------------------------------- info --check
+
+
+def broken_folder(root):
+    """Good JPEGs, one cut in half, and a text file named .jpg."""
+    from preprocess.make import make_synthetic
+
+    make_synthetic(root, "jpeg", classes=2, samples=10, image_size=12, progress=False)
+    truncated = root / "000.class0" / "000004.jpg"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    text = root / "001.class1" / "notes.jpg"
+    text.write_text("not an image\n")
+    return truncated, text
+
+
+def test_info_check_names_every_bad_file_and_exits_2(tmp_path, fleet_cli):
+    truncated, text = broken_folder(tmp_path / "set")
+    plain = fleet_cli("data", "info", str(tmp_path / "set"))
+    assert plain.returncode == 0 and "cannot" not in plain.stdout  # without --check: as before
+    checked = fleet_cli("data", "info", str(tmp_path / "set"), "--check")
+    assert checked.returncode == 2, checked.stderr
+    bad = [line for line in checked.stdout.splitlines() if "cannot decode image" in line]
+    assert bad == [f"{truncated}: cannot decode image (Truncated File Read)",
+                   f"{text}: cannot decode image (not a JPEG or PNG file)"], checked.stdout
+    assert checked.stdout.splitlines()[-1] == "fleet: check: 2 of 11 samples cannot be used (listed above)"
+    assert checked.stderr == ""  # no progress bar when stderr is not a terminal, nor a line this fast
+    spec = tmp_path / "s.yaml"  # through a spec's own pipeline: the same two
+    spec.write_text(f"name: s\ndata: {{source: imagefolder, path: {tmp_path / 'set'}, image_size: 8}}\n"
+                    "preprocess: [decode, {resize: {size: 8}}]\nmodels: [{family: mlp}]\n")
+    through_spec = fleet_cli("data", "info", str(spec), "--check")
+    assert through_spec.returncode == 2 and through_spec.stdout.count("cannot decode image") == 2, through_spec.stdout
+
+
+def test_info_check_of_good_data_exits_0(made, fleet_cli):
+    checked = fleet_cli("data", "info", str(made / "jpeg"), "--check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.splitlines()[-1] == "fleet: check: all 30 samples read and decode"
+
+
+def test_info_check_names_unreadable_hdf5_items(tmp_path, fleet_cli):
+    import h5py
+    import numpy as np
+
+    path = tmp_path / "z.h5"
+    with h5py.File(path, "w") as f:
+        images = f.create_dataset("images", data=np.zeros((40, 8, 8, 3), np.uint8), chunks=(1, 8, 8, 3),
+                                  compression="gzip")
+        f["labels"] = np.arange(40) % 4
+        f.attrs["classes"] = 4
+        spans = [(images.id.get_chunk_info(i).byte_offset, images.id.get_chunk_info(i).size) for i in (7, 23)]
+    raw = bytearray(path.read_bytes())
+    for offset, size in spans:
+        raw[offset : offset + size] = b"\xff" * size
+    path.write_bytes(bytes(raw))
+    checked = fleet_cli("data", "info", str(path), "--check")
+    assert checked.returncode == 2, checked.stderr
+    bad = [line.split(":")[0] for line in checked.stdout.splitlines() if "cannot read images" in line]
+    assert bad == [f"{path}[7]", f"{path}[23]"], checked.stdout

@@ -13,7 +13,7 @@ from fleet.spec.sections import DataSpec
 from preprocess.generator import SyntheticRecipe, draw_sample
 from preprocess.make import make_synthetic
 from preprocess.partition import partition_dataset
-from preprocess.readers import open_reader, partition_count
+from preprocess.readers import class_notices, open_reader, partition_count
 from preprocess.readers.hdf5 import HDF5Reader
 
 
@@ -183,6 +183,34 @@ def test_hdf5_declared_classes(tmp_path):
     with pytest.raises(UserError) as exc:
         open_reader(DataSpec(source="hdf5", path=str(path), classes=10))
     assert one_line(exc) == f"data.classes: 10 declared, but {path} holds 3 classes"
+
+
+def test_hdf5_classes_inferred_from_the_labels_are_said_and_a_sparse_set_warned(tmp_path):
+    """Labels 0..9 and 1000 without a `classes` attribute: 1001 classes, said, and warned."""
+    path = write_h5(tmp_path / "x.h5", good_images(11), np.array([*range(10), 1000]))
+    note = f"note: {path}: 1001 classes inferred from the labels (0..1000); set data.classes to say so"
+    warning = (f"warning: {path}: only 11 of 1001 classes have samples; every model gets 1001 outputs "
+               "(are the labels numbered 0..10?)")
+    inferred = open_reader(DataSpec(source="hdf5", path=str(path)))
+    assert inferred.num_classes == 1001 and inferred.classes_inferred
+    assert class_notices(inferred) == [note, warning]
+    declared = open_reader(DataSpec(source="hdf5", path=str(path), classes=1001))
+    assert not declared.classes_inferred and class_notices(declared) == [warning]
+    attribute = write_h5(tmp_path / "a.h5", good_images(11), np.array([*range(10), 1000]), classes=1001)
+    assert [n.split(":")[0] for n in class_notices(open_reader(DataSpec(source="hdf5", path=str(attribute))))] == [
+        "warning"]
+    with pytest.raises(UserError) as exc:  # a declared count that disagrees stays an error
+        open_reader(DataSpec(source="hdf5", path=str(path), classes=11))
+    assert one_line(exc) == f"data.classes: 11 declared, but {path} holds 1001 classes"
+    dense = write_h5(tmp_path / "d.h5", good_images(), np.array([0, 1, 2, 1, 2, 0]))
+    assert class_notices(open_reader(DataSpec(source="hdf5", path=str(dense)))) == [
+        f"note: {dense}: 3 classes inferred from the labels (0..2); set data.classes to say so"]
+
+
+def test_readers_that_know_their_classes_say_nothing(jpeg_dir, h5_dir):
+    for data in (DataSpec(source="imagefolder", path=str(jpeg_dir)), DataSpec(source="hdf5", path=str(h5_dir)),
+                 DataSpec(source="digits"), DataSpec(source="synthetic", classes=5, samples=20)):
+        assert class_notices(open_reader(data)) == [], data.source
 
 
 def test_hdf5_truncated_and_foreign_files(tmp_path, h5_dir):

@@ -1,5 +1,6 @@
 """Data-set tools: the synthetic maker, image folder -> HDF5 conversion, partitioning, safe output."""
 
+import io
 import json
 
 import h5py
@@ -9,6 +10,7 @@ from PIL import Image
 
 from fleet.errors import UserError
 from fleet.spec.sections import DataSpec
+from preprocess.check import CheckProgress, check_samples, decode_only
 from preprocess.convert import convert_folder
 from preprocess.generator import SyntheticRecipe, draw_sample
 from preprocess.info import describe, open_any
@@ -16,6 +18,7 @@ from preprocess.make import make_synthetic
 from preprocess.partition import assign_parts, partition_dataset
 from preprocess.readers import open_reader
 from preprocess.readers.hdf5 import HDF5Reader, shard_files
+from preprocess.readers.imagefolder import ImageFolderReader
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +191,28 @@ def test_force_never_replaces_the_working_directory(tmp_path, monkeypatch):
         with pytest.raises(UserError, match="refusing to replace a directory that holds"):
             make_synthetic(out, "hdf5", samples=20, progress=False, force=True)
     assert (work / "precious.txt").read_text() == "keep me"
+
+
+def test_check_samples_reads_in_blocks_and_names_each_bad_sample(tmp_path):
+    root = make_synthetic(tmp_path / "set", "jpeg", classes=2, samples=20, image_size=8, progress=False)
+    bad = [root / "000.class0" / "000002.jpg", root / "001.class1" / "000013.jpg"]
+    for path in bad:
+        path.write_bytes(b"\xff\xd8\xff not a jpeg")
+    seen = []
+    with ImageFolderReader(root) as reader:
+        result = check_samples(reader, decode_only, lambda done, n_bad: seen.append((done, n_bad)), block=8)
+    assert result.checked == 20 and [line.split(": ")[0] for line in result.bad] == [str(p) for p in bad]
+    assert seen == [(8, 1), (16, 1), (20, 2)]  # the file order: class 0's ten files, then class 1's
+
+
+def test_check_progress_writes_a_line_now_and_then_where_there_is_no_terminal():
+    out = io.StringIO()
+    progress = CheckProgress(1000, out, every_s=0.0)
+    progress(256, 0)
+    progress(512, 3)
+    progress.close()
+    assert out.getvalue().splitlines() == ["fleet: checked 256 of 1000 samples (0 bad)",
+                                           "fleet: checked 512 of 1000 samples (3 bad)"]
+    quiet = io.StringIO()
+    CheckProgress(1000, quiet)(256, 0)  # within the first few seconds: nothing
+    assert quiet.getvalue() == ""

@@ -296,6 +296,25 @@ def test_decode_once_for_all_models_of_a_stream(tmp_path):
     assert res["samples_decoded"] == n
 
 
+def test_a_class_count_inferred_from_the_labels_is_said_once(tmp_path):
+    """Labels 0..9 and 1000 in an HDF5 set without a `classes` attribute: the job trains
+    1001-class models, and says so once (rank 0), with the warning that 990 have no samples."""
+    import h5py
+
+    labels = np.array([i % 10 for i in range(199)] + [1000])
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["images"] = np.zeros((len(labels), 8, 8, 1), np.uint8)
+        f["labels"] = labels
+    data = {"source": "hdf5", "path": str(tmp_path / "x.h5"), "image_size": 8, "channels": 1, "val_fraction": 0.2}
+    spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp", "name": "a"}],
+                      {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}, "baseline", data=data,
+                      train={"batch_size": 32, "max_epochs": 1})
+    done = train(3, spec, tmp_path / "run")
+    output = done.stdout + done.stderr
+    assert output.count("1001 classes inferred from the labels (0..1000); set data.classes to say so") == 1, output
+    assert output.count("fleet: warning: ") == 1 and "only 11 of 1001 classes have samples" in output, output
+
+
 @pytest.mark.openmpi
 def test_resume_after_kill_continues_exactly(tmp_path):
     """Kill the job between epochs, start it again on the same run directory: no completed
@@ -404,8 +423,8 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
     for model in final["models"]:
         assert model["converged"] or model["epochs"] == 4
         assert [h["epoch"] for h in model["history"]] == list(range(1, model["epochs"] + 1)), model["id"]
-        # 2400 less the 10% held out; an epoch ends with the chunk (64 samples) that completes it
-        assert all(2160 <= h["samples"] < 2160 + 64 for h in model["history"]), model
+        # 2400 less the 10% held out, every epoch (a resumed one too) exactly one pass
+        assert all(h["samples"] == 2160 for h in model["history"]), model
     resumed = [e for e in events(run_dir) if e["event"] == "member_start" and e["resume"]]
     assert resumed, "the second start did not resume from the checkpoints"
 
@@ -430,7 +449,7 @@ def test_a_job_signalled_again_and_again_resumes_every_time(tmp_path, policy):
     assert final["interrupted"] is False
     for model in final["models"]:
         assert [h["epoch"] for h in model["history"]] == [1, 2, 3, 4], model["id"]
-        assert all(2160 <= h["samples"] < 2160 + 64 for h in model["history"]), model
+        assert all(h["samples"] == 2160 for h in model["history"]), model
 
 
 def test_a_second_job_on_a_run_directory_in_use_stops_at_once_naming_the_first(tmp_path):

@@ -69,17 +69,37 @@ def test_layout_owner_pairs_preprocessors_with_masters():
     assert {one.owner(k) for k in range(6)} == {8}
 
 
-def test_member_clock_ends_epochs_at_chunk_boundaries():
+def test_member_clock_ends_each_epoch_at_exactly_its_samples():
     clock = MemberClock(samples_per_epoch=100, done=40)
-    assert [clock.consume(32), clock.consume(32)] == [False, True]
-    assert [clock.consume(64), clock.consume(36)] == [False, True]
+    assert clock.split(32) == [(0, 32, False)]
+    assert clock.split(32) == [(0, 28, True), (28, 32, False)]  # 40 + 32 + 28: the chunk is split
+    assert clock.split(64) == [(0, 64, False)]
+    assert clock.split(36) == [(0, 32, True), (32, 36, False)] and clock.done == 4
+    assert MemberClock(100, done=130).split(8) == [(0, 1, True), (1, 8, False)]  # an older fleet's checkpoint
+
+
+def test_a_member_resumed_mid_epoch_trains_exactly_the_rest_of_that_epoch():
+    """The resumed epoch that trained up to a chunk too much: 256 samples into a 1,438-sample
+    epoch, the stream's 64-sample chunks gave it 1,472 (and digits' 512-sample chunks 1,694)."""
+    for c in (64, 512):
+        n, clock, chunk, epochs = 1438, MemberClock(1438, done=256), 0, []
+        counted = 256
+        while len(epochs) < 3:
+            for start, stop, ends in clock.split(min(c, n - (chunk % -(-n // c)) * c)):
+                counted += stop - start
+                if ends:
+                    epochs.append(counted)
+                    counted = 0
+            chunk += 1
+        assert epochs == [n, n, n], c
+        assert member_end_chunk(0, 3, n, c, done=256) == chunk
 
 
 def clock_end(first, epochs, n, c, done):
     """Where `MemberClock`, fed the stream's chunk counts from `first`, ends its `epochs`-th epoch."""
     per_epoch, clock, chunk = -(-n // c), MemberClock(n, done), first
     while epochs:
-        epochs -= clock.consume(min(c, n - (chunk % per_epoch) * c))
+        epochs -= sum(ends for _, _, ends in clock.split(min(c, n - (chunk % per_epoch) * c)))
         chunk += 1
     return chunk
 
@@ -619,6 +639,37 @@ def test_once_every_member_has_left_the_chunks_before_the_switch_go_out_hollow()
     assert master.qt.get(1.0).count == 2 and master.qt.get(1.0).leave
     worker_heads = [m.view(np.int64) for m in group.messages if m.dtype == np.int64]
     assert [int(h[Field.FLAGS]) for h in worker_heads] == [Flag.NONE, Flag.LEAVE]
+
+
+def test_a_chunk_split_between_two_epochs_gives_a_worker_at_most_one_share_in_place():
+    """A worker releases a slot by writing its ticket, once: had it read both shares of a split
+    chunk in place, its first release would free the slot before its second read."""
+    import threading
+
+    from fleet.runtime.data.chunks import Flag
+    from fleet.runtime.data.shm import Claim
+    from fleet.runtime.data.stream import MasterStream
+
+    chunks, group, pool = ChunkLayout(8, (1, 1, 1)), FakeDataComm(size=3), SimpleNamespace(local={0: 0, 1: 1, 2: 2})
+    master = MasterStream.__new__(MasterStream)
+    master.ctx, master.group_comm, master.chunks = SimpleNamespace(timeout_s=5.0), group, chunks
+    master.qt, master.leave_requested = SampleQueue(64, "Qt"), threading.Event()
+    master.clock = MemberClock(10, done=7)  # 3 rows end the epoch, 5 start the next
+    held = []
+    master.forwarding, master.claims = True, SimpleNamespace(add=held.append)
+    master.shares = GroupSends(group, 4, [False, True, True], pool, (0, 1, 2), lambda test, what: test())
+    slot = chunks.new_buffer()
+    write_header(chunks.header(slot), 5, 0, 8)
+    chunks.labels(slot)[:] = np.arange(8)
+    claim = Claim(owner=9, slot=0, ticket=1)
+    master._forward(slot, claim)
+    heads = [m.view(np.int64) for m in group.messages if m.size and m.dtype == np.int64]
+    in_place = [bool(int(h[Field.FLAGS]) & Flag.IN_SHM) for h in heads]
+    assert in_place == [True, True, False, False]  # the first share of each worker only
+    assert [int(h[Field.FLAGS]) & Flag.EPOCH_END for h in heads] == [Flag.EPOCH_END] * 2 + [0] * 2
+    assert held == [claim] and sorted(claim.readers) == [1, 2] and len(claim.requests) == 2  # rows sent as bytes
+    own = [master.qt.get(1.0) for _ in range(2)]
+    assert [(list(s.y), s.epoch_end) for s in own] == [([0], True), ([3, 4], False)]
 
 
 class ScriptedTraining:

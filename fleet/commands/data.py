@@ -4,7 +4,7 @@
                               [--image-size 32] [--channels 3] [--seed 0] [--shards 1]
     fleet data convert --in DIR --out PATH --image-size S [--shards N] [--channels 3]
     fleet data partition --in PATH --parts N --out DIR [--seed 0]
-    fleet data info PATH_OR_SPEC
+    fleet data info PATH_OR_SPEC [--check]
 
 Every writing command builds its output beside the destination and moves it into place;
 an existing, non-empty destination needs ``--force``.
@@ -76,6 +76,9 @@ def _add_partition(sub: Any) -> None:
 def _add_info(sub: Any) -> None:
     p = sub.add_parser("info", help="samples per class, image shape and source type of a data set")
     p.add_argument("path_or_spec", metavar="PATH_OR_SPEC", help="a data set path, or a spec .yaml")
+    p.add_argument("--check", action="store_true",
+                   help="read and decode every sample (a spec: through its preprocess ops) and name the bad "
+                        "ones; exit 2 if there are any")
     p.set_defaults(data_func=_info)
 
 
@@ -124,11 +127,29 @@ def _partition(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from preprocess.info import describe, open_any  # preprocess loads h5py and Pillow
+    from preprocess.readers import class_notices  # preprocess loads h5py and Pillow
 
     reader, manifest = open_any(args.path_or_spec)
     with reader:
-        print(describe(reader, args.path_or_spec, manifest))
-    return 0
+        print(describe(reader, args.path_or_spec, manifest, lenient=args.check), flush=True)
+        for notice in class_notices(reader):
+            print(f"fleet: {notice}", flush=True)
+        return _check(reader, args.path_or_spec) if args.check else 0
+
+
+def _check(reader: Any, path_or_spec: str) -> int:
+    """`fleet data info --check`: every bad sample on a line of its own, then a summary; 2 if any."""
+    from preprocess.check import CheckProgress, check_samples, judge_for  # preprocess loads h5py and Pillow
+
+    progress = CheckProgress(len(reader))
+    try:
+        result = check_samples(reader, judge_for(path_or_spec), progress)
+    finally:
+        progress.close()
+    for line in result.bad:
+        print(line)
+    print(f"fleet: {result.summary()}")
+    return UserError.exit_code if result.bad else 0
 
 
 def run(args: argparse.Namespace) -> int:

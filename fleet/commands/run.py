@@ -64,7 +64,7 @@ def _train_here(spec, run_dir, args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    result = train_local(spec, device, on_epoch)
+    result = train_local(spec, device, on_epoch, on_notice=lambda line: print(f"fleet: {line}", flush=True))
     write_results(run_dir, result)
     log.close()
     best = leaderboard_rows(result.models)[0]

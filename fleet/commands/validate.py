@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from fleet.inspect import describe_ensemble
 from fleet.report.table import format_table, human
@@ -26,6 +27,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     summary = describe_ensemble(spec)
+    for notice in summary.notices:  # on stderr with --json, which keeps stdout JSON
+        print(f"fleet: {notice}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(summary.as_dict(), indent=2))
         return 0

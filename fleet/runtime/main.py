@@ -151,6 +151,8 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     if not options.profile_only:
         ctx.pool = _chunk_pool(ctx)
     _warm_up(ctx, placement.role.value)
+    if ctx.rank == 0:
+        _say_data_notices(ctx)
     barrier(world, "every rank to finish starting up", spec.runtime.timeout_s)
     if rates["measure"]:
         _profile(ctx, options)
@@ -236,6 +238,14 @@ def _profile(ctx, options: TrainOptions) -> None:
         print(f"fleet: warning: {failure['id']} on {failure['gpus']} GPU(s) failed to profile: {failure['reason']}; "
               "it is left out of the plan", flush=True)
     ctx.extras["profile_document"] = document
+
+
+def _say_data_notices(ctx) -> None:
+    """Rank 0 (once for the job): what the data set's reader says of its classes."""
+    from preprocess.readers import class_notices  # preprocess loads h5py and Pillow
+
+    for notice in class_notices(ctx.reader):
+        print(f"fleet: {notice}", flush=True)
 
 
 def _warm_up(ctx, role: str) -> None:

@@ -18,13 +18,15 @@ from fleet.errors import UserError
 from fleet.spec.sections import DataSpec, Source
 from preprocess.generator import SyntheticRecipe
 from preprocess.layout import part_name, read_manifest
-from preprocess.readers._base import RawBatch, Reader
+from preprocess.readers._base import RawBatch, Reader, class_notices
 from preprocess.readers.digits import DigitsReader
 from preprocess.readers.hdf5 import HDF5Reader, shard_files
 from preprocess.readers.imagefolder import ImageFolderReader
 from preprocess.readers.synthetic import SyntheticReader
 
-__all__ = ["READERS", "RawBatch", "Reader", "ReaderEntry", "open_reader", "partition_count", "reader_entry"]
+__all__ = [
+    "READERS", "RawBatch", "Reader", "ReaderEntry", "class_notices", "open_reader", "partition_count", "reader_entry",
+]
 
 
 def _path(data: DataSpec) -> Path:

@@ -10,7 +10,7 @@ Contract (every implementation):
 * **States.** Open (after construction, which validates the data set cheaply: layout,
   dtypes, shapes, labels) -> closed (`close()`, idempotent). `read` after `close` reopens.
 * **Cheap metadata.** `__len__`, `num_classes`, `labels` (int64, every sample's label),
-  `class_names`, `encoded` and `image_shape` never decode a sample.
+  `class_names`, `encoded`, `image_shape`, `where` and `classes_inferred` never decode a sample.
 * **Reading.** `read(indices)` returns a `RawBatch` in the order of `indices` (repeats
   allowed). Encoded readers return the file bytes; the others return a uint8 NHWC array.
   An index outside ``[0, len)`` is a programming error (`IndexError`); a damaged file is a
@@ -58,6 +58,9 @@ class Reader(ABC):
     encoded: bool = False
     #: The source type, as in `data.source` ("imagefolder", "hdf5", ...).
     source: str = ""
+    #: True when `num_classes` is the largest label + 1 because nothing declared the count
+    #: (`class_notices` tells the user).
+    classes_inferred: bool = False
 
     @property
     @abstractmethod
@@ -82,6 +85,11 @@ class Reader(ABC):
     def image_shape(self) -> tuple[int, int, int] | None:
         """(H, W, C) of every stored image, or None when images vary (encoded files)."""
         return None
+
+    @property
+    def where(self) -> str:
+        """How messages name the data set: its file or folder, else its source."""
+        return self.source
 
     def close(self) -> None:
         """Release open files; idempotent."""
@@ -126,3 +134,20 @@ def check_declared_classes(declared: int | None, found: int, where: str, what: s
     if declared is not None and declared != found:
         raise UserError(f"data.classes: {declared} declared, but {where} holds {found} {what}")
     return found
+
+
+def class_notices(reader: Reader) -> list[str]:
+    """What the user should hear about `reader`'s classes, one line each, starting with
+    ``note:`` or ``warning:``: a class count inferred from the labels (nothing declared it),
+    and most classes without a sample (every model gets an output per class all the same).
+    The callers print them once per command or job (rank 0), prefixed with ``fleet:``."""
+    classes, where = reader.num_classes, reader.where
+    lines = []
+    if reader.classes_inferred:
+        lines.append(f"note: {where}: {classes} classes inferred from the labels (0..{classes - 1}); "
+                     "set data.classes to say so")
+    present = int(np.count_nonzero(np.bincount(reader.labels, minlength=classes)[:classes]))
+    if 2 * present < classes:
+        lines.append(f"warning: {where}: only {present} of {classes} classes have samples; every model gets "
+                     f"{classes} outputs (are the labels numbered 0..{present - 1}?)")
+    return lines

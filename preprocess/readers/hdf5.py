@@ -167,6 +167,10 @@ class HDF5Reader(Reader):
             raise UserError(f"{where}: holds no samples")
         found = num_classes if num_classes is not None else _class_count(infos, labels)
         self._classes = check_declared_classes(declared_classes, found, where, "classes")
+        self.classes_inferred = declared_classes is None and num_classes is None and all(
+            info.classes is None for info in infos
+        )
+        self._where = where
         for info, lab in zip(infos, labels):
             check_label_range(lab, self._classes, info.path)
         self._infos = infos
@@ -191,6 +195,10 @@ class HDF5Reader(Reader):
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return self._infos[0].image_shape
+
+    @property
+    def where(self) -> str:
+        return self._where
 
     @property
     def paths(self) -> list[Path]:

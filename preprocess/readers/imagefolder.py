@@ -79,6 +79,10 @@ class ImageFolderReader(Reader):
         return list(self._names)
 
     @property
+    def where(self) -> str:
+        return str(self.root)
+
+    @property
     def files(self) -> list[str]:
         """Every image's path, in sample order."""
         return list(self._files)

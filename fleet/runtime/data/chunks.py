@@ -118,19 +118,15 @@ def member_end_chunk(first: int, epochs: int, n: int, chunk_samples: int, done: 
     """The chunk after the one that ends a member's `epochs`-th epoch, for a member that takes
     the stream from chunk `first`, `done` samples into its current epoch.
 
-    A member's epoch ends at the chunk that brings its count to `n`, and its next epoch starts
-    at zero with the next chunk (`MemberClock`); chunk k of an epoch holds min(C, n - k*C).
-    `done` may be `n` or more: a member that left partway through the chunk that ended its
-    epoch (its trainers had not reached that chunk's last batch) ends the epoch at its next
-    chunk."""
+    A member's epoch is exactly `n` samples of the stream, the first one the `n - done` it
+    lacks (`MemberClock`), so its last epoch ends at sample ``n - done + (epochs - 1) * n``
+    from the start of chunk `first`; chunk k of an epoch holds min(C, n - k*C). `done` may be
+    `n` or more (a checkpoint of an older fleet, whose epochs ended only at chunk
+    boundaries): that epoch then ends with the next sample."""
     per_epoch = math.ceil(n / chunk_samples)
-    chunk = first
-    for _ in range(epochs):
-        target = samples_before(chunk, n, chunk_samples) + max(1, n - done)
-        whole, rest = divmod(target, n)
-        chunk = whole * per_epoch + -(-rest // chunk_samples)
-        done = 0
-    return chunk
+    target = samples_before(first, n, chunk_samples) + max(1, n - done) + (epochs - 1) * n
+    whole, rest = divmod(target, n)
+    return whole * per_epoch + -(-rest // chunk_samples)
 
 
 def resumed_end_chunk(first: int, max_epochs: int, epochs_done: int, epoch_samples: int, n: int,

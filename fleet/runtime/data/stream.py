@@ -64,17 +64,29 @@ FANOUT_WINDOW = 4  # chunks a root may have in flight to the other masters
 
 
 class MemberClock:
-    """A member's own epochs: an epoch ends at the chunk that completes `samples_per_epoch`."""
+    """A member's own epochs: each is exactly `samples_per_epoch` samples of the stream.
+
+    An epoch ends at the sample that completes it, which may lie inside a chunk (for a member
+    resumed `done` samples into an epoch, and in every epoch after that one): the chunk's
+    rows then go partly to the epoch that ends and partly to the next. `done` of
+    `samples_per_epoch` or more (a checkpoint of an older fleet, whose epochs ended only
+    at chunk boundaries) ends the epoch with the next sample."""
 
     def __init__(self, samples_per_epoch: int, done: int = 0):
         self.samples_per_epoch, self.done = samples_per_epoch, done
 
-    def consume(self, count: int) -> bool:
-        self.done += count
-        if self.done >= self.samples_per_epoch:
-            self.done = 0
-            return True
-        return False
+    def split(self, count: int) -> list[tuple[int, int, bool]]:
+        """The next `count` samples of the stream as (start, stop, ends_epoch) row ranges,
+        one per epoch they belong to, in order."""
+        parts, start = [], 0
+        while start < count:
+            need = max(1, self.samples_per_epoch - self.done)
+            stop = min(count, start + need)
+            ends = stop - start == need
+            self.done = 0 if ends else self.done + stop - start
+            parts.append((start, stop, ends))
+            start = stop
+        return parts
 
 
 @dataclass
@@ -206,17 +218,21 @@ class GroupSends:
         self.pending: deque = deque()
 
     def send(self, worker: int, chunk: int, x: np.ndarray, y: np.ndarray, flags: int,
-                    claim: Claim | None = None, start: int = 0) -> None:
+             claim: Claim | None = None, start: int = 0, in_place: bool = True) -> bool:
         """Two messages: the header with the labels after it, then (if any) the rows straight
         from the chunk's buffer (or slot: the claim then waits for that send); or, for a
         worker on the slot's node, the header alone, a descriptor of its rows in the slot (the
-        claim then waits for the worker's release)."""
+        claim then waits for the worker's release). True when the rows are to be read in place.
+
+        `in_place` False: send the rows as bytes even to a worker on the slot's node. A worker
+        releases a slot by writing its ticket, once: it may read in place only one share of a
+        chunk (a chunk split between two epochs gives it two)."""
         while len(self.pending) >= 2 * self.window * max(1, self.group_comm.size - 1):
             request, _ = self.pending.popleft()
             self.wait(request.Test, f"worker {worker} of the group to take its share")
         head = np.empty(HEADER_WORDS + len(y), np.int64)
         write_header(head[:HEADER_WORDS], chunk, 0, len(y), flags)
-        in_place = claim is not None and len(y) > 0 and self.in_place[worker]
+        in_place = in_place and claim is not None and len(y) > 0 and self.in_place[worker]
         if in_place:
             head[:HEADER_WORDS] = describe(head, claim.owner, claim.slot, claim.ticket)
             head[Field.SHARE_START] = start
@@ -226,6 +242,7 @@ class GroupSends:
             self.pending.append((self.group_comm.Issend(part, dest=worker, tag=SHARE_TAG), part))
         if claim is not None and len(y) and not in_place:
             claim.requests.append(self.pending[-1][0])
+        return in_place
 
     def leave(self, chunk: int) -> None:
         """Tell every worker that the group leaves (an empty share flagged LEAVE)."""
@@ -452,16 +469,18 @@ class MasterStream(StreamThread):
                 self._stop_forwarding()
             self.claims.add(claim)
             return
-        count = int(header[Field.COUNT])
-        epoch_end = self.clock.consume(count)
-        x, y = self.chunks.images(data), self.chunks.labels(data)
-        bounds = share_bounds(count, self.group_comm.size)
-        for worker, (lo, hi) in enumerate(bounds[1:], start=1):
+        index, x, y = int(header[Field.INDEX]), self.chunks.images(data), self.chunks.labels(data)
+        own, placed = [], set()  # the workers given a share to read in place (one a chunk at most)
+        for start, stop, epoch_end in self.clock.split(int(header[Field.COUNT])):
+            bounds = [(start + lo, start + hi) for lo, hi in share_bounds(stop - start, self.group_comm.size)]
             flags = Flag.EPOCH_END if epoch_end else Flag.NONE
-            self.shares.send(worker, int(header[Field.INDEX]), x[lo:hi], y[lo:hi], flags, claim, lo)
-        own_x, own_y = own_rows(x, y, *bounds[0], copy=claim is not None)
+            for worker, (lo, hi) in enumerate(bounds[1:], start=1):
+                if self.shares.send(worker, index, x[lo:hi], y[lo:hi], flags, claim, lo, worker not in placed):
+                    placed.add(worker)
+            own.append(Share(*own_rows(x, y, *bounds[0], copy=claim is not None), index, epoch_end=epoch_end))
         self.claims.add(claim)
-        self.qt.put(Share(own_x, own_y, int(header[Field.INDEX]), epoch_end=epoch_end), self.ctx.timeout_s)
+        for share in own:
+            self.qt.put(share, self.ctx.timeout_s)
 
     def _stop_forwarding(self) -> None:
         """The group leaves: tell the workers, then only take part in the broadcast."""

@@ -34,12 +34,13 @@ class LocalData:
     """The data set, split and preprocessed in this process."""
 
     def __init__(self, spec: Spec):
-        from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
+        from preprocess.readers import class_notices, open_reader  # preprocess loads h5py and Pillow
         from preprocess.split import split_indices  # preprocess loads h5py and Pillow
         from preprocess.transforms import Pipeline  # preprocess loads h5py and Pillow
 
         self.spec = spec
         self.reader = open_reader(spec.data, seed=spec.seed)
+        self.notices = class_notices(self.reader)  # "note: ..."/"warning: ..." lines for the user
         self.pipeline = Pipeline(spec.preprocess, spec.data)
         self.train_idx, self.val_idx = split_indices(self.reader.labels, spec.data.val_fraction, spec.seed)
         self.samples_decoded = 0
@@ -103,10 +104,14 @@ def train_model(
     )
 
 
-def train_local(spec: Spec, device: str, on_epoch: Callable[[EpochRecord], None]) -> RunResult:
-    """Train every model of `spec`, one after another."""
+def train_local(spec: Spec, device: str, on_epoch: Callable[[EpochRecord], None],
+                on_notice: Callable[[str], None] = lambda line: None) -> RunResult:
+    """Train every model of `spec`, one after another; what the data set's reader says of its
+    classes goes to `on_notice` first (`class_notices`)."""
     start = time.perf_counter()
     data = LocalData(spec)
+    for notice in data.notices:
+        on_notice(notice)
     results = [train_model(model, data, device, on_epoch) for model in spec.models]
     return RunResult(
         name=spec.name,
