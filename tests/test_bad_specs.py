@@ -11,7 +11,7 @@ BAD = sorted((REPO / "tests" / "specs" / "bad").glob("*.yaml"))
 
 
 def expected_message(path: Path) -> str:
-    first = path.read_text().splitlines()[0]
+    first = path.read_bytes().decode("utf-8", "replace").splitlines()[0]
     assert first.startswith("# expect: "), f"{path.name} lacks its '# expect:' line"
     return first[len("# expect: "):]
 

@@ -9,8 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError, field_validator
 
-from fleet.errors import UserError
-from fleet.spec._base import Section, valid_keys
+from fleet.spec._base import Section, SpecError, shown, valid_keys, yaml_path
 from fleet.spec.families import FAMILIES, family_error, is_user_family
 from fleet.engines.registry import DEFAULT_FRAMEWORK
 from fleet.spec.search import (
@@ -34,23 +33,7 @@ from fleet.spec.sections import (
     Source,
     TrainSpec,
 )
-
-
-class SpecError(UserError):
-    """A spec problem, as ``<yaml path>: <problem>``."""
-
-
-def yaml_path(loc: tuple[Any, ...]) -> str:
-    """('models', 3, 'params', 'blocks') -> 'models[3].params.blocks'."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+from fleet.spec.yamlfile import read_yaml
 
 
 def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
@@ -70,7 +53,7 @@ def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) 
     else:
         message = first["msg"].removeprefix("Value error, ")
         if kind not in ("value_error", "assertion_error") and "input" in first:
-            message += f", got {_shown(first['input'])}"
+            message += f", got {shown(first['input'])}"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{yaml_path(loc) or 'spec'}: {message}{more}"
 
@@ -151,11 +134,11 @@ def parse_op(item: Any, index: int) -> Op:
         params = {} if params is None else params
         loc += (name,)
     else:
-        raise SpecError(f"{yaml_path(loc)}: expected an op name or {{op_name: {{params}}}}, got {_shown(item)}")
+        raise SpecError(f"{yaml_path(loc)}: expected an op name or {{op_name: {{params}}}}, got {shown(item)}")
     if name not in OPS:
         raise SpecError(f"{yaml_path(loc)}: unknown op {name!r} (valid: {', '.join(OPS)})")
     if not isinstance(params, dict):
-        raise SpecError(f"{yaml_path(loc)}: expected a mapping of parameters, got {_shown(params)}")
+        raise SpecError(f"{yaml_path(loc)}: expected a mapping of parameters, got {shown(params)}")
     return validate(OPS[name], params, loc)
 
 
@@ -261,7 +244,7 @@ def check_data_path(data: DataSpec) -> DataSpec:
 def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:
     """Validate a parsed YAML document into a `Spec` (raises `SpecError`)."""
     if not isinstance(doc, dict):
-        raise SpecError(f"spec: expected a mapping with keys {', '.join(valid_keys(RawSpec))}, got {_shown(doc)}")
+        raise SpecError(f"spec: expected a mapping with keys {', '.join(valid_keys(RawSpec))}, got {shown(doc)}")
     raw = validate(RawSpec, doc, ())
     if not ID_PATTERN.match(raw.name):
         raise SpecError(f"name: {raw.name!r}: use letters, digits, '_', '.', '-' (it names files)")
@@ -284,23 +267,6 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
         cluster=validate(ClusterSpec, raw.cluster, ("cluster",)),
         runtime=validate(RuntimeSpec, raw.runtime, ("runtime",)),
     )
-
-
-def read_yaml(path: str | os.PathLike) -> Any:
-    """Parse a YAML file; a missing file or a syntax error is a one-line `SpecError`."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read: {exc.__class__.__name__}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"{path}{where}: invalid YAML: {problem}") from None
 
 
 def load_spec(path: str | os.PathLike, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:
