@@ -225,9 +225,10 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
         raise SpecError(f"name: {raw.name!r}: use letters, digits, '_', '.', '-' (it names files)")
     data = validate(DataSpec, raw.data, ("data",)).defaults_filled()
     check_data(data)
+    run_dir_used = run_dir or raw.run_dir or os.path.join("runs", raw.name)
     if check_paths:
         data = check_data_path(data)
-        check_run_dir(run_dir or raw.run_dir or ".", "--run-dir" if run_dir else "run_dir")
+        check_run_dir(run_dir_used, "--run-dir" if run_dir else "run_dir")
     ops = tuple(parse_op(item, i) for i, item in enumerate(raw.preprocess))
     check_pipeline(data, ops)
     train = validate(TrainSpec, raw.train, ("train",))
@@ -236,7 +237,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     return Spec(
         name=raw.name,
         seed=raw.seed,
-        run_dir=run_dir or raw.run_dir or os.path.join("runs", raw.name),
+        run_dir=run_dir_used,
         framework=raw.framework,
         data=data,
         preprocess=ops,
