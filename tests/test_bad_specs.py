@@ -3,19 +3,21 @@
 Each file's first line is ``# expect: <part of the one-line message>``. `fleet validate` runs
 on each as a user would (in parallel), and each run must end with exit code 2, nothing on
 stdout, one line on stderr (``fleet validate: error: ...``) holding the expected part, no
-traceback, within `CPU_LIMIT_S` of CPU time and `RSS_LIMIT_MB` of memory (the child's own
-peak, from ``wait4``). A run that does not end within `HANG_S` is killed: a hang fails.
+traceback, within `CPU_LIMIT_S` of CPU time and `RSS_LIMIT_MB` of memory (the process's own
+peak, from ``wait4`` in a small parent, `MEASURE`). A run still going after `HANG_S` is killed:
+a hang fails.
 User models the specs name live in ``usermods/`` (imported from the repository's root).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,21 +44,32 @@ class Outcome:
     max_rss_mb: float
 
 
+MEASURE = """
+import json, os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+with open(sys.argv[1], "w") as report:
+    json.dump([os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss], report)
+"""
+"""Runs its command and writes [exit code, CPU seconds, peak RSS in KiB] of that process. Its own
+start is small: a process forked straight from the test runner would count the runner's memory."""
+
+
 def run_measured(*args: str, cwd: Path = REPO) -> Outcome:
     """`python -m fleet ARGS`, with the CPU time and peak memory of that process alone."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "fleet", *args], cwd=cwd, stdout=out, stderr=err,
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "usage.json"
+        proc = subprocess.Popen([sys.executable, "-c", MEASURE, str(report), sys.executable, "-m", "fleet", *args],
+                                cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        killer = threading.Timer(HANG_S, proc.kill)
-        killer.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        return Outcome(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                       usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+            out, err = proc.communicate(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return Outcome(-signal.SIGKILL, out.decode(errors="replace"), err.decode(errors="replace"), HANG_S, 0.0)
+        code, cpu_s, rss_kib = json.loads(report.read_text())
+        return Outcome(code, out.decode(errors="replace"), err.decode(errors="replace"), cpu_s, rss_kib / 1024)
 
 
 def expected_message(path: Path) -> str:
