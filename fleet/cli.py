@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from fleet import __version__
+from fleet import __version__, interrupts
 from fleet.errors import UserError
 
 COMMANDS = (
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    interrupts.install()  # a KeyboardInterrupt that user code raises is then not taken for a Ctrl-C
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

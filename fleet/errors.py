@@ -12,3 +12,16 @@ class UserError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+class UserCodeError(UserError):
+    """The user's own code (a user model's builder or forward) raised, or called ``sys.exit``.
+
+    Attributes:
+        subject: whose code, e.g. ``"family 'mynets:tiny'"``.
+        problem: what it did, e.g. ``"the builder called sys.exit(0)"``.
+    """
+
+    def __init__(self, subject: str, problem: str):
+        super().__init__(f"{subject}: {problem}")
+        self.subject, self.problem = subject, " ".join(problem.split())

@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fleet.engines import ModelStats, get_framework
+from fleet.errors import UserCodeError, UserError
 from fleet.spec import FAMILIES, ModelSpec, Spec, TrainSpec
+
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -79,12 +82,50 @@ def classes_and_notices(spec: Spec) -> tuple[int, tuple[str, ...]]:
         reader.close()
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give now without swapping (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _check_fits(model: ModelSpec, shape: tuple[int, int, int], classes: int) -> None:
+    """A model whose parameters alone outgrow this machine's memory is refused before it is built."""
+    size = get_framework(model.framework).zoo.parameter_bytes(model.family, model.params, shape, classes)
+    free = available_memory()
+    if size is not None and free is not None and size > free:
+        raise UserError(f"its parameters alone take {size / GIB:,.1f} GiB, more than the {free / GIB:,.1f} GiB of "
+                        f"memory available here (input {'x'.join(map(str, shape))}, {classes:,} classes)")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+def describe_model(spec: Spec, index: int, shape: tuple[int, int, int], classes: int) -> ModelRow:
+    """Model `index` of the spec, built once by its framework's zoo to count its size and cost;
+    a problem is one line naming the model (``models[2] (tiny-000, mynets:tiny): ...``)."""
+    model = spec.models[index]
+    try:
+        _check_fits(model, shape, classes)
+        stats = get_framework(model.framework).zoo.describe(model.family, model.params, shape, classes)
+    except UserCodeError as exc:
+        raise UserError(f"{spec.entry(index)} ({model.id}, {model.family}): {exc.problem}") from None
+    except UserError as exc:
+        raise UserError(f"{spec.entry(index)} ({model.id}): {exc}") from None
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        raise UserError(f"{spec.entry(index)} ({model.id}): out of memory while building it here") from None
+    return ModelRow(model.id, model.family, key_params(model, spec.train), stats)
+
+
 def describe_ensemble(spec: Spec) -> EnsembleSummary:
     """Each model's size and cost, counted by its framework's zoo."""
     (classes, notices), shape = classes_and_notices(spec), input_shape(spec)
-    rows = [
-        ModelRow(m.id, m.family, key_params(m, spec.train),
-                 get_framework(m.framework).zoo.describe(m.family, m.params, shape, classes))
-        for m in spec.models
-    ]
+    rows = [describe_model(spec, k, shape, classes) for k in range(len(spec.models))]
     return EnsembleSummary(classes, shape, rows, notices)

@@ -16,6 +16,7 @@ import numpy as np
 
 from fleet.engines import Framework, get_framework
 from fleet.engines._base import host_device_name
+from fleet.inspect import available_memory
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.train.trainer import build_collective, build_engine
 from fleet.runtime.waiting import IDLE, wait_request
@@ -90,11 +91,8 @@ def free_memory_bytes(ctx, framework: Framework) -> int | None:
     free = framework.free_device_memory(ctx.device)
     if free is not None:
         return free
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            fields = dict(line.split(":", 1) for line in meminfo)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
+    available = available_memory()
+    if available is None:
         return None
     node = ctx.topology.node_of(ctx.rank)
     return available // max(1, len(ctx.topology.trainer_ranks(node)))

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from fleet.errors import UserError
+from fleet import interrupts
+from fleet.engines.factory import create_engine
+from fleet.errors import UserCodeError, UserError
 from fleet.models import build_model, describe
+from fleet.spec import parse_spec
 
 FAMILY_CASES = [
     ("resnet", {"blocks": [1, 1, 1, 1], "width": 4}),
@@ -155,6 +160,37 @@ def not_a_module(input_shape, num_classes):
     return [1, 2, 3]
 
 NOT_CALLABLE = 42
+
+def crashes(input_shape, num_classes):
+    raise RuntimeError("no GPU in this process")
+
+def exits(input_shape, num_classes):
+    raise SystemExit(0)
+
+def interrupts(input_shape, num_classes):
+    raise KeyboardInterrupt
+
+def pressed(input_shape, num_classes):
+    import signal
+    signal.raise_signal(signal.SIGINT)
+
+class Quitter(nn.Module):
+    def __init__(self, input_shape, num_classes, how):
+        super().__init__()
+        self.linear = nn.Linear(input_shape[0] * input_shape[1] * input_shape[2], num_classes)
+        self.how = how
+
+    def forward(self, x):
+        if self.how == "exit":
+            raise SystemExit(0)
+        if self.how == "interrupt":
+            raise KeyboardInterrupt
+        if self.how == "zero":
+            return 1 / 0
+        return self.linear(x.flatten(1))[:, :1]
+
+def quitter(input_shape, num_classes, how):
+    return Quitter(input_shape, num_classes, how)
 '''
 
 
@@ -187,12 +223,56 @@ def test_user_family_builds_and_gets_params(user_modules):
         ("fleet_user_models_ok:tiny", {"depth": 3}, "bad params {'depth': 3}: TypeError"),
         ("fleet_user_models_ok:strict", {}, "TypeError"),
         ("fleet_user_models_ok:strict", {"width": 0}, "ValueError: width must be positive"),
+        ("fleet_user_models_ok:crashes", {}, "the builder raised RuntimeError: no GPU in this process"),
+        ("fleet_user_models_ok:exits", {}, "the builder called sys.exit(0)"),
+        ("fleet_user_models_ok:interrupts", {}, "the builder raised KeyboardInterrupt (its own code, not a Ctrl-C)"),
     ],
 )
-def test_user_family_errors_are_one_line_user_errors(user_modules, family, params, needle):
+def test_user_family_errors_are_one_line_user_errors(user_modules, sigint_noted, family, params, needle):
     with pytest.raises(UserError) as info:
         build_model(family, params, (1, 8, 8), 3)
     message = str(info.value)
     assert message.startswith(f"family {family!r}: ")
     assert needle in message
     assert "\n" not in message
+
+
+@pytest.fixture
+def sigint_noted():
+    """The CLI's SIGINT handler (`fleet.interrupts`), restored to the test runner's afterwards."""
+    before = signal.getsignal(signal.SIGINT)
+    interrupts.install()
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_in_user_code_still_interrupts(user_modules, sigint_noted):
+    with pytest.raises(KeyboardInterrupt):
+        build_model(f"{user_modules}:pressed", {}, (1, 8, 8), 3)
+
+
+@pytest.mark.parametrize(
+    ("how", "needle"),
+    [
+        ("exit", "forward called sys.exit(0)"),
+        ("interrupt", "forward raised KeyboardInterrupt (its own code, not a Ctrl-C)"),
+        ("zero", "forward raised ZeroDivisionError: division by zero"),
+        ("shape", "forward returned shape (2, 1) for a batch of 2, expected (2, 3) (batch, num_classes)"),
+    ],
+)
+def test_describe_runs_a_user_model_once_and_names_what_its_code_did(user_modules, sigint_noted, how, needle):
+    with pytest.raises(UserCodeError) as info:
+        describe(f"{user_modules}:quitter", {"how": how}, (1, 8, 8), 3)
+    assert info.value.problem == needle
+
+
+@pytest.mark.parametrize("how", ["exit", "interrupt"])
+def test_a_user_forward_that_exits_while_training_is_an_error_not_an_exit(user_modules, sigint_noted, how):
+    """Under `fleet train` a rank whose model called sys.exit used to leave quietly, and the
+    other ranks waited for it until runtime.timeout_s."""
+    spec = parse_spec({"name": "t", "data": {"source": "digits"},
+                       "models": [{"family": f"{user_modules}:quitter", "params": {"how": how}}]})
+    engine = create_engine(spec.models[0], (1, 8, 8), 10)
+    with pytest.raises(UserCodeError, match="forward"):
+        engine.compute_gradients(np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, np.int64))
+    assert list(engine.net.state_dict()) == ["linear.weight", "linear.bias"]  # the guard leaves no trace

@@ -96,3 +96,12 @@ def test_errors_are_single_lines():
 def test_examples_validate():
     for path in (REPO / "examples").glob("*.yaml"):
         load_spec(path, check_paths=False)
+
+
+def test_each_model_knows_its_entry_and_equal_specs_ignore_it():
+    models = [{"family": "mlp", "search": {"hidden": {"choice": [[8], [16]]}}}, {"family": "cnn"}]
+    spec = parse_spec(doc(models=models))
+    assert [spec.entry(k) for k in range(3)] == ["models[0]", "models[0]", "models[1]"]
+    again = parse_spec(yaml.safe_load(spec.to_yaml()))
+    assert again.entry(2) == "models[2]"  # the resolved spec writes one entry per model
+    assert again == spec

@@ -97,10 +97,21 @@ def describe(family: str, params: Mapping[str, Any], input_shape: InputShape, nu
 
     FLOPs are 2 x multiply-adds of Conv2d, Linear and LSTM layers (four gates per step),
     counted with forward hooks on one dummy sample; batch norm, activations and pooling are
-    neglected, so the figure is approximate. Leaves torch's global RNG untouched.
+    neglected, so the figure is approximate. Leaves torch's global RNG untouched. A zoo
+    family is counted on torch's meta device (nothing allocated); a user model is built on
+    the CPU, run once and its output checked (`fleet.models.user.check_forward`).
+
+    Raises:
+        UserError: the model cannot be built, or a user model's code fails or returns logits
+            of the wrong shape (a `fleet.errors.UserCodeError` naming what its code did).
     """
-    model = build_model(family, params, input_shape, num_classes, seed=0)
-    return model_stats(model, tuple(int(d) for d in input_shape))  # type: ignore[arg-type]
+    shape = tuple(int(d) for d in input_shape)
+    if not is_user_family(family):
+        with torch.device("meta"):  # shapes and counts only: nothing is allocated, however large
+            return model_stats(_build(family, params, shape, num_classes), shape)  # type: ignore[arg-type]
+    model = build_model(family, params, shape, num_classes, seed=0)  # type: ignore[arg-type]
+    user.check_forward(family, model, shape, num_classes)  # type: ignore[arg-type]
+    return user.call_user_code(family, "forward", model_stats, model, shape)
 
 
 def parameter_bytes(family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int) -> int | None:

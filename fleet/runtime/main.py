@@ -98,8 +98,12 @@ def train_entry(options: TrainOptions) -> int:
             ctx.pool.free()
         if "run_lock" in ctx.extras:
             ctx.extras["run_lock"].release()
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        if MPI.Is_finalized():  # exit_all: every rank leaves together
+            raise
+        # anything else (code run on fleet's behalf calling sys.exit) would leave the others waiting
+        abort_job(world, who, f"sys.exit({'' if exc.code is None else repr(exc.code)}) was called during the job",
+                  code=3)
     except UserError as exc:
         abort_job(world, who, str(exc), code=UserError.exit_code)
     except BaseException as exc:  # any other failure ends the whole job, never a hang

@@ -4,8 +4,9 @@ Only pydantic, yaml and the pure planner package `fleet.schedule` (the policy re
 options) are imported here; `fleet/models` and `preprocess` build from it.
 """
 
+from fleet.spec._base import SpecError
 from fleet.spec.families import FAMILIES, is_user_family
-from fleet.spec.load import Spec, SpecError, load_spec, parse_spec, read_yaml
+from fleet.spec.load import Spec, load_spec, parse_spec
 from fleet.spec.search import ModelSpec
 from fleet.spec.sections import (
     OPS,
@@ -24,6 +25,7 @@ from fleet.spec.sections import (
     StopRule,
     TrainSpec,
 )
+from fleet.spec.yamlfile import read_yaml
 
 __all__ = [
     "FAMILIES",

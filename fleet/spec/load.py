@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from fleet.errors import UserError
-from fleet.spec._base import Section, valid_keys
+from fleet.spec._base import KEYED_ERRORS, Section, SpecError, shown, valid_keys, yaml_path
+from fleet.spec.checks import check_data, check_data_path, check_models, check_pipeline, check_run_dir
 from fleet.spec.families import FAMILIES, family_error, is_user_family
 from fleet.engines.registry import DEFAULT_FRAMEWORK
 from fleet.spec.search import (
@@ -27,30 +26,12 @@ from fleet.spec.sections import (
     OPS,
     ClusterSpec,
     DataSpec,
-    NormalizeOp,
     Op,
     RuntimeSpec,
     SchedulerSpec,
-    Source,
     TrainSpec,
 )
-
-
-class SpecError(UserError):
-    """A spec problem, as ``<yaml path>: <problem>``."""
-
-
-def yaml_path(loc: tuple[Any, ...]) -> str:
-    """('models', 3, 'params', 'blocks') -> 'models[3].params.blocks'."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+from fleet.spec.yamlfile import read_yaml
 
 
 def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
@@ -59,18 +40,15 @@ def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) 
     first = errors[0]
     loc = prefix + tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
     kind, ctx = first["type"], first.get("ctx") or {}
-    if kind == "unknown_key":
+    if kind in KEYED_ERRORS:  # raised for the whole section: its key says where
         loc += (ctx["key"],)
-        message = f"unknown key (valid keys: {ctx['valid']})"
-    elif kind == "policy_option":  # a scheduler option, checked by the policy's declaration
-        loc += (ctx["key"],)
-        message = ctx["problem"]
+        message = first["msg"]
     elif kind == "missing":
         message = "required field is missing"
     else:
         message = first["msg"].removeprefix("Value error, ")
         if kind not in ("value_error", "assertion_error") and "input" in first:
-            message += f", got {_shown(first['input'])}"
+            message += f", got {shown(first['input'])}"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{yaml_path(loc) or 'spec'}: {message}{more}"
 
@@ -87,7 +65,7 @@ class RawSpec(Section):
     """The document as written: `models` and `preprocess` still unexpanded."""
 
     name: str
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's generators take seeds of 32 bits
     run_dir: str | None = None
     framework: str = DEFAULT_FRAMEWORK
     data: dict[str, Any]
@@ -118,6 +96,20 @@ class Spec(Section):
     scheduler: SchedulerSpec
     cluster: ClusterSpec
     runtime: RuntimeSpec
+    entries: tuple[int, ...] = Field((), exclude=True, repr=False)
+    """Each model's item in the written spec's `models` list (error messages name it); not part
+    of what the spec means: equal specs may write their models differently."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Spec):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # holds mappings
+
+    def entry(self, index: int) -> str:
+        """Where the spec wrote model `index` of `models`: ``models[2]``."""
+        return f"models[{self.entries[index] if index < len(self.entries) else index}]"
 
     def model(self, model_id: str) -> ModelSpec:
         for m in self.models:
@@ -151,11 +143,11 @@ def parse_op(item: Any, index: int) -> Op:
         params = {} if params is None else params
         loc += (name,)
     else:
-        raise SpecError(f"{yaml_path(loc)}: expected an op name or {{op_name: {{params}}}}, got {_shown(item)}")
+        raise SpecError(f"{yaml_path(loc)}: expected an op name or {{op_name: {{params}}}}, got {shown(item)}")
     if name not in OPS:
         raise SpecError(f"{yaml_path(loc)}: unknown op {name!r} (valid: {', '.join(OPS)})")
     if not isinstance(params, dict):
-        raise SpecError(f"{yaml_path(loc)}: expected a mapping of parameters, got {_shown(params)}")
+        raise SpecError(f"{yaml_path(loc)}: expected a mapping of parameters, got {shown(params)}")
     return validate(OPS[name], params, loc)
 
 
@@ -189,11 +181,13 @@ def _model_train(entry: ModelEntry, index: int, base: TrainSpec, drawn: dict[str
 
 def expand_models(
     raw_models: list[Any], train: TrainSpec, seed: int, framework: str = DEFAULT_FRAMEWORK
-) -> tuple[ModelSpec, ...]:
+) -> tuple[tuple[ModelSpec, ...], tuple[int, ...]]:
     """Expand every entry's search space into concrete, validated models with unique ids
-    (`framework`: the ensemble's, for entries that name none)."""
+    (`framework`: the ensemble's, for entries that name none); with each model's entry."""
     if not raw_models:
         raise SpecError("models: the ensemble is empty; list at least one model")
+    if len(raw_models) > MAX_MODELS:
+        raise SpecError(f"models: {len(raw_models)} entries (at most {MAX_MODELS} models)")
     entries = [validate(ModelEntry, item, ("models", i)) for i, item in enumerate(raw_models)]
     for i, entry in enumerate(entries):
         _check_family(entry, i)
@@ -201,12 +195,13 @@ def expand_models(
     if sum(sizes) > MAX_MODELS:
         raise SpecError(f"models: the search spaces expand to {sum(sizes)} models (at most {MAX_MODELS})")
     seen: dict[str, int] = {}
-    out = []
+    out, origins = [], []
     for i, (entry, ids) in enumerate(zip(entries, model_ids(entries, sizes))):
         for model_id, drawn in zip(ids, entry.draws(seed, i)):
             if model_id in seen:
                 raise SpecError(f"models[{i}].name: id {model_id!r} is already used by models[{seen[model_id]}]")
             seen[model_id] = i
+            origins.append(i)
             params_drawn, train_drawn = split_train_keys(drawn)
             out.append(
                 ModelSpec(
@@ -218,89 +213,41 @@ def expand_models(
                     framework=entry.framework or framework,
                 )
             )
-    return tuple(out)
-
-
-def _last_resize(ops: tuple[Op, ...]) -> tuple[int, tuple[int, int]] | None:
-    """(index, size) of the last op that sets the image size; None keeps the source's size."""
-    sized = [(i, op.size) for i, op in enumerate(ops) if getattr(op, "size", None) is not None]
-    return sized[-1] if sized else None
-
-
-def check_pipeline(data: DataSpec, ops: tuple[Op, ...]) -> None:
-    """Cross-checks between `data` and `preprocess`."""
-    if data.source is Source.IMAGEFOLDER and (not ops or ops[0].op.value != "decode"):
-        raise SpecError("preprocess: source 'imagefolder' holds encoded images; the first op must be decode")
-    last = _last_resize(ops)
-    if last is not None and last[1] != data.image_size:
-        (i, (h, w)), (dh, dw) = last, data.image_size
-        raise SpecError(f"preprocess[{i}].size: the pipeline ends at {h}x{w} but data.image_size is {dh}x{dw}")
-    for i, op in enumerate(ops):
-        if not isinstance(op, NormalizeOp):
-            continue
-        for field in ("mean", "std"):
-            count = len(getattr(op, field))
-            if count not in (1, data.channels):
-                raise SpecError(
-                    f"preprocess[{i}].{field}: expected 1 or {data.channels} values (data.channels), got {count}"
-                )
-
-
-def check_data_path(data: DataSpec) -> DataSpec:
-    """The path must exist; store it absolute so a run directory's spec is position-free."""
-    if data.path is None:
-        return data
-    path = Path(os.path.expanduser(data.path))
-    if not path.exists():
-        raise SpecError(f"data.path: no such file or directory: {data.path}")
-    if data.source is Source.IMAGEFOLDER and not path.is_dir():
-        raise SpecError(f"data.path: source 'imagefolder' needs a directory of class folders, got a file: {data.path}")
-    return data.model_copy(update={"path": str(path.resolve())})
+    return tuple(out), tuple(origins)
 
 
 def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:
     """Validate a parsed YAML document into a `Spec` (raises `SpecError`)."""
     if not isinstance(doc, dict):
-        raise SpecError(f"spec: expected a mapping with keys {', '.join(valid_keys(RawSpec))}, got {_shown(doc)}")
+        raise SpecError(f"spec: expected a mapping with keys {', '.join(valid_keys(RawSpec))}, got {shown(doc)}")
     raw = validate(RawSpec, doc, ())
     if not ID_PATTERN.match(raw.name):
         raise SpecError(f"name: {raw.name!r}: use letters, digits, '_', '.', '-' (it names files)")
     data = validate(DataSpec, raw.data, ("data",)).defaults_filled()
+    check_data(data)
+    run_dir_used = run_dir or raw.run_dir or os.path.join("runs", raw.name)
     if check_paths:
         data = check_data_path(data)
+        check_run_dir(run_dir_used, "--run-dir" if run_dir else "run_dir")
     ops = tuple(parse_op(item, i) for i, item in enumerate(raw.preprocess))
     check_pipeline(data, ops)
     train = validate(TrainSpec, raw.train, ("train",))
+    models, entries = expand_models(raw.models, train, raw.seed, raw.framework)
+    check_models(data, train, models, entries)
     return Spec(
         name=raw.name,
         seed=raw.seed,
-        run_dir=run_dir or raw.run_dir or os.path.join("runs", raw.name),
+        run_dir=run_dir_used,
         framework=raw.framework,
         data=data,
         preprocess=ops,
-        models=expand_models(raw.models, train, raw.seed, raw.framework),
+        models=models,
         train=train,
         scheduler=validate(SchedulerSpec, raw.scheduler, ("scheduler",)),
         cluster=validate(ClusterSpec, raw.cluster, ("cluster",)),
         runtime=validate(RuntimeSpec, raw.runtime, ("runtime",)),
+        entries=entries,
     )
-
-
-def read_yaml(path: str | os.PathLike) -> Any:
-    """Parse a YAML file; a missing file or a syntax error is a one-line `SpecError`."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read: {exc.__class__.__name__}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"{path}{where}: invalid YAML: {problem}") from None
 
 
 def load_spec(path: str | os.PathLike, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
@@ -12,10 +12,12 @@ from fleet.runtime.train.collectives import kinds as collective_kinds
 from fleet.schedule import Policy
 from fleet.schedule.options import OptionError
 from fleet.schedule.planners import POLICIES as POLICY_REGISTRY, create_policy, policy_class, policy_options
-from fleet.spec._base import Section, valid_keys
+from fleet.spec._base import Section, at_most, field_error, shown, valid_keys
 
 POLICIES = tuple(POLICY_REGISTRY)  # the registry's names: `scheduler.policy` takes one of them
 AUTO_CHUNK_BYTES = 2 << 20  # a chunk this size amortises the per-chunk work of the data path
+MAX_SIDE = 4096  # pixels a side of an image may have (a 4096x4096 RGB sample is 200 MB as float32)
+DIGITS_SIZE, DIGITS_SAMPLES = (8, 8), 1797  # scikit-learn's digits: 1,797 images of 8x8
 
 
 class Source(str, Enum):
@@ -34,16 +36,21 @@ class Device(str, Enum):
 
 
 def _size_pair(value: Any) -> tuple[int, int]:
-    """An image size: one positive integer (square) or [height, width]."""
+    """An image size: one positive integer (square) or [height, width], each at most `MAX_SIDE`."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return (value, value)
-    if (
+        pair = (value, value)
+    elif (
         isinstance(value, (list, tuple))
         and len(value) == 2
         and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
     ):
-        return (value[0], value[1])
-    raise ValueError(f"expected a positive integer or [height, width], got {value!r}")
+        pair = (value[0], value[1])
+    else:
+        raise ValueError(f"expected a positive integer or [height, width], got {shown(value)}")
+    if max(pair) > MAX_SIDE:
+        raise ValueError(f"at most {MAX_SIDE} pixels a side (a larger image is beyond what a model is built "
+                         f"for here), got {pair[0]}x{pair[1]}")
+    return pair
 
 
 class DataSpec(Section):
@@ -53,8 +60,9 @@ class DataSpec(Section):
     path: str | None = None
     image_size: tuple[int, int] | None = None
     channels: Literal[1, 3] | None = None
-    classes: int | None = Field(None, ge=2)
-    samples: PositiveInt | None = None
+    classes: Annotated[int, at_most(1_000_000, "every model's output layer has one unit per class")] | None = \
+        Field(None, ge=2)
+    samples: Annotated[PositiveInt, at_most(10_000_000, "synthetic samples are drawn in memory")] | None = None
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     partitioned: bool = False
 
@@ -86,6 +94,18 @@ class DataSpec(Section):
         if self.source is Source.SYNTHETIC and self.samples is None:
             fill["samples"] = 2000
         return self.model_copy(update=fill)
+
+    def source_size(self) -> tuple[int, int] | None:
+        """(H, W) of the images the source gives, where the spec knows it (digits, synthetic)."""
+        if self.source is Source.DIGITS:
+            return DIGITS_SIZE
+        return self.image_size if self.source is Source.SYNTHETIC else None
+
+    def source_samples(self) -> int | None:
+        """How many samples the data set holds, where the spec knows it (digits, synthetic)."""
+        if self.source is Source.DIGITS:
+            return DIGITS_SAMPLES
+        return self.samples if self.source is Source.SYNTHETIC else None
 
 
 class OpName(str, Enum):
@@ -192,6 +212,14 @@ class StopRule(Section):
     metric: StopMetric = StopMetric.VAL_ACCURACY
     target: float | None = None
 
+    @model_validator(mode="after")
+    def _reachable_target(self) -> "StopRule":
+        accuracy = self.metric is StopMetric.VAL_ACCURACY
+        if self.target is not None and (not 0 < self.target <= 1 if accuracy else self.target < 0):
+            limits = "an accuracy lies in (0, 1]" if accuracy else "a loss is not negative"
+            raise field_error("target", f"{self.target:g} can never be reached: {limits} (metric {self.metric.value})")
+        return self
+
 
 class TrainSpec(Section):
     optimizer: Optimizer = Optimizer.SGD
@@ -199,7 +227,7 @@ class TrainSpec(Section):
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(5e-4, ge=0.0)
     schedule: LRSchedule = LRSchedule()
-    batch_size: PositiveInt = 32
+    batch_size: Annotated[PositiveInt, at_most(65_536, "a batch is allocated whole on every trainer")] = 32
     max_epochs: PositiveInt = 10
     stop: StopRule = StopRule()
 
@@ -279,30 +307,34 @@ def _checked_options(policy: str, written: dict[Any, Any]) -> dict[str, Any]:
     try:
         return policy_options(policy, written).as_dict()
     except OptionError as exc:
-        raise PydanticCustomError("policy_option", "{problem}", {"key": exc.option, "problem": exc.problem}) from None
+        raise field_error(exc.option, exc.problem) from None
 
 
 class ClusterSpec(Section):
     """The allocation: nodes x GPUs (trainer slots) plus CPU preprocessor ranks per node."""
 
-    nodes: PositiveInt = 1
+    nodes: Annotated[PositiveInt, at_most(10_000, "the largest GPU machines have about 10,000 nodes; fleet run "
+                                              "starts a rank per GPU and per preprocessor on each")] = 1
     gpus_per_node: int = Field(1, ge=1, le=64)
     preprocessors_per_node: int | str = 1
     device: Device = Device.CPU
     virtual_nodes: bool = False
-    threads_per_trainer: PositiveInt = 1
+    threads_per_trainer: Annotated[PositiveInt, at_most(256, "the cores of a node")] = 1
     emulated_profile: str | None = None  # device: emulated: the rates its steps take (default: profile.json)
 
     @field_validator("preprocessors_per_node", mode="before")
     @classmethod
     def _count_or_auto(cls, value: Any) -> int | str:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256):
             return value
-        raise ValueError(f"expected a positive integer or 'auto', got {value!r}")
+        raise ValueError(f"expected an integer from 1 to 256 (a rank each, per node) or 'auto', got {shown(value)}")
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+_IN_MEMORY = "held in memory on every rank"
 
 
 class RuntimeSpec(Section):
@@ -310,11 +342,11 @@ class RuntimeSpec(Section):
 
     collective: str = "auto"  # one of the collectives registry's kinds()
     poll: Literal["auto", "busy", "sleep"] = "auto"  # how data waits poll MPI; auto: busy if the node has the cores
-    chunk_samples: PositiveInt | Literal["auto"] = "auto"
-    qp_samples: PositiveInt = 2048
-    qt_samples: PositiveInt = 2048
-    qd_batches: PositiveInt = 10
-    timeout_s: PositiveFloat = 600.0
+    chunk_samples: Annotated[PositiveInt, at_most(65_536, _IN_MEMORY)] | Literal["auto"] = "auto"
+    qp_samples: Annotated[PositiveInt, at_most(1_000_000, _IN_MEMORY)] = 2048
+    qt_samples: Annotated[PositiveInt, at_most(1_000_000, _IN_MEMORY)] = 2048
+    qd_batches: Annotated[PositiveInt, at_most(10_000, _IN_MEMORY)] = 10
+    timeout_s: Annotated[PositiveFloat, at_most(7 * 86_400, "a week: a wait longer than that is a hang")] = 600.0
     shared_memory: bool = True  # chunks read in place by the masters of their preprocessor's node
 
     @field_validator("collective")

@@ -1,0 +1,131 @@
+"""Cross-checks between a spec's sections, once each section is valid on its own.
+
+Each names the field to change: a crop larger than the image it crops, a pipeline that ends at
+another size than `data.image_size`, a batch larger than the data set, a CNN kernel larger than
+the image, a run directory that is a file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fleet.spec._base import SpecError
+from fleet.spec.search import ModelSpec
+from fleet.spec.sections import (
+    CenterCropOp,
+    DataSpec,
+    NormalizeOp,
+    Op,
+    RandomCropOp,
+    ResizeOp,
+    Source,
+    TrainSpec,
+)
+
+
+def _pixels(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+def _crop_error(i: int, op: Op, before: tuple[int, int], came_from: str) -> SpecError | None:
+    """Why crop op `i` cannot cut its size out of a `before` image, or None."""
+    size = op.size  # type: ignore[union-attr]
+    padding = op.padding if isinstance(op, RandomCropOp) else 0
+    room = (before[0] + 2 * padding, before[1] + 2 * padding)
+    if size[0] <= room[0] and size[1] <= room[1]:
+        return None
+    padded = f" padded by {padding}" if padding else ""
+    return SpecError(f"preprocess[{i}].size: {op.op.value} of {_pixels(size)} from an image of {_pixels(before)}"
+                     f"{padded} ({came_from}); crop at most {_pixels(room)} or resize first")
+
+
+def _track_sizes(data: DataSpec, ops: tuple[Op, ...]) -> None:
+    """Follow the image size through the pipeline, where the source's size is known."""
+    size, came_from = data.source_size(), f"the size of source {data.source.value!r}"
+    for i, op in enumerate(ops):
+        if isinstance(op, ResizeOp):
+            size, came_from = op.size or data.image_size, f"the resize at preprocess[{i}]"
+            continue
+        if not isinstance(op, (CenterCropOp, RandomCropOp)):
+            continue
+        op = op.model_copy(update={"size": op.size or data.image_size})
+        if size is not None and (error := _crop_error(i, op, size, came_from)):
+            raise error
+        size, came_from = op.size, f"the {op.op.value} at preprocess[{i}]"
+    if size is not None and size != data.image_size:
+        raise SpecError(f"preprocess: the pipeline ends at {_pixels(size)} ({came_from}) but data.image_size is "
+                        f"{_pixels(data.image_size)}; add a resize op")
+
+
+def check_pipeline(data: DataSpec, ops: tuple[Op, ...]) -> None:
+    """Cross-checks between `data` and `preprocess`."""
+    if data.source is Source.IMAGEFOLDER and (not ops or ops[0].op.value != "decode"):
+        raise SpecError("preprocess: source 'imagefolder' holds encoded images; the first op must be decode")
+    sized = [(i, op.size) for i, op in enumerate(ops) if getattr(op, "size", None) is not None]
+    if sized and sized[-1][1] != data.image_size:
+        (i, (h, w)), (dh, dw) = sized[-1], data.image_size
+        raise SpecError(f"preprocess[{i}].size: the pipeline ends at {h}x{w} but data.image_size is {dh}x{dw}")
+    _track_sizes(data, ops)
+    for i, op in enumerate(ops):
+        if not isinstance(op, NormalizeOp):
+            continue
+        for field in ("mean", "std"):
+            count = len(getattr(op, field))
+            if count not in (1, data.channels):
+                raise SpecError(
+                    f"preprocess[{i}].{field}: expected 1 or {data.channels} values (data.channels), got {count}"
+                )
+
+
+def check_data(data: DataSpec) -> None:
+    """The data section with its defaults filled: enough synthetic samples for its classes."""
+    if data.source is Source.SYNTHETIC and data.samples < data.classes:  # type: ignore[operator]
+        raise SpecError(f"data.samples: {data.samples} samples cannot cover {data.classes} classes (data.classes)")
+
+
+def check_data_path(data: DataSpec) -> DataSpec:
+    """The path must exist; store it absolute so a run directory's spec is position-free."""
+    if data.path is None:
+        return data
+    path = Path(os.path.expanduser(data.path))
+    if not path.exists():
+        raise SpecError(f"data.path: no such file or directory: {data.path}")
+    if data.source is Source.IMAGEFOLDER and not path.is_dir():
+        raise SpecError(f"data.path: source 'imagefolder' needs a directory of class folders, got a file: {data.path}")
+    return data.model_copy(update={"path": str(path.resolve())})
+
+
+def check_run_dir(run_dir: str, field: str) -> None:
+    """The run directory, or the nearest of its parents that exists, must be a directory."""
+    path = Path(os.path.expanduser(run_dir))
+    for place in (path, *path.parents):
+        if place.exists() or place.is_symlink():
+            if not place.is_dir():
+                what = "is a file" if place == path else f"lies in {place}, which is a file"
+                raise SpecError(f"{field}: {run_dir}: {what}, not a directory")
+            return
+
+
+def _check_batch(train: TrainSpec, where: str, data: DataSpec) -> None:
+    samples = data.source_samples()
+    if samples is not None and train.batch_size > samples:
+        raise SpecError(f"{where}.batch_size: {train.batch_size} is more than the {samples} samples of the data set "
+                        f"(source {data.source.value!r})")
+
+
+def _check_kernel(model: ModelSpec, where: str, data: DataSpec) -> None:
+    kernel, side = model.params.get("kernel_size"), min(data.image_size)  # type: ignore[type-var]
+    if model.family == "cnn" and kernel is not None and kernel > side:
+        raise SpecError(f"{where}.params.kernel_size: {kernel} is larger than the {_pixels(data.image_size)} "
+                        "image (data.image_size)")
+
+
+def check_models(data: DataSpec, train: TrainSpec, models: tuple[ModelSpec, ...], entries: tuple[int, ...]) -> None:
+    """Each model against the data: its batch size, a CNN's kernel (`entries`: each model's
+    item in the spec's `models` list)."""
+    _check_batch(train, "train", data)
+    for model, entry in zip(models, entries):
+        if model.train.batch_size != train.batch_size:
+            _check_batch(model.train, f"models[{entry}].train", data)
+        _check_kernel(model, f"models[{entry}]", data)
