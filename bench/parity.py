@@ -226,14 +226,16 @@ def verdict(fleet: dict, plain: list[dict], second: list[dict] | None) -> tuple[
 
 
 def by_group_size(fleet: dict, plan: dict, plain: list[dict]) -> list[str]:
-    """The mean difference of the models that trained on one trainer throughout, and of those
+    """The mean differences of the models that trained on one trainer throughout, and of those
     that trained data-parallel (a group of m trainers takes m x batch_size samples a step)."""
     models, gpus = {m["id"]: m for m in fleet["models"]}, gpu_counts(plan)
-    parts = {"one trainer": [], "groups of 2+": []}
+    parts: dict[str, list[tuple[float, float]]] = {"one trainer": [], "groups of 2+": []}
     for p in plain:
-        key = "one trainer" if gpus.get(p["id"]) == "1" else "groups of 2+"
-        parts[key].append(models[p["id"]]["best_val_accuracy"] - p["best_val_accuracy"])
-    shown = [f"{name} ({len(d)} models) {np.mean(d):+.4f}" for name, d in parts.items() if d]
+        f = models[p["id"]]
+        parts["one trainer" if gpus.get(p["id"]) == "1" else "groups of 2+"].append(
+            (f["best_val_accuracy"] - p["best_val_accuracy"], f["final_train_loss"] - p["final_train_loss"]))
+    shown = [f"{name} ({len(d)} models): best accuracy {np.mean([a for a, _ in d]):+.4f}, final train loss "
+             f"{np.mean([l for _, l in d]):+.4f}" for name, d in parts.items() if d]
     return ["fleet - plain by group size: " + "; ".join(shown)]
 
 
