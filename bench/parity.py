@@ -1,7 +1,6 @@
 """Training parity: fleet against a plain PyTorch loop on the same models, side by side.
 
-Each model of a spec (default: `bench/parity.yaml`, ten small nets of five families covering
-every optimizer and LR schedule) is trained twice over: by `fleet run` (the spec's policy,
+Each model of a spec is trained twice over: by `fleet run` (the spec's policy,
 `scheduler.profile: false` unless the spec says otherwise) and by a plain PyTorch loop of its
 own (`bench/plain_loop.py`: a Dataset that decodes and transforms one sample at a time, a
 shuffling DataLoader, `torch.optim` and its LR schedulers stepped once per epoch, evaluation
@@ -9,6 +8,10 @@ in `model.eval()` under `torch.no_grad()`), with the same network and initial we
 split, transforms, optimizer, schedule, batch size and epochs. The plain models run in
 `--workers` processes at a time (default: the spec's trainer slots), each with the spec's
 torch threads per trainer, so both sides use the same cores.
+
+The bench's own specs, whose JPEGs it makes: `bench/parity.yaml` (the default: ten small nets
+of five families that cover every optimizer and LR schedule, 5 epochs) and
+`bench/parity-sweep.yaml` (the 32-model sweep of `bench/e2e_cpu.py --sweep 4`, 2 epochs).
 
 The plain loop runs twice, with two seeds for its data order, augmentation and dropout (the
 weights stay the model's): the spread between those two runs is the noise against which
@@ -48,6 +51,10 @@ import yaml
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 DEFAULT_SPEC = BENCH / "parity.yaml"
+BENCH_DATA = {  # the bench's own specs: the synthetic JPEG folder each is made for
+    "parity.yaml": {"samples": 2400, "image_size": 48},
+    "parity-sweep.yaml": {"samples": 3000, "image_size": 96},
+}
 sys.path[:0] = [str(REPO), str(BENCH)]
 
 from fleet.spec import load_spec, parse_spec, read_yaml  # noqa: E402  (after the path above)
@@ -57,14 +64,14 @@ from plain_loop import PlainData, worker_init, worker_train  # noqa: E402  (benc
 # ----------------------------------------------------------------------------- the spec
 
 
-def make_default_data(root: Path) -> Path:
-    """The default spec's JPEG folder (kept in `root` across invocations)."""
+def make_bench_data(root: Path, name: str) -> Path:
+    """The JPEG folder of one of the bench's own specs (kept in `root` across invocations)."""
     from preprocess.make import make_synthetic  # preprocess loads h5py and Pillow
 
-    data = root / "images"
+    data = root / f"images-{Path(name).stem}"
     if not (data / ".made").exists():
         shutil.rmtree(data, ignore_errors=True)
-        make_synthetic(data, "jpeg", classes=10, samples=2400, image_size=48, channels=3, progress=False)
+        make_synthetic(data, "jpeg", classes=10, channels=3, progress=False, **BENCH_DATA[name])
         (data / ".made").touch()
     return data
 
@@ -81,8 +88,9 @@ def bench_doc(args, root: Path) -> dict:
     """The spec this bench trains: the chosen one, with its data, models, epochs, seed and
     policy set as the options say."""
     doc = read_yaml(args.spec)
-    if Path(args.spec).resolve() == DEFAULT_SPEC:
-        doc["data"]["path"] = str(make_default_data(root))
+    spec_file = Path(args.spec).resolve()
+    if spec_file.parent == BENCH and spec_file.name in BENCH_DATA:
+        doc["data"]["path"] = str(make_bench_data(root, spec_file.name))
     if args.seed is not None:
         doc["seed"] = args.seed
     doc["models"] = explicit_models(doc, args.models)
