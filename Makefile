@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_DATA := data/quickstart
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-openmpi venv clean-demo
+.PHONY: demo test test-openmpi venv horovod clean-demo
 
 venv: $(INSTALLED)
 
@@ -29,6 +29,16 @@ demo: $(DEMO_DATA)/.made
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Horovod for `runtime.collective: horovod` (and `auto`), built from PyPI's sdist into the venv
+# against its torch (and TensorFlow when installed) and the MPI whose mpicxx is first on PATH
+# (the mpich wheel's here; a site MPI on a cluster, see the README). A few minutes on 2 cores.
+HOROVOD := $(VENV)/.horovod
+horovod: $(HOROVOD)
+
+$(HOROVOD): $(INSTALLED) tools/build-horovod.sh
+	tools/build-horovod.sh $(BIN)/python
+	touch $@
 
 # The tests marked `openmpi` again under the system's Open MPI (Debian: openmpi-bin): the same
 # venv, with mpi4py's wheel loading Open MPI's library (MPI4PY_LIBMPI) and FLEET_MPIEXEC for the

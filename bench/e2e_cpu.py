@@ -36,6 +36,12 @@ to it).
 Usage: .venv/bin/python bench/e2e_cpu.py [--trainers 4] [--epochs 2] [--samples 3000]
        [--source-size 96] [--image-size 24] [--preprocessors 1] [--threads 1] [--timeout 3600]
        [--wait-timeout 600] [--keep DIR] [--sweep K] [--emulated] [--policies fleet-g,baseline]
+       [--collectives horovod,mpi,torch]
+
+`--collectives`: every policy but Baseline runs once per gradient collective (``runtime.
+collective``), each planning with a profile measured under that collective, so the makespans
+of groups of 2 or more slots under each backend stand side by side ("in groups" counts the
+models that trained on 2 or more slots).
 """
 
 from __future__ import annotations
@@ -81,7 +87,10 @@ def models_for(sweep: int) -> list[dict]:
             for model in MODELS for k in range(sweep)]
 
 
-def spec_for(policy: str, data: Path, args, device: str = "cpu") -> dict:
+def spec_for(policy: str, data: Path, args, device: str = "cpu", collective: str | None = None) -> dict:
+    runtime = {"timeout_s": args.wait_timeout, **dict(runtime_option(text) for text in args.runtime)}
+    if collective:
+        runtime["collective"] = collective
     return {
         "name": f"e2e-{policy}", "seed": 11,
         "data": {"source": "imagefolder", "path": str(data), "image_size": args.image_size, "channels": 3,
@@ -93,17 +102,18 @@ def spec_for(policy: str, data: Path, args, device: str = "cpu") -> dict:
         "train": {"batch_size": 32, "max_epochs": args.epochs, "optimizer": "sgd", "lr": 0.05,
                   "stop": {"patience": 1000}},
         "scheduler": {"policy": policy},
-        "runtime": {"timeout_s": args.wait_timeout, **dict(runtime_option(text) for text in args.runtime)},
+        "runtime": runtime,
         "cluster": {"nodes": 1, "gpus_per_node": args.trainers, "preprocessors_per_node": args.preprocessors,
                     "threads_per_trainer": args.threads, "device": device},
     }
 
 
-def profile_once(data: Path, root: Path, args) -> tuple[Path, float]:
+def profile_once(data: Path, root: Path, args, collective: str | None = None) -> tuple[Path, float]:
     """`fleet profile` on the fleet-g spec; the profile.json path and the profiler's seconds."""
-    spec_path = root / "profile.yaml"
-    spec_path.write_text(yaml.safe_dump(spec_for("fleet-g", data, args)))
-    run_dir = root / "profile"
+    name = f"profile-{collective}" if collective else "profile"
+    spec_path = root / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec_for("fleet-g", data, args, collective=collective)))
+    run_dir = root / name
     shutil.rmtree(run_dir, ignore_errors=True)  # what an invocation cut off left
     done = subprocess.run([sys.executable, "-m", "fleet", "profile", str(spec_path), "--run-dir", str(run_dir),
                            "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=3600)
@@ -113,7 +123,35 @@ def profile_once(data: Path, root: Path, args) -> tuple[Path, float]:
     return path, json.loads(path.read_text())["profiler"]["seconds"]
 
 
-def profile_fits(profile: Path, data: Path, args) -> bool:
+def kept_or_new_profile(data: Path, root: Path, args, going_on: bool, collective: str | None) -> tuple[Path, float]:
+    """The profile (and its seconds) that the runs with `collective` plan with: an earlier
+    invocation's when it fits, else a new one (the rates on m slots depend on the collective)."""
+    profile = root / (f"profile-{collective}" if collective else "profile") / "profile.json"
+    name = f" with collective {collective}" if collective else ""
+    if going_on and profile_fits(profile, data, args, collective):
+        profile_s = json.loads(profile.read_text())["profiler"]["seconds"]
+        print(f"profile{name} kept from an earlier invocation (profiled in {profile_s:.1f} s)", flush=True)
+        return profile, profile_s
+    profile, profile_s = profile_once(data, root, args, collective)
+    print(f"profiled once{name} in {profile_s:.1f} s", flush=True)
+    return profile, profile_s
+
+
+def runs_of(args) -> list[tuple[str, str | None]]:
+    """(policy, collective) of every run: with `--collectives`, each policy but Baseline (whose
+    models train on one slot each, with no collective) once per collective."""
+    return [(policy, collective) for policy in args.policies
+            for collective in (args.collectives if args.collectives and policy != "baseline" else [None])]
+
+
+def models_in_groups(run_dir: Path) -> int:
+    """How many models trained on 2 or more trainer slots at some time (events.jsonl)."""
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    starts = (json.loads(line) for line in lines if '"member_start"' in line)
+    return len({event["model"] for event in starts if len(event["gpus"]) >= 2})
+
+
+def profile_fits(profile: Path, data: Path, args, collective: str | None = None) -> bool:
     """Whether a kept profile is one `fleet run` reuses for these specs (else every policy's run
     would profile again on its own): it exists and its fingerprint matches."""
     from fleet.spec import parse_spec
@@ -121,24 +159,25 @@ def profile_fits(profile: Path, data: Path, args) -> bool:
 
     if not profile.exists():
         return False
-    fits, why = reuse_verdict(json.loads(profile.read_text()), parse_spec(spec_for("fleet-g", data, args)))
+    spec = parse_spec(spec_for("fleet-g", data, args, collective=collective))
+    fits, why = reuse_verdict(json.loads(profile.read_text()), spec)
     if not fits:
         print(f"kept profile not reused ({why}): profiling again", flush=True)
     return fits
 
 
-def predictions(profile: Path, data: Path, args) -> dict[str, float]:
+def predictions(profile: Path, data: Path, args, collective: str | None = None) -> dict[str, float]:
     """The simulator's makespan of each policy at the profiled rates (and decode limit)."""
     from fleet.schedule_io import load_profile
     from fleet.spec import parse_spec
     from profiler.report import predicted_makespans
 
-    spec = parse_spec(spec_for("fleet-g", data, args))
+    spec = parse_spec(spec_for("fleet-g", data, args, collective=collective))
     return predicted_makespans(spec, load_profile(profile), POLICIES)
 
 
 SETTINGS = ("trainers", "epochs", "samples", "source_size", "image_size", "preprocessors", "threads", "runtime",
-            "sweep", "emulated")  # what a kept directory's results depend on
+            "sweep", "emulated", "collectives")  # what a kept directory's results depend on
 
 
 def open_kept(root: Path, args) -> bool:
@@ -168,10 +207,12 @@ def kept_results(run_dir: Path) -> dict | None:
     return None if result.get("interrupted") else result
 
 
-def run_policy(policy: str, data: Path, root: Path, args, profile: Path) -> dict:
-    spec_path = root / f"{policy}.yaml"
-    spec_path.write_text(yaml.safe_dump(spec_for(policy, data, args, "emulated" if args.emulated else "cpu")))
-    run_dir = root / policy
+def run_policy(label: str, data: Path, root: Path, args, profile: Path) -> dict:
+    policy, _, collective = label.partition("/")
+    spec_path = root / f"{label.replace('/', '-')}.yaml"
+    device = "emulated" if args.emulated else "cpu"
+    spec_path.write_text(yaml.safe_dump(spec_for(policy, data, args, device, collective or None)))
+    run_dir = root / label.replace("/", "-")
     shutil.rmtree(run_dir, ignore_errors=True)  # what an invocation cut off left
     run_dir.mkdir()
     shutil.copy(profile, run_dir / "profile.json")
@@ -209,6 +250,9 @@ def main() -> None:
                         help=f"train each architecture at K learning rates (1-{len(SWEEP_LR)}; default 1: 8 models)")
     parser.add_argument("--emulated", action="store_true",
                         help="trainer slots sleep the profiled step time instead of training (the data path stays real)")
+    parser.add_argument("--collectives", default=[], type=collective_list,
+                        help="comma-separated runtime.collective values (mpi,torch,horovod): every policy but baseline "
+                             "runs once with each, with a profile of its own (default: the spec's auto, once)")
     parser.add_argument("--policies", default=",".join(POLICIES), type=policy_list,
                         help=f"comma-separated, from {','.join(POLICIES)} (baseline is always run; default: all)")
     args = parser.parse_args()
@@ -225,39 +269,39 @@ def main() -> None:
             make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=args.source_size, channels=3,
                            progress=False)
             (data / ".made").touch()
-        profile = root / "profile" / "profile.json"
-        if going_on and profile_fits(profile, data, args):
-            profile_s = json.loads(profile.read_text())["profiler"]["seconds"]
-            print(f"profile kept from an earlier invocation (profiled in {profile_s:.1f} s)", flush=True)
-        else:
-            profile, profile_s = profile_once(data, root, args)
-            print(f"profiled once in {profile_s:.1f} s", flush=True)
-        predicted = predictions(profile, data, args)
+        profiles = {collective: kept_or_new_profile(data, root, args, going_on, collective)
+                    for collective in (None, *args.collectives)}
+        profile_s = profiles[None][1]
+        predicted = {collective: predictions(path, data, args, collective) for collective, (path, _) in profiles.items()}
         results = {}
-        for policy in args.policies:
-            kept = kept_results(root / policy) if going_on else None
-            results[policy] = kept or run_policy(policy, data, root, args, profile)
-            res = results[policy]
-            print(f"{policy}: makespan {res['makespan_s']:.1f} s, {res['rounds']} round(s), "
+        for policy, collective in runs_of(args):
+            label = f"{policy}/{collective}" if collective else policy
+            kept = kept_results(root / label.replace("/", "-")) if going_on else None
+            results[label] = kept or run_policy(label, data, root, args, profiles[collective][0])
+            results[label]["predicted_s"] = predicted[collective][policy]
+            res = results[label]
+            print(f"{label}: makespan {res['makespan_s']:.1f} s, {res['rounds']} round(s), "
                   f"{res['samples_decoded']:,} decoded{' (kept from an earlier invocation)' if kept else ''}",
                   flush=True)
+            res["in_groups"] = models_in_groups(root / label.replace("/", "-"))
     base = results["baseline"]
     slots = "emulated trainer slots (steps sleep the profiled time)" if args.emulated else (
         f"CPU trainer slots of {args.threads} thread(s)")
     print(f"{len(models_for(args.sweep))} CNNs x {args.epochs} epochs on {args.samples} JPEGs ({args.source_size}x{args.source_size} "
           f"on disk, {args.image_size}x{args.image_size} after resize and crop), "
           f"{args.preprocessors} preprocessor(s) + {args.trainers} {slots}; profiled once in {profile_s:.1f} s")
-    print(f"{'policy':<14}{'makespan s':>11}{'vs baseline':>13}{'predicted s':>12}{'predicted vs base':>19}"
-          f"{'rounds':>8}{'decoded':>10}{'decoded/base':>14}{'mean best acc':>15}{'planning':>10}{'checkpoint':>12}")
+    print(f"{'policy':<22}{'makespan s':>11}{'vs baseline':>13}{'predicted s':>12}{'predicted vs base':>19}"
+          f"{'rounds':>8}{'decoded':>10}{'decoded/base':>14}{'mean best acc':>15}{'planning':>10}{'checkpoint':>12}"
+          f"{'in groups':>11}")
     for policy, res in results.items():
         accuracy = "-" if args.emulated else f"{sum(m['best_val_accuracy'] for m in res['models']) / len(res['models']):.3f}"
-        print(f"{policy:<14}{res['makespan_s']:>11.1f}{base['makespan_s'] / res['makespan_s']:>12.2f}x"
-              f"{predicted[policy]:>12.1f}{predicted['baseline'] / predicted[policy]:>18.2f}x"
+        print(f"{policy:<22}{res['makespan_s']:>11.1f}{base['makespan_s'] / res['makespan_s']:>12.2f}x"
+              f"{res['predicted_s']:>12.1f}{base['predicted_s'] / res['predicted_s']:>18.2f}x"
               f"{res['rounds']:>8}{res['samples_decoded']:>10,}{res['samples_decoded'] / base['samples_decoded']:>14.2f}"
-              f"{accuracy:>15}{share(res, 'planning'):>10}{checkpoint_share(res):>12}")
+              f"{accuracy:>15}{share(res, 'planning'):>10}{checkpoint_share(res):>12}{res['in_groups']:>11}")
     print("planning: the coordinator's planning seconds as a share of the makespan; checkpoint: the trainers' "
           "seconds waiting for their group's saves (results.json's checkpoint_gpu) as a share of all trainers' "
-          "seconds (makespan x trainers)")
+          "seconds (makespan x trainers); in groups: models that trained on 2 or more trainer slots at some time")
 
 
 def policy_list(text: str) -> list[str]:
@@ -267,6 +311,17 @@ def policy_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"unknown polic{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)} "
                                          f"(choose from {', '.join(POLICIES)})")
     return [name for name in POLICIES if name in chosen or name == "baseline"]
+
+
+def collective_list(text: str) -> list[str]:
+    sys.path.insert(0, str(REPO))
+    from fleet.runtime.train.collectives import kinds
+
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in kinds()]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown collective {', '.join(unknown)} (choose from {', '.join(kinds())})")
+    return chosen
 
 
 def share(result: dict, overhead: str) -> str:

@@ -96,23 +96,23 @@ def test_single_rank_groups_leave_no_threads_or_fds(single_rank):
 
 def test_resolve_backend():
     assert resolve_backend("mpi", "cpu") == "mpi"
-    assert resolve_backend("auto", "cpu") == "torch-gloo"
+    assert resolve_backend("auto", "cpu") == ("horovod" if cases.HOROVOD else "torch-gloo")
     assert resolve_backend("torch", "cpu") == "torch-gloo"
-    assert set(available_backends()) <= {"mpi", "torch-gloo", "torch-nccl"}
+    assert set(available_backends()) <= {"mpi", "torch-gloo", "torch-nccl", "horovod", "horovod-nccl"}
     assert {"mpi", "torch-gloo"} <= set(available_backends())
-    with pytest.raises(UserError, match="collective 'nccl': expected one of auto, mpi, torch"):
+    with pytest.raises(UserError, match="collective 'nccl': expected one of auto, mpi, torch, horovod"):
         resolve_backend("nccl", "cpu")
 
 
 def test_the_registry_gives_the_kinds_and_the_spec_its_valid_names():
     from fleet.spec import parse_spec
 
-    assert kinds() == ("auto", *COLLECTIVES.names) == ("auto", "mpi", "torch")
+    assert kinds() == ("auto", *COLLECTIVES.names) == ("auto", "mpi", "torch", "horovod")
     assert set(AUTO_ORDER) <= set(COLLECTIVES.names)
     base = {"name": "t", "data": {"source": "digits"}, "models": [{"family": "mlp"}]}
     for kind in kinds():
         assert parse_spec({**base, "runtime": {"collective": kind}}).runtime.collective == kind
-    with pytest.raises(UserError, match=r"^runtime.collective: unknown collective 'gloo' \(valid: auto, mpi, torch\)$"):
+    with pytest.raises(UserError, match=r"^runtime.collective: unknown collective 'gloo' \(valid: auto, mpi, torch, horovod\)$"):
         parse_spec({**base, "runtime": {"collective": "gloo"}})
 
 
@@ -157,8 +157,26 @@ def test_a_group_of_one_gets_the_solo_collective(kind):
 
 
 def test_create_collective_rejects_an_unknown_kind():
-    with pytest.raises(UserError, match="collective 'horovod'"):
-        create_collective("horovod", MPI.COMM_SELF, "cpu", 5.0)
+    with pytest.raises(UserError, match="collective 'gloo'"):
+        create_collective("gloo", MPI.COMM_SELF, "cpu", 5.0)
+
+
+def test_horovod_that_cannot_be_imported_is_a_user_error_naming_the_build(monkeypatch):
+    monkeypatch.setattr("fleet.runtime.train.collectives.horovod.hvd", None)
+    monkeypatch.setattr("fleet.runtime.train.collectives.horovod.IMPORT_ERROR", "No module named 'horovod'")
+    message = r"^collective 'horovod': Horovod with PyTorch cannot be imported here \(No module named 'horovod'\); build it into this environment with `make horovod`"
+    with pytest.raises(UserError, match=message):
+        resolve_backend("horovod", "cpu")
+    assert resolve_backend("auto", "cpu") == "torch-gloo"  # auto goes on to the next
+
+
+def test_horovod_is_built_where_it_is_required():
+    """CI sets FLEET_REQUIRE_HOROVOD=1 after `make horovod`: its tests must run there, not skip."""
+    if os.environ.get("FLEET_REQUIRE_HOROVOD") != "1":
+        pytest.skip("FLEET_REQUIRE_HOROVOD is not set")
+    from fleet.runtime.train.collectives.horovod import HorovodCollective
+
+    assert cases.HOROVOD, HorovodCollective.unavailable("cpu")
 
 
 @pytest.mark.parametrize("bad", [np.ones(3, np.float16), np.ones((2, 2)), np.ones(6)[::2], [1.0, 2.0]])
@@ -230,7 +248,7 @@ def run_ranks(size: int, suite: str, timeout: float = 150) -> tuple[list[dict], 
     return sorted(results, key=lambda r: r["rank"]), proc
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["n2", "n4"])
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=["n2", "n3", "n4"])
 def world_checks(request):
     results, proc = run_ranks(request.param, "checks")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -288,3 +306,27 @@ def test_a_rank_that_never_joins_gives_a_wait_timeout_naming_the_operation():
         assert "allreduce_sum of 8 float64 in group 'lonely'" in waited["message"], waited
         assert f"({name}, rank 0 of 2)" in waited["message"], waited
         assert results[1][name] == {"released_by": name}
+
+
+@pytest.mark.mpi
+def test_a_spec_asking_for_horovod_where_it_is_not_built_stops_with_one_line(tmp_path):
+    """`fleet run` before starting any rank, and `fleet train` under mpiexec (as a batch script
+    runs it) on every rank alike: exit 2 and one line naming the way to build it."""
+    import yaml
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "h", "data": {"source": "digits"}, "models": [{"family": "mlp"}], "runtime": {"collective": "horovod"},
+        "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"}}))
+    hidden = os.pathsep.join([str(REPO / "tests" / "shims" / "no-horovod"), str(REPO)])
+    env = mpi_env({"PYTHONPATH": hidden})
+    fleet = [sys.executable, "-m", "fleet"]
+    commands = {"run": [*fleet, "run", str(spec), "--run-dir", str(tmp_path / "a")],
+                "train": [*mpi_launcher(), "-n", "3", *fleet, "train", str(spec), "--run-dir", str(tmp_path / "b")]}
+    for name, command in commands.items():
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        assert done.returncode == 2, (name, lines)
+        assert len(lines) == 1, (name, lines)
+        assert f"fleet {name}: error: collective 'horovod': Horovod with PyTorch cannot be imported here" in lines[0]
+        assert "make horovod" in lines[0]

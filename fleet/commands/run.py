@@ -12,6 +12,7 @@ from fleet.report.results import leaderboard_rows, write_results
 from fleet.runlock import RunLock
 from fleet.runtime.events import EventLog
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
+from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.local import train_local
 from fleet.spec import load_spec
 
@@ -36,9 +37,18 @@ def run(args: argparse.Namespace) -> int:
     RunLock(spec.run_dir, "fleet run").check_free()
     if args.local:
         return run_local(spec, args)
+    check_collective(spec, args.device)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
     return finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
+
+
+def check_collective(spec, device: str | None) -> None:
+    """Stop before any rank starts when groups of several trainers could form and the spec's
+    collective cannot be used here (e.g. ``horovod`` not built); raises `UserError`."""
+    if spec.cluster.gpus > 1:
+        device = device or spec.cluster.device.value
+        resolve_backend(spec.runtime.collective, "cpu" if device == "emulated" else device)
 
 
 def run_local(spec, args: argparse.Namespace) -> int:

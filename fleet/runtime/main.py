@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fleet.atomic import atomic_write_json
 from fleet.engines import get_framework
 from fleet.errors import UserError
@@ -47,7 +49,8 @@ from fleet.runtime.launch.topology import (
 )
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.trainer import TrainerLoop
-from fleet.runtime.waiting import RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, use_busy_polling
+from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, use_busy_polling,
+                                   wait_request)
 from fleet.spec import Device, SpecError, load_spec
 from profiler.job import run_profiling
 
@@ -136,6 +139,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
         spec = with_device(spec, options.device)
     env = read_job_env(os.environ)
     check_launch(world.Get_size(), env, mpi_library())
+    _check_collective(world, spec)
     topology = build_topology(world, spec.cluster, env, options.ranks_per_node)
     placement = topology.placements[world.rank]
     who.role, who.node = placement.role.value, placement.node
@@ -166,6 +170,28 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     ctx.rates = rates["emulated"] or shared["rates"]
     ctx.extras["epoch_limits"] = shared["epoch_limits"]
     return ctx
+
+
+def _check_collective(world: Any, spec) -> None:
+    """Every rank checks that it can use the spec's collective where groups of several trainers
+    can form (e.g. ``horovod``: built, with this MPI); if one cannot, every rank exits 2 and
+    the first such rank says why, in one line."""
+    if spec.cluster.gpus < 2:
+        return
+    device = spec.cluster.device.value
+    try:
+        resolve_backend(spec.runtime.collective, "cpu" if device == "emulated" else device)
+        why = None
+    except UserError as exc:
+        why = str(exc)
+    from mpi4py import MPI  # initialized by now
+
+    first = np.array([world.rank if why else world.size])
+    wait_request(world.Iallreduce(MPI.IN_PLACE, first, op=MPI.MIN), "every rank's check of the collective",
+                 spec.runtime.timeout_s)
+    if first[0] < world.size:
+        where = "" if first[0] == 0 else f"rank {first[0]}: "
+        exit_all(world, UserError.exit_code, f"fleet train: error: {where}{why}", root=int(first[0]))
 
 
 def with_device(spec, device: str):
@@ -346,17 +372,18 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     spec, plan = ctx.spec, ctx.extras["plan"]
     run_dir = Path(ctx.run_dir)
     console = Console(quiet=options.quiet)
+    collective = resolve_backend(spec.runtime.collective, "cpu" if ctx.device == "emulated" else spec.cluster.device.value)
     log = EventLog(run_dir / "events.jsonl")
     started = time.monotonic()
     startup_s = started - ctx.extras["process_start"]
     log.write("run_start", startup_s=startup_s, policy=spec.scheduler.policy, gpus=spec.cluster.gpus, ranks=ctx.world.size,
               models=len(spec.models), resumed=plan.resumed, already_converged=plan.already_converged,
-              rates=plan.rates_source, device=spec.cluster.device.value)
+              rates=plan.rates_source, device=spec.cluster.device.value, collective=collective)
     console.banner(
         f"fleet: {spec.name}: {len(plan.ledger.views)} of {len(spec.models)} models to train with "
         f"{spec.scheduler.policy} on {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} "
         f"{spec.cluster.device.value} trainer(s), {len(ctx.topology.preprocessor_ranks())} preprocessor(s); "
-        f"rates {plan.rates_source}"
+        f"rates {plan.rates_source}; groups reduce with {collective}"
     )
 
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,

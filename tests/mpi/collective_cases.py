@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fleet.engines.torch import TorchEngine
+from fleet.runtime.train.collectives.horovod import HorovodCollective
 from fleet.runtime.train.collectives.mpi import MPICollective
 from fleet.runtime.train.collectives.torch_dist import TorchCollective
 from fleet.spec import ModelSpec, TrainSpec
@@ -24,13 +25,15 @@ from fleet.runtime.waiting import IDLE, wait_request
 SHAPE = (1, 8, 8)
 CLASSES = 4
 TIMEOUT_S = 60.0
-BACKEND_NAMES = ("mpi", "torch-gloo")
+# Horovod where this process can use it (built, and with mpi4py's MPI: not under `make test-openmpi`)
+HOROVOD = HorovodCollective.unavailable("cpu") is None
+BACKEND_NAMES = ("mpi", "torch-gloo", *(("horovod",) if HOROVOD else ()))  # horovod last: see collective_main.timeout
 MODELS = {
     "mlp": {"hidden": [32, 16]},
     "lstm": {"hidden": 12, "layers": 1},
     "collective_cases:plain_cnn": {"channels": 4},
 }
-UNEVEN = {1: (3,), 2: (3, 1), 4: (3, 3, 2, 0)}
+UNEVEN = {1: (3,), 2: (3, 1), 3: (3, 0, 2), 4: (3, 3, 2, 0)}
 
 
 def plain_cnn(input_shape, num_classes, channels=4):
@@ -48,9 +51,11 @@ def plain_cnn(input_shape, num_classes, channels=4):
 
 
 def make_collective(name: str, comm, timeout_s: float = TIMEOUT_S, label: str = "group 'test'"):
-    """``mpi``, ``torch-gloo`` (its default store: a file store on one node) or ``torch-gloo/tcp``."""
+    """``mpi``, ``horovod``, ``torch-gloo`` (its default store: a file store on one node) or ``torch-gloo/tcp``."""
     if name == "mpi":
         return MPICollective(comm, timeout_s, label)
+    if name == "horovod":
+        return HorovodCollective(comm, "cpu", timeout_s, label)
     store = name.partition("/")[2] or "auto"
     return TorchCollective(comm, "cpu", timeout_s, label, store=store)
 
@@ -96,8 +101,8 @@ def sums_and_broadcasts(comm) -> dict:
             out[f"{name}/name"] = coll.name
     for dtype in ("float32", "float64"):
         mpi = sums[("mpi", dtype)]
-        gloo = (sums[("torch-gloo", dtype)], sums[("torch-gloo/tcp", dtype)])
-        out[f"agree/{dtype}"] = max(float(np.max(np.abs(mpi - other))) for other in gloo)
+        others = [sums[(name, dtype)] for name in (*BACKEND_NAMES, "torch-gloo/tcp") if name != "mpi"]
+        out[f"agree/{dtype}"] = max(float(np.max(np.abs(mpi - other))) for other in others)
     return out
 
 

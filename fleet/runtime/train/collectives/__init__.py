@@ -4,6 +4,8 @@
 `COLLECTIVES`, imported only when a group uses them, and the spec's ``runtime.collective``
 takes its valid names (`kinds()`) from here:
 
+- ``horovod``: Horovod started over the group's communicator, NCCL inside it on CUDA where
+  it was built with it (`HorovodCollective`; built by `make horovod`);
 - ``torch``: a torch.distributed process group over exactly the group's members, gloo on
   the CPU and NCCL on CUDA (`TorchCollective`);
 - ``mpi``: mpi4py's non-blocking collectives on flat host buffers (`MPICollective`);
@@ -25,10 +27,10 @@ from fleet.registry import Registry
 COLLECTIVES: Registry[type] = Registry("collective", {
     "mpi": "fleet.runtime.train.collectives.mpi:MPICollective",
     "torch": "fleet.runtime.train.collectives.torch_dist:TorchCollective",
-    # "horovod": "fleet.runtime.train.collectives.horovod:HorovodCollective",  (process sets; a later issue)
+    "horovod": "fleet.runtime.train.collectives.horovod:HorovodCollective",
 })
 AUTO = "auto"
-AUTO_ORDER = ("torch", "mpi")  # Horovod goes first when it lands; mpi is always there
+AUTO_ORDER = ("horovod", "torch", "mpi")  # the first this process can use; mpi is always there
 
 
 def kinds() -> tuple[str, ...]:

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Build Horovod from PyPI's source distribution into a Python environment, against the
+# frameworks installed there (torch; TensorFlow when importable) and the MPI whose `mpicxx`
+# comes first on PATH (the environment's own bin/ first: the `mpich` wheel's, on a
+# workstation; on a cluster, load the site's MPI module and leave the `mpich` wheel out).
+#
+#   tools/build-horovod.sh [PYTHON]          (default: .venv/bin/python; `make horovod` runs this)
+#
+# PyPI has Horovod 0.28.1 only as an sdist, which does not build as is against torch >= 2.1
+# (its CMake asks for C++14; torch's headers need C++17) nor TensorFlow 2.21 (its XLA ops
+# include headers TF no longer ships; they are GPU-only code). Both are patched here, and
+# its MPI controller is made to wait without spinning a core (tools/horovod-nospin.h).
+#
+# CUDA: set HOROVOD_GPU_OPERATIONS=NCCL (and HOROVOD_NCCL_HOME / HOROVOD_CUDA_HOME where NCCL
+# and CUDA are not in the default paths) before running; they are passed through to the build.
+set -euo pipefail
+
+PY=${1:-.venv/bin/python}
+VERSION=${HOROVOD_VERSION:-0.28.1}
+say() { echo "build-horovod: $*" >&2; }
+fail() { say "$*"; exit 2; }
+
+[ -x "$PY" ] || fail "no Python at $PY (run 'make venv' first, or pass the interpreter)"
+PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
+export PATH="$(dirname "$PY"):$PATH"
+command -v mpicxx >/dev/null || fail "no mpicxx on PATH: install the mpich wheel (pip install mpich) or load your site's MPI"
+command -v cmake >/dev/null || fail "no cmake on PATH (Debian: apt-get install cmake; or pip install cmake)"
+
+has() { "$PY" -c "import $1" 2>/dev/null; }
+frameworks=()
+if has torch; then export HOROVOD_WITH_PYTORCH=1; frameworks+=(torch); else export HOROVOD_WITHOUT_PYTORCH=1; fi
+if has tensorflow; then export HOROVOD_WITH_TENSORFLOW=1; frameworks+=(tensorflow); else export HOROVOD_WITHOUT_TENSORFLOW=1; fi
+[ ${#frameworks[@]} -gt 0 ] || fail "neither torch nor tensorflow imports in $PY: install a framework first"
+export HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_WITHOUT_MXNET=1
+export MAKEFLAGS=${MAKEFLAGS:--j$(nproc)}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+say "downloading horovod==$VERSION (sdist)"
+"$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$work"
+tar -xzf "$work/horovod-$VERSION.tar.gz" -C "$work"
+src=$work/horovod-$VERSION
+
+patch_line() {  # FILE OLD NEW: replace a line that must be there
+    grep -qF "$2" "$1" || fail "$1 has no '$2': not the sdist this script knows (HOROVOD_VERSION=$VERSION)"
+    sed -i "s|$2|$3|" "$1"
+}
+patch_line "$src/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
+patch_line "$src/horovod/torch/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
+# The MPI controller's negotiation waits without spinning (see tools/horovod-nospin.h)
+here=$(cd "$(dirname "$0")" && pwd)
+cp "$here/horovod-nospin.h" "$src/horovod/common/mpi/fleet_nospin.h"
+patch_line "$src/horovod/common/mpi/mpi_controller.cc" '#include "../logging.h"' '#include "../logging.h"\n#include "fleet_nospin.h"'
+if [ -n "${HOROVOD_WITH_TENSORFLOW:-}" ]; then
+    sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+fi
+
+say "building with ${frameworks[*]} against $(command -v mpicxx) ($MAKEFLAGS); a few minutes"
+"$PY" -m pip install --quiet --no-build-isolation --no-deps --no-cache-dir "$src" >"$work/build.log" 2>&1 || {
+    tail -40 "$work/build.log" >&2
+    fail "the build failed (the last lines of its log are above)"
+}
+"$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi  # what horovod itself requires
+
+for framework in "${frameworks[@]}"; do
+    "$PY" - "$framework" <<'EOF' || fail "the build imports, but not as expected (see above)"
+import importlib, sys
+hvd = importlib.import_module(f"horovod.{sys.argv[1]}")
+assert hvd.mpi_built(), "built without MPI"
+print(f"build-horovod: horovod.{sys.argv[1]} OK (MPI controller: yes; NCCL: {'yes' if hvd.nccl_built() else 'no'})")
+EOF
+done
