@@ -330,3 +330,22 @@ def test_a_spec_asking_for_horovod_where_it_is_not_built_stops_with_one_line(tmp
         assert len(lines) == 1, (name, lines)
         assert f"fleet {name}: error: collective 'horovod': Horovod with PyTorch cannot be imported here" in lines[0]
         assert "make horovod" in lines[0]
+
+
+@pytest.mark.skipif(not cases.HOROVOD, reason="Horovod is not built here (make horovod)")
+def test_horovod_runs_only_while_its_group_is_open():
+    """Horovod is started for a group and shut down with it, so the next group of this process
+    can start its own; a second group while one is open is refused, naming why."""
+    import horovod.torch as hvd
+
+    from fleet.runtime.train.collectives.horovod import HorovodCollective
+
+    for _ in range(3):
+        with HorovodCollective(MPI.COMM_SELF, "cpu", 30.0, "group 'one'") as coll:
+            assert hvd.is_initialized() and hvd.size() == 1
+            buf = np.arange(70_000, dtype=np.float32)  # over SMALL_BYTES: through Horovod
+            coll.allreduce_sum(buf)
+            assert np.array_equal(buf, np.arange(70_000))
+            with pytest.raises(CollectiveError, match="Horovod already runs another group in this process"):
+                HorovodCollective(MPI.COMM_SELF, "cpu", 30.0, "group 'two'")
+        assert not hvd.is_initialized()

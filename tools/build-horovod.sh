@@ -47,10 +47,11 @@ patch_line() {  # FILE OLD NEW: replace a line that must be there
 }
 patch_line "$src/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
 patch_line "$src/horovod/torch/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
-# The MPI controller's negotiation waits without spinning (see tools/horovod-nospin.h)
+# The MPI controller's negotiation and the CPU tensor operations wait without spinning (tools/horovod-nospin.h)
 here=$(cd "$(dirname "$0")" && pwd)
 cp "$here/horovod-nospin.h" "$src/horovod/common/mpi/fleet_nospin.h"
 patch_line "$src/horovod/common/mpi/mpi_controller.cc" '#include "../logging.h"' '#include "../logging.h"\n#include "fleet_nospin.h"'
+patch_line "$src/horovod/common/ops/mpi_operations.cc" '#include "mpi_operations.h"' '#include "mpi_operations.h"\n#include "../mpi/fleet_nospin.h"'
 if [ -n "${HOROVOD_WITH_TENSORFLOW:-}" ]; then
     sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
 fi

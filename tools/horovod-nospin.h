@@ -1,13 +1,15 @@
-// fleet's patch to Horovod's MPI controller (tools/build-horovod.sh includes this file at the
-// end of the includes of horovod/common/mpi/mpi_controller.cc).
+// fleet's patch to Horovod's MPI controller and MPI tensor operations (tools/build-horovod.sh
+// includes this file after the includes of horovod/common/mpi/mpi_controller.cc and
+// horovod/common/ops/mpi_operations.cc).
 //
 // Horovod's background thread negotiates with the other ranks every cycle (1-5 ms) in blocking
 // MPI collectives. MPICH's blocking calls poll without sleeping, so a rank whose cycle starts
 // before its peers' spins a core until they arrive: measured on 2 ranks, 56-73% of a core per
 // idle rank. Where ranks share cores (a CPU job, or a GPU node's spare cores taken by the
 // preprocessors) that is the trainers' CPU. Here the controller's collectives become their
-// non-blocking forms, tested with sleeps that grow from 20 us to 1 ms; the tensor operations
-// themselves (mpi_operations.cc) are left as they are.
+// non-blocking forms, tested with sleeps that grow from 20 us to 320 us; so do the allreduce,
+// broadcast and barrier of the tensor operations on the CPU (a member that waits for a slower
+// one inside a 64 MB allreduce would spin too).
 #pragma once
 
 #include <chrono>
@@ -24,7 +26,7 @@ inline int wait(MPI_Request* request) {
       return rc;
     }
     std::this_thread::sleep_for(delay);
-    if (delay < std::chrono::microseconds(1000)) {
+    if (delay < std::chrono::microseconds(250)) {
       delay *= 2;
     }
   }

@@ -14,9 +14,7 @@ contract asks. The other ways were measured against this one and rejected:
 
 Calls are asynchronous (``allreduce_async_`` / ``broadcast_async_`` in place on a tensor that
 shares the host array's memory) and polled with sleeps, so a wait ends at ``timeout_s`` and
-the trainer's thread spins no core. Every call carries a name made of the group's own call
-counter: Horovod matches operations across ranks by name, and its default names count every
-call the *process* has made, which differs between members that came from different groups.
+the trainer's thread spins no core. Every call is named by its kind, type and size (see `_run`).
 
 Horovod's background thread negotiates with the other members every cycle
 (``HOROVOD_CYCLE_TIME``, 1 ms by default), and an operation waits for the next cycle: a few
@@ -42,7 +40,7 @@ import numpy as np
 
 from fleet.runtime.train.collectives._base import Collective, CollectiveError, check_host_array, comm_label
 from fleet.runtime.train.collectives._comm import barrier, dup_comm
-from fleet.runtime.waiting import poll, wait_request
+from fleet.runtime.waiting import Backoff, poll, wait_request
 
 try:  # an optional dependency, built by `make horovod`
     import horovod.torch as hvd
@@ -55,6 +53,7 @@ else:
 
 BUILD_HINT = "build it into this environment with `make horovod` (tools/build-horovod.sh; see the README)"
 SMALL_BYTES = 64 << 10  # arrays up to this size go over MPI (see the module docstring)
+WAIT = Backoff(20e-6, 250e-6)  # an operation takes a cycle or more: poll it finely, never spin
 _LIBMPI = re.compile(r"/libmpi(_abi)?\.so[.\d]*$")
 
 
@@ -89,7 +88,7 @@ class HorovodCollective(Collective):
         label = label or comm_label(group_comm)
         comm = dup_comm(group_comm, f"duplicating the communicator of {label}", timeout_s)
         super().__init__(comm.Get_size(), comm.Get_rank(), timeout_s, label)
-        self._comm, self._calls, self._device_type = comm, 0, "cuda" if device.startswith("cuda") else "cpu"
+        self._comm, self._device_type = comm, "cuda" if device.startswith("cuda") else "cpu"
         if hvd.is_initialized():
             comm.Free()
             raise CollectiveError(f"{self._what('starting Horovod')}: Horovod already runs another group in this process")
@@ -135,7 +134,7 @@ class HorovodCollective(Collective):
             wait_request(self._comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM), self._what(what), self.timeout_s)
             return
         tensor = torch.from_numpy(buf)  # shares the memory
-        self._run(lambda name: hvd.allreduce_async_(tensor, op=hvd.Sum, name=name), what)
+        self._run(lambda name: hvd.allreduce_async_(tensor, op=hvd.Sum, name=name), what, f"sum.{buf.dtype}.{buf.size}")
 
     def allreduce_gradients(self, engine: Any) -> None:
         self._check_open("allreduce_gradients")
@@ -143,7 +142,8 @@ class HorovodCollective(Collective):
         if not isinstance(grads, torch.Tensor) or grads.device.type != self._device_type:
             super().allreduce_gradients(engine)  # another framework's buffer: through the host
             return
-        self._run(lambda name: hvd.allreduce_async_(grads, op=hvd.Sum, name=name), f"allreduce_gradients of {grads.numel()} {grads.dtype}")
+        what = f"allreduce_gradients of {grads.numel()} {grads.dtype}"
+        self._run(lambda name: hvd.allreduce_async_(grads, op=hvd.Sum, name=name), what, f"sum.{grads.dtype}.{grads.numel()}")
         engine.load_flat_gradients(grads)  # a no-op: grads is the engine's own buffer
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
@@ -155,15 +155,21 @@ class HorovodCollective(Collective):
             wait_request(self._comm.Ibcast(buf, root=root), what, self.timeout_s)
             return
         tensor = torch.from_numpy(buf)
-        self._run(lambda name: hvd.broadcast_async_(tensor, root_rank=root, name=name), f"broadcast of {buf.size} {buf.dtype} from rank {root}")
+        what = f"broadcast of {buf.size} {buf.dtype} from rank {root}"
+        self._run(lambda name: hvd.broadcast_async_(tensor, root_rank=root, name=name), what, f"bcast.{root}.{buf.dtype}.{buf.size}")
 
-    def _run(self, start: Any, op: str) -> None:
-        """Start one named operation and wait for it without spinning."""
-        self._calls += 1
+    def _run(self, start: Any, op: str, key: str) -> None:
+        """Start one operation, named `key`, and wait for it without spinning.
+
+        Horovod matches operations across members by name, and its default names count the
+        calls of the whole process (members that came from different groups differ). One
+        operation is in flight at a time, so a name of its kind, type and size is unique, and
+        repeating it lets Horovod's response cache skip most of the negotiation.
+        """
         what = self._what(op)
         try:
-            handle = start(f"fleet.{self._calls}")
-            poll(lambda: hvd.poll(handle), what, self.timeout_s)
+            handle = start(f"fleet.{key}")
+            poll(lambda: hvd.poll(handle), what, self.timeout_s, WAIT)
             hvd.synchronize(handle)
         except (HorovodInternalError, RuntimeError, ValueError) as exc:
             raise CollectiveError(f"{what} failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
