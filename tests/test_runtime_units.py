@@ -476,6 +476,27 @@ def test_checkpointing_a_model_whose_join_is_pending_drops_the_join(tmp_path):
     assert [(type(c).__name__, rank) for c, rank in recorded.sent] == [("CheckpointModel", 1), ("Pause", 3)]
 
 
+def test_checkpointing_a_model_takes_it_off_its_new_stream_while_the_old_one_still_drains(tmp_path):
+    # Seen in a 32-model FLEET-G run: a model checkpointed at the end of round 4 started in
+    # round 5's stream before round 4's stream had its regroup; at round 5's end the checkpoint
+    # was booked on the old stream, the new one kept the model's rank as its master, and that
+    # rank waited for a regroup that never came (the job timed out after every model finished).
+    ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
+    old, new = ledger.open_stream(), ledger.open_stream()
+    recorded = RecordedMembership(tmp_path, ledger)
+    membership = recorded.membership
+    draining = LiveStream(StreamLayout(old, 0, (3,), (1,)), StreamSource(1, 0, 0, 8), 0)
+    draining.groups, draining.leaving, draining.pausing = {"a": Group("a", (1,), (0,), 1)}, {"a"}, True
+    running = LiveStream(StreamLayout(new, 0, (3,), (1,)), StreamSource(1, 0, 0, 8), 1)
+    running.groups = {"a": Group("a", (1,), (0,), 2)}
+    membership.streams.update({old: draining, new: running})
+    membership.checkpoint("a")
+    assert running.leaving == {"a"} and running.pausing
+    assert [(type(c).__name__, rank) for c, rank in recorded.sent] == [("CheckpointModel", 1), ("Pause", 3)]
+    membership.checkpoint("a")  # already leaving both: nothing more
+    assert len(recorded.sent) == 2
+
+
 class FakeReceive:
     """An `Irecv` a test completes by hand (`arrived`); a cancel succeeds only before that."""
 

@@ -87,7 +87,11 @@ class LiveStream:
         return bool(joining) or any(model not in self.leaving for model in self.groups)
 
     def holds(self, model: str) -> bool:
-        return model in self.groups or any(g.model == model for g in self.joining)
+        """True while `model` is in this stream or joins it, and is not leaving it already: a
+        model checkpointed at a round's end may be in a new stream while its old one still
+        waits for the regroup that takes it out."""
+        in_it = model in self.groups and model not in self.leaving
+        return in_it or any(g.model == model for g in self.joining)
 
 
 class Membership:
@@ -146,7 +150,9 @@ class Membership:
 
     def checkpoint(self, model: str) -> None:
         """Checkpoint `model` and take it off its stream (a join not yet made is dropped)."""
-        live = next(s for s in self.streams.values() if s.holds(model))
+        live = next((s for s in self.streams.values() if s.holds(model)), None)
+        if live is None:
+            return  # leaving its stream already
         if model not in live.groups:
             self._cancel_join(live, model)
             return
