@@ -12,7 +12,10 @@
 # its MPI controller is made to wait without spinning a core (tools/horovod-nospin.h).
 #
 # CUDA: set HOROVOD_GPU_OPERATIONS=NCCL (and HOROVOD_NCCL_HOME / HOROVOD_CUDA_HOME where NCCL
-# and CUDA are not in the default paths) before running; they are passed through to the build.
+# and CUDA are not in the default paths; HOROVOD_BUILD_CUDA_CC_LIST=90 to build the CUDA kernels
+# for your GPUs only, here Hopper, instead of every one nvcc knows) before running; they are
+# passed through to the build.
+# Offline (a compute node): HOROVOD_SDIST=path/to/horovod-0.28.1.tar.gz instead of the download.
 set -euo pipefail
 
 PY=${1:-.venv/bin/python}
@@ -33,11 +36,18 @@ if has tensorflow; then export HOROVOD_WITH_TENSORFLOW=1; frameworks+=(tensorflo
 [ ${#frameworks[@]} -gt 0 ] || fail "neither torch nor tensorflow imports in $PY: install a framework first"
 export HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_WITHOUT_MXNET=1
 export MAKEFLAGS=${MAKEFLAGS:--j$(nproc)}
+# GCC 13 no longer includes these headers through others, and 0.28.1's sources rely on it
+export CXXFLAGS="-include cstdint -include string -include stdexcept ${CXXFLAGS:-}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-say "downloading horovod==$VERSION (sdist)"
-"$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$work"
+if [ -n "${HOROVOD_SDIST:-}" ]; then  # a copy of the sdist, for machines that cannot reach PyPI
+    [ -f "$HOROVOD_SDIST" ] || fail "HOROVOD_SDIST: no file $HOROVOD_SDIST"
+    cp "$HOROVOD_SDIST" "$work/horovod-$VERSION.tar.gz"
+else
+    say "downloading horovod==$VERSION (sdist)"
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$work"
+fi
 tar -xzf "$work/horovod-$VERSION.tar.gz" -C "$work"
 src=$work/horovod-$VERSION
 
@@ -58,8 +68,10 @@ fi
 
 say "building with ${frameworks[*]} against $(command -v mpicxx) ($MAKEFLAGS); a few minutes"
 "$PY" -m pip install --quiet --no-build-isolation --no-deps --no-cache-dir "$src" >"$work/build.log" 2>&1 || {
-    tail -40 "$work/build.log" >&2
-    fail "the build failed (the last lines of its log are above)"
+    kept=${TMPDIR:-/tmp}/build-horovod-$$.log
+    cp "$work/build.log" "$kept"
+    grep -B2 -A12 -e "CMake Error" -e "error:" "$kept" | grep -v "^ *File \"" | head -60 >&2
+    fail "the build failed: its errors are above, its whole log in $kept"
 }
 "$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi  # what horovod itself requires
 
