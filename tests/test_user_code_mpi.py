@@ -54,3 +54,48 @@ def test_a_user_model_that_exits_ends_the_job_with_one_line_naming_the_rank(tmp_
     assert f"family '{FAMILY}': {problem}" in lines[0]
     assert "Traceback" not in output and "interrupted" not in output
     assert problem in (run_dir / "fleet-errors.log").read_text()
+
+
+MYNETS = '''
+from torch import nn
+
+
+def tiny(input_shape, num_classes, hidden=16):
+    c, h, w = input_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+'''
+
+
+def test_a_user_model_beside_the_spec_is_found_without_pythonpath(tmp_path):
+    """`family: mynets:tiny` with mynets.py beside the spec: `fleet validate` and `fleet run`
+    (every rank) find it, started from another folder, through the `fleet` console script
+    (which puts no working directory on sys.path) and with no PYTHONPATH; and a module in the
+    folder fleet runs from is found too."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import mpi_env
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "mynets.py").write_text(MYNETS)
+    (elsewhere / "herenets.py").write_text(MYNETS)
+    spec = project / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "mine", "seed": 1, "data": {"source": "digits", "val_fraction": 0.2},
+        "models": [{"family": "mynets:tiny", "params": {"hidden": 8}, "name": "beside"},
+                   {"family": "herenets:tiny", "name": "here"}],
+        "train": {"batch_size": 32, "max_epochs": 1},
+        "scheduler": {"policy": "fleet-g", "profile": False},
+        "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"},
+        "runtime": {"timeout_s": 300},
+    }))
+    env = {k: v for k, v in mpi_env().items() if k != "PYTHONPATH"}
+    fleet = os.path.join(os.path.dirname(sys.executable), "fleet")
+    for command in (["validate", str(spec)], ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--quiet"]):
+        done = subprocess.run([fleet, *command], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300)
+        assert done.returncode == 0, (command[0], done.stdout[-2000:], done.stderr[-2000:])
+    result = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert {m["id"]: m["epochs"] for m in result["models"]} == {"beside": 1, "here": 1}

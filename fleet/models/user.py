@@ -71,7 +71,7 @@ def import_builder(family: str) -> Callable[..., Any]:
         missing = exc.__cause__.name if isinstance(exc.__cause__, ModuleNotFoundError) else None
         if missing and (module_name + ".").startswith(missing + "."):  # the module itself, not one it imports
             raise UserCodeError(_subject(family), f"cannot import {module_name!r}: no module named {missing!r} "
-                                                  "(is its folder on PYTHONPATH?)") from None
+                                                  "(looked in the spec's folder, the working directory and PYTHONPATH)") from None
         raise
     builder = getattr(module, function_name, None)
     if builder is None:

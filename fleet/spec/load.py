@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import yaml
@@ -251,5 +252,24 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
 
 
 def load_spec(path: str | os.PathLike, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:
-    """Read and validate a spec file; `run_dir` overrides the spec's own."""
+    """Read and validate a spec file; `run_dir` overrides the spec's own.
+
+    The spec's folder and the working directory become importable (`make_importable`), so that
+    a user model (``family: mynets:tiny``) in a ``mynets.py`` beside the spec, or in the folder
+    fleet runs from, is found in every process that reads the spec: each rank, the profiler,
+    a batch job's ranks (which read the spec by its absolute path).
+    """
+    make_importable(os.path.dirname(os.path.abspath(path)), os.getcwd())
     return parse_spec(read_yaml(path), run_dir=run_dir, check_paths=check_paths)
+
+
+def make_importable(*folders: str) -> None:
+    """Append `folders` to ``sys.path`` where they are not on it yet.
+
+    Appended, not put first: a user's module never shadows a module of the standard library
+    or of an installed package (`python -m` puts the working directory first; the `fleet`
+    console script puts its own bin/ folder there, and the working directory nowhere).
+    """
+    for folder in folders:
+        if folder not in sys.path and os.path.abspath(folder) not in map(os.path.abspath, filter(None, sys.path)):
+            sys.path.append(folder)
