@@ -250,6 +250,9 @@ class RecordingLog:
     def member(self, *args):
         pass
 
+    def shared_stream(self, *args):
+        pass
+
 
 def rate_tuner(policy_name: str, checkpoint_s: float, rates: RateTable | None = None,
                epochs: tuple = (3, 3, 3)) -> RateTuner:
@@ -495,6 +498,23 @@ def test_checkpointing_a_model_takes_it_off_its_new_stream_while_the_old_one_sti
     assert [(type(c).__name__, rank) for c, rank in recorded.sent] == [("CheckpointModel", 1), ("Pause", 3)]
     membership.checkpoint("a")  # already leaving both: nothing more
     assert len(recorded.sent) == 2
+
+
+def test_the_console_names_slots_by_device_and_a_shared_stream_by_its_members():
+    import io
+
+    from fleet.runtime.control.console import Console
+
+    for device, slot in (("cpu", "cpu slot 0-1"), ("cuda", "GPU 0-1"), ("emulated", "emulated GPU 0-1")):
+        out = io.StringIO()
+        console = Console(stream=out, device=device)
+        console.shared_stream(3, ["a", "b", "c"])
+        console.shared_stream(4, ["d"])  # one model: nothing shared, nothing said
+        console.member("a", (0, 1), 3, resume=False)
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 2, lines
+        assert lines[0].endswith("stream 3: 3 models share one decoded stream: a, b, c")
+        assert lines[1].endswith(f"a                  starts on {slot} (stream 3)")
 
 
 class FakeReceive:

@@ -371,7 +371,7 @@ def _start_coordinator(ctx, options: TrainOptions) -> CoordinatorThread:
 def _coordinate(ctx, options: TrainOptions) -> None:
     spec, plan = ctx.spec, ctx.extras["plan"]
     run_dir = Path(ctx.run_dir)
-    console = Console(quiet=options.quiet)
+    console = Console(quiet=options.quiet, device=spec.cluster.device.value)
     collective = resolve_backend(spec.runtime.collective, "cpu" if ctx.device == "emulated" else spec.cluster.device.value)
     log = EventLog(run_dir / "events.jsonl")
     started = time.monotonic()

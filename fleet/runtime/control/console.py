@@ -9,11 +9,19 @@ from typing import TextIO
 from fleet.report.table import format_gpus
 
 
-class Console:
-    """Prints on rank 0 only; `quiet` keeps banners and the summary (for batch logs)."""
+SLOT_NAMES = {"cuda": "GPU", "cpu": "cpu slot", "emulated": "emulated GPU"}
 
-    def __init__(self, quiet: bool = False, stream: TextIO = sys.stdout):
+
+class Console:
+    """Prints on rank 0 only; `quiet` keeps banners and the summary (for batch logs).
+
+    `device` (``cuda``, ``cpu``, ``emulated``) names the trainer slots: ``GPU 0-1``, or
+    ``cpu slot 0-1`` where a slot is a CPU process.
+    """
+
+    def __init__(self, quiet: bool = False, stream: TextIO = sys.stdout, device: str = "cuda"):
         self.quiet, self.stream = quiet, stream
+        self.slot = SLOT_NAMES.get(device, "GPU")
         self.started = time.monotonic()
 
     def _print(self, text: str) -> None:
@@ -29,7 +37,12 @@ class Console:
     def member(self, model: str, gpus: tuple[int, ...], stream: int, resume: bool) -> None:
         if not self.quiet:
             how = "resumes" if resume else "starts"
-            self._print(f"   {model:<18} {how} on GPU {format_gpus(gpus)} (stream {stream})")
+            self._print(f"   {model:<18} {how} on {self.slot} {format_gpus(gpus)} (stream {stream})")
+
+    def shared_stream(self, stream: int, models: list[str]) -> None:
+        """A new stream of several models: they share one decoded sample stream."""
+        if not self.quiet and len(models) > 1:
+            self._print(f"   stream {stream}: {len(models)} models share one decoded stream: {', '.join(models)}")
 
     def epoch(self, model: str, epoch: int, loss: float, accuracy: float, rate: float, stream_rate: float) -> None:
         if not self.quiet:

@@ -203,6 +203,7 @@ class Membership:
                                 f"{len(preprocessors)}: its members may wait for data")
         for rank in preprocessors:
             self.send(StartStream(layout, source), rank, Tag.PREPROCESSOR)
+        self.console.shared_stream(stream_id, [g.model for g in groups])
         for group in groups:
             self._start_group(live, group, first_chunk=0)
 
