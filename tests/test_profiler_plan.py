@@ -212,3 +212,16 @@ def test_the_framework_is_part_of_a_models_speed():
     doc = build_document(s, 1000, measured, {}, {"device": "cpu"}, {"seconds": 1.0, "m_t": 1}, timed_as(s.models))
     assert reuse_verdict(doc, s) == (True, "measured for this ensemble")
     assert reuse_verdict(doc, s.model_copy(update={"models": (a, b_elsewhere)}))[0] is False
+
+
+def test_the_gantt_chart_names_its_gpu_rows():
+    """Every GPU by node and index while they fit (no fractional ticks), one tick per node
+    (or every k-th node) beyond that; and a chart with them is written."""
+    from fleet.report.gantt import MAX_TICKS, gpu_ticks
+
+    assert gpu_ticks(4, 4) == ([0, 1, 2, 3], ["GPU 0", "GPU 1", "GPU 2", "GPU 3"])
+    assert gpu_ticks(6, 3) == ([0, 1, 2, 3, 4, 5], ["n0 g0", "n0 g1", "n0 g2", "n1 g0", "n1 g1", "n1 g2"])
+    positions, labels = gpu_ticks(160, 4)
+    assert positions == list(range(0, 160, 4)) and labels[:2] == ["node 0", "node 1"]
+    positions, labels = gpu_ticks(1000, 8)  # 125 nodes: every 3rd
+    assert len(positions) <= MAX_TICKS and positions[:2] == [0, 24] and labels[1] == "node 3"

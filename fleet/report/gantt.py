@@ -38,10 +38,30 @@ def write_gantt(plan: dict, path: str, title: str = "") -> None:
     for boundary in range(gpn, gpus, gpn):
         ax.axhline(boundary - 0.5, color="grey", linewidth=0.6)
     ax.set_ylim(gpus - 0.5, -0.5)
+    positions, labels = gpu_ticks(gpus, gpn)
+    ax.set_yticks(positions, labels, fontsize=7 if len(positions) > 16 else None)
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("seconds (predicted)")
-    ax.set_ylabel(f"GPU ({gpn} per node)")
+    ax.set_ylabel(f"GPU ({gpn} per node)" if len(positions) < gpus else "node / GPU")
     ax.set_title(title or f"{plan['policy']}: predicted makespan {plan['makespan_s']:,.0f} s; "
                  "hatched: checkpointed, not yet converged")
     fig.tight_layout()
     save_png(fig, path)
+
+
+MAX_TICKS = 48
+
+
+def gpu_ticks(gpus: int, per_node: int) -> tuple[list[int], list[str]]:
+    """The rows the chart names and their names: every GPU (``n0 g1``, or ``GPU 1`` on one
+    node) while that makes at most `MAX_TICKS`, else the first GPU of every node (``node 3``),
+    or of every k-th node where even those would be too many."""
+    per_node = max(per_node, 1)
+    nodes = -(-gpus // per_node)
+    if gpus <= MAX_TICKS:
+        if nodes == 1:
+            return list(range(gpus)), [f"GPU {g}" for g in range(gpus)]
+        return list(range(gpus)), [f"n{g // per_node} g{g % per_node}" for g in range(gpus)]
+    step = -(-nodes // MAX_TICKS)
+    shown = range(0, nodes, step)
+    return [n * per_node for n in shown], [f"node {n}" for n in shown]
