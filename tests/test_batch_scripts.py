@@ -220,3 +220,15 @@ def test_jsrun_shim_refuses_a_malformed_erf(tmp_path, lines, message):
     done = subprocess.run([str(SHIMS / "jsrun"), "--erf_input", str(erf), "true"],
                           env={**os.environ, "JSRUN_SHIM_MPIEXEC": "false"}, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_partition_too_small_for_the_job_is_named_from_sinfo():
+    from fleet.batch.submit import partition_verdict
+
+    sinfo = "debug*|4|1-infinite\ngpu|16|1-8\ngpu|2|1-8\n"
+    assert partition_verdict(sinfo, None, 4) is None
+    assert partition_verdict(sinfo, None, 5) == "the spec asks for 5 nodes and partition 'debug' has 4 (sinfo)"
+    assert partition_verdict(sinfo, "gpu", 8) is None  # 18 nodes in two rows (states), jobs of up to 8
+    assert partition_verdict(sinfo, "gpu", 9) == "the spec asks for 9 nodes and partition 'gpu' takes jobs of at most 8 (sinfo)"
+    assert partition_verdict(sinfo, "other", 100) is None  # sinfo does not say: submit and let Slurm judge
+    assert partition_verdict("garbage", None, 3) is None

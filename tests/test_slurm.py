@@ -259,3 +259,20 @@ def test_walltime_kill_keeps_every_checkpointed_epoch_and_a_resubmitted_job_resu
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     resumed = {e["model"] for e in events if e["event"] == "member_start" and e["resume"]}
     assert resumed == {m for m, e in saved.items() if e > 0}, (resumed, saved)
+
+
+def test_a_job_larger_than_its_partition_is_refused_before_submitting(slurm_env, jobs, tmp_path):
+    """The local cluster has one node: a 2-node spec would pend for ever (PartitionNodeLimit),
+    so `fleet submit` stops with one line naming the field and the partition, exit 2, and
+    submits nothing."""
+    spec = write_spec(tmp_path / "spec.yaml", epochs=1, models=2)
+    spec.write_text(spec.read_text().replace("nodes: 1", "nodes: 2"))
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env, capture_output=True, text=True).stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet", "submit", str(spec), "--scheduler", "slurm", "--run-dir", str(tmp_path / "run"),
+         "--time", "10"], env=slurm_env, capture_output=True, text=True, timeout=60, cwd=spec.parent)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cluster.nodes: the spec asks for 2 nodes and partition 'debug' has 1 (sinfo)" in lines[0]
+    after = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env, capture_output=True, text=True).stdout
+    assert after == before

@@ -6,7 +6,7 @@ import argparse
 
 from fleet.atomic import atomic_write_text
 from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
-from fleet.batch.submit import require_submitter, submit
+from fleet.batch.submit import check_partition, require_submitter, submit
 from fleet.commands._args import one_of, positive_int
 from fleet.runtime.control.setup import check_same_ensemble
 from fleet.schedule_io import load_profile
@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     )
     job = batch_job(spec, args.spec, options, os.getcwd(), sys.executable)
     check_same_ensemble(Path(job.run_dir), spec)  # the job would refuse it only once it starts
+    if not args.dry_run:
+        check_partition(system, args.partition, job.nodes)  # it would pend for ever
     path = Path(script_path(job))
     atomic_write_text(path, render(job))
     path.chmod(0o755)
