@@ -58,3 +58,21 @@ def test_local_mode_trains_one_model_after_another(tmp_path):
     assert result.returncode == 0, result.stderr
     models = json.loads((tmp_path / "run" / "results.json").read_text())["models"]
     assert [m["id"] for m in models] == ["a", "b"] and all(m["best_val_accuracy"] > 0.5 for m in models)
+
+
+@pytest.mark.slow
+def test_the_run_leaves_tensorboard_scalars_that_tensorboard_reads(small_quickstart):
+    """Every model's epochs in RUN_DIR/tensorboard/<model>, read by tensorboard's own reader."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    spec_path, run_dir = small_quickstart
+    if not (run_dir / "results.json").exists():
+        assert run_fleet("run", str(spec_path), "--run-dir", str(run_dir), "--quiet", timeout=600).returncode == 0
+    models = json.loads((run_dir / "results.json").read_text())["models"]
+    assert sorted(p.name for p in (run_dir / "tensorboard").iterdir()) == sorted(m["id"] for m in models)
+    for model in models:
+        board = accumulator.EventAccumulator(str(run_dir / "tensorboard" / model["id"]))
+        board.Reload()
+        assert set(board.Tags()["scalars"]) == {"loss/train", "loss/val", "accuracy/val", "lr", "samples_per_s"}
+        accuracy = board.Scalars("accuracy/val")
+        assert [s.step for s in accuracy] == [h["epoch"] for h in model["history"]]
+        assert [round(s.value, 5) for s in accuracy] == [round(h["val_accuracy"], 5) for h in model["history"]]

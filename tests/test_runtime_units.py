@@ -907,3 +907,21 @@ def test_a_device_override_is_the_spec_s_enum():
     spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}]})
     overridden = with_device(spec, "emulated")
     assert overridden.cluster.device is Device.EMULATED and overridden.cluster.device.value == "emulated"
+
+
+def test_tensorboard_scalars_are_read_back_by_tensorboard_itself(tmp_path):
+    """The hand-written event files: CRC-32C of the format's check value, and tensorboard's
+    reader gets every tag at every step, also after a second writer (a resumed job) appends."""
+    from fleet.report.tensorboard import ScalarBoard, crc32c
+
+    assert crc32c(b"123456789") == 0xE3069283  # the standard check value of CRC-32C
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    for first, last in ((1, 2), (3, 4)):  # two jobs, as a requeued run writes
+        board = ScalarBoard(tmp_path)
+        for epoch in range(first, last + 1):
+            board.epoch(SimpleNamespace(model="m", epoch=epoch, train_loss=1 / epoch, val_loss=2 / epoch,
+                                        val_accuracy=0.1 * epoch, lr=0.05, samples_per_s=1e3))
+    reader = accumulator.EventAccumulator(str(tmp_path / "m"))
+    reader.Reload()
+    assert [(s.step, round(s.value, 6)) for s in reader.Scalars("accuracy/val")] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    assert [s.value for s in reader.Scalars("lr")] == [pytest.approx(0.05)] * 4

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from fleet.report.tensorboard import ScalarBoard
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
@@ -51,6 +53,7 @@ class Coordinator:
         self.driver = Driver(policy, ledger, self)
         self.last_keepalive = time.monotonic()
         self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
+        self.board: ScalarBoard | None = ScalarBoard(Path(ctx.run_dir) / "tensorboard")
 
     # -- what results.json reports --------------------------------------------------------------
 
@@ -136,6 +139,7 @@ class Coordinator:
         self.console.epoch(report.model, report.epoch, report.train_loss, report.val_accuracy,
                            report.samples_per_s, report.stream_samples_per_s)
         self.log.write("epoch", **report.__dict__)
+        self._board_epoch(report)
         if group_size:
             self.tuner.observe(report.model, group_size, report.samples_per_s)
         if report.stop_reason is None:
@@ -145,6 +149,17 @@ class Coordinator:
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
         self.driver.converged(report.model, report.epoch, report.samples_per_s)
+
+    def _board_epoch(self, report: EpochReport) -> None:
+        """The epoch's TensorBoard scalars; a disk that refuses them stops them, not the run."""
+        if self.board is None:
+            return
+        try:
+            self.board.epoch(report)
+        except OSError as exc:
+            self.board = None
+            self.console.banner(f"tensorboard: cannot write under {Path(self.ctx.run_dir) / 'tensorboard'} ({exc}); "
+                                "the run goes on without it")
 
     def _on_left(self, report: MemberLeft) -> None:
         self.membership.on_left(report)
