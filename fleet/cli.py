@@ -22,6 +22,7 @@ COMMANDS = (
     "simulate",
     "submit",
     "report",
+    "status",
     "validate",
     "data",
 )
