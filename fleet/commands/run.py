@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from pathlib import Path
 
 from fleet.atomic import atomic_write_text
 from fleet.commands._watch import finish, start_timeout
 from fleet.report.results import leaderboard_rows, write_results
+from fleet.report.table import format_table
 from fleet.runlock import RunLock
 from fleet.runtime.events import EventLog
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
@@ -40,7 +42,25 @@ def run(args: argparse.Namespace) -> int:
     check_collective(spec, args.device)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
-    return finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
+    code = finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
+    if code == 0:
+        print_leaderboard_top(Path(spec.run_dir))
+    return code
+
+
+def print_leaderboard_top(run_dir: Path, count: int = 5) -> None:
+    """The best `count` models of a finished run (from its leaderboard.csv), and where the rest is."""
+    path = run_dir / "leaderboard.csv"
+    try:
+        rows = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
+    except OSError:
+        return
+    if not rows:
+        return
+    shown = [(r["rank"], r["id"], r["family"], f"{r['metric']} {float(r['best_metric']):.4f}" if r["best_metric"] else "-",
+              r["best_epoch"], r["epochs"]) for r in rows[:count]]
+    print(f"fleet: the best {len(shown)} of {len(rows)} models (all of them: {path}; status: fleet status {run_dir})")
+    print(format_table(("rank", "model", "family", "best", "at epoch", "epochs"), shown))
 
 
 def check_collective(spec, device: str | None) -> None:
