@@ -44,7 +44,7 @@ def test_quickstart_ensemble_beats_chance(small_quickstart):
     board = (run_dir / "leaderboard.csv").read_text().splitlines()
     assert board[0].startswith("rank,id,family") and len(board) == len(models) + 1
     assert (run_dir / "spec.yaml").exists() and (run_dir / "events.jsonl").exists()
-    assert "starting 3 ranks" in result.stdout  # fleet run started mpiexec itself
+    assert "starting 4 ranks" in result.stdout  # fleet run started mpiexec itself
     top = result.stdout[result.stdout.index("fleet: the best 5 of"):].splitlines()
     assert top[1].split()[:2] == ["rank", "model"] and top[3].split()[1] == board[1].split(",")[1]  # the winner
     assert json.loads((run_dir / "plan.json").read_text())["rounds"]

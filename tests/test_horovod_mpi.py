@@ -120,9 +120,9 @@ def test_a_horovod_run_checkpointed_on_the_signal_resumes(tmp_path):
 
 
 def test_the_quickstart_ends_alike_under_horovod_and_mpi(tmp_path):
-    """`fleet run` of the quickstart (7 nets, FLEET-G on 2 slots), once per backend, both
+    """`fleet run` of the quickstart (10 nets, FLEET-G on 3 slots), once per backend, both
     planning with the rates estimated from FLOPs (so with the same plan): every model ends
-    with the same epochs, and some trained on both slots."""
+    with the same epochs, and some trained on 2 or more slots."""
     data = tmp_path / "data"
     made = subprocess.run([sys.executable, "-m", "fleet", "data", "make", "synthetic", "--format", "jpeg", "--out",
                            str(data), "--classes", "10", "--samples", "2400", "--image-size", "20", "--channels", "3",
@@ -141,5 +141,5 @@ def test_the_quickstart_ends_alike_under_horovod_and_mpi(tmp_path):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert f"groups reduce with {collective}" in done.stdout
         epochs[collective] = {m["id"]: m["epochs"] for m in results(run_dir)["models"]}
-        assert any(2 in sizes for sizes in group_sizes(run_dir).values()), group_sizes(run_dir)
+        assert any(max(sizes) >= 2 for sizes in group_sizes(run_dir).values()), group_sizes(run_dir)
     assert epochs["horovod"] == epochs["mpi"]
