@@ -15,7 +15,9 @@ from fleet import models  # noqa: E402
 from fleet.engines import Engine, EnginePhase, get_framework  # noqa: E402
 from fleet.engines.tensorflow import FRAMEWORK, KerasZoo, TensorFlowEngine  # noqa: E402
 from fleet.engines.tensorflow.zoo import trainable_count  # noqa: E402
+from fleet.engines.factory import create_engine  # noqa: E402
 from fleet.errors import UserCodeError, UserError  # noqa: E402
+from fleet.rows import Pieces  # noqa: E402
 from fleet.spec import LRSchedule, ModelSpec, TrainSpec, parse_spec  # noqa: E402
 
 SHAPE = (1, 8, 8)
@@ -178,6 +180,15 @@ def test_cnn_replicas_stay_equal_but_batch_norm_sees_only_its_shard():
     np.testing.assert_array_equal(pair[0].flat_parameters(), pair[1].flat_parameters())
     assert not np.allclose(pair[0].flat_parameters(), single.flat_parameters(), rtol=1e-5, atol=1e-6)
     assert not np.array_equal(pair[0].flat_buffers(), pair[1].flat_buffers())  # each its own shard's statistics
+
+
+def test_the_factory_builds_it_for_a_tensorflow_model_and_a_batch_in_pieces_trains_as_joined():
+    whole = create_engine(model_spec(*MLP), SHAPE, CLASSES, threads=1)  # TF has started: threads are left as they are
+    split = create_engine(model_spec(*MLP), SHAPE, CLASSES)
+    assert isinstance(whole, TensorFlowEngine) and whole.device == "cpu"
+    for x, y in batches(2):
+        assert split.train_step(Pieces((x[:5], x[5:7], x[7:])), y) == whole.train_step(x, y)
+    np.testing.assert_array_equal(split.flat_parameters(), whole.flat_parameters())
 
 
 def test_the_gradient_buffer_is_the_flat_gradients_and_scales_in_place():

@@ -4,8 +4,8 @@ The twins take the same params (validated by `fleet.spec.families`), with the sa
 and meaning as `fleet.models.mlp` and `fleet.models.cnn`, and have exactly as many trainable
 parameters as the torch networks for the same params, input shape and classes. Every model
 takes fleet's ``(N, C, H, W)`` float32 batches and returns ``(N, K)`` logits: the ``mlp``
-flattens them in torch's order; the ``cnn`` transposes them to channels-last first (Keras
-convolutions on the CPU want NHWC). Differences from torch, none of them in the counts:
+flattens them in torch's order; the ``cnn`` transposes them to channels-last first (TF's CPU
+convolutions are NHWC only: ``channels_first`` raises UnimplementedError on TF 2.21). Differences from torch, none of them in the counts:
 batch norm's moving variance is updated with the biased batch variance (torch uses the
 unbiased one), and the ``cnn`` flattens its last map channels-last.
 
