@@ -4,6 +4,12 @@ optimizers against `torch.optim`, user models and the framework's registration."
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -20,6 +26,7 @@ from fleet.errors import UserCodeError, UserError  # noqa: E402
 from fleet.rows import Pieces  # noqa: E402
 from fleet.spec import LRSchedule, ModelSpec, TrainSpec, parse_spec  # noqa: E402
 
+REPO = Path(__file__).resolve().parent.parent
 SHAPE = (1, 8, 8)
 CLASSES = 4
 MLP = ("mlp", {"hidden": [32, 16], "dropout": 0.2})
@@ -81,7 +88,8 @@ def test_the_same_seed_gives_the_same_weights_and_another_seed_others():
 
 @pytest.mark.parametrize("family", ["resnet", "densenet", "lstm"])
 def test_families_without_a_keras_twin_are_one_line(family):
-    with pytest.raises(UserError, match=rf"^family '{family}' has no Keras version yet \(tensorflow builds: mlp, cnn\)$"):
+    expected = rf"^family '{family}' has no Keras version yet \(tensorflow builds: mlp, cnn\)$"
+    with pytest.raises(UserError, match=expected):
         engine((family, {}))
 
 
@@ -119,12 +127,14 @@ def user_models(tmp_path, monkeypatch):
 def test_a_user_model_trains_and_a_bad_one_is_one_line_naming_its_function(user_models):
     good = engine((f"{user_models}:tiny", {"width": 6}))
     assert good.num_parameters == 64 * 6 + 6 + 6 * CLASSES + CLASSES
+    assert np.array_equal(engine((f"{user_models}:tiny", {"width": 6})).flat_parameters(), good.flat_parameters())
     x, y = batches(1)[0]
     assert np.isfinite(good.train_step(x, y))
     with pytest.raises(UserCodeError) as caught:
         engine((f"{user_models}:listed", {}))
     assert str(caught.value) == f"family '{user_models}:listed': listed() returned a list, expected a keras.Model"
-    with pytest.raises(UserCodeError, match=r"^family '\w+:broken': broken\(\) raised ZeroDivisionError: division by zero$"):
+    broken = r"^family '\w+:broken': broken\(\) raised ZeroDivisionError: division by zero$"
+    with pytest.raises(UserCodeError, match=broken):
         engine((f"{user_models}:broken", {}))
 
 
@@ -286,3 +296,28 @@ def test_a_spec_may_name_tensorflow_and_the_registry_gives_its_framework():
     assert FRAMEWORK.version().count(".") >= 2 and FRAMEWORK.device_name("cpu").startswith("cpu (")
     FRAMEWORK.synchronize("cpu")
     FRAMEWORK.release_memory("cpu")
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_only_the_tensorflow_package_imports_tensorflow_or_keras():
+    package = REPO / "fleet" / "engines" / "tensorflow"
+    sources = [p for root in ("fleet", "preprocess", "profiler") for p in (REPO / root).rglob("*.py")]
+    importers = {str(p.relative_to(REPO)) for p in sources
+                 if _imported_roots(p) & {"tensorflow", "keras"} and package not in p.parents}
+    assert importers == set()
+
+
+def test_importing_the_framework_says_nothing_on_stderr():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    done = subprocess.run([sys.executable, "-c", "import fleet.engines.tensorflow"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120, env={**env, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stderr == "" and done.stdout == ""

@@ -91,6 +91,7 @@ class FlatOptimizer:
         """Restore `state()`; raises ValueError when it is another optimizer's or size's."""
         slots = state["slots"]
         if state["kind"] != self.kind.value or any(np.shape(v) != (size,) for v in slots.values()):
-            raise ValueError(f"optimizer state of {state['kind']!r} does not fit {self.kind.value!r} over {size} parameters")
+            raise ValueError(f"optimizer state of {state['kind']!r} does not fit {self.kind.value!r} "
+                             f"over {size} parameters")
         self.step_count = int(state["step"])
         self.slots = {k: np.array(v, dtype=np.float32) for k, v in slots.items()}

@@ -5,9 +5,10 @@ and meaning as `fleet.models.mlp` and `fleet.models.cnn`, and have exactly as ma
 parameters as the torch networks for the same params, input shape and classes. Every model
 takes fleet's ``(N, C, H, W)`` float32 batches and returns ``(N, K)`` logits: the ``mlp``
 flattens them in torch's order; the ``cnn`` transposes them to channels-last first (TF's CPU
-convolutions are NHWC only: ``channels_first`` raises UnimplementedError on TF 2.21). Differences from torch, none of them in the counts:
-batch norm's moving variance is updated with the biased batch variance (torch uses the
-unbiased one), and the ``cnn`` flattens its last map channels-last.
+convolutions are NHWC only: ``channels_first`` raises UnimplementedError on TF 2.21).
+Differences from torch, none of them in the counts: batch norm's moving variance is updated
+with the biased batch variance (torch uses the unbiased one), and the ``cnn`` flattens its
+last map channels-last.
 
 Initialisation follows torch's: ``mlp`` and linear weights uniform in +-1/sqrt(fan_in) (the
 ``mlp``'s biases too; the ``cnn``'s are zero), convolutions He-normal over fan-out, batch
