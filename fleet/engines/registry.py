@@ -18,6 +18,7 @@ from fleet.registry import Registry
 
 FRAMEWORKS: Registry[Framework] = Registry("framework", {
     "torch": "fleet.engines.torch:FRAMEWORK",
+    "tensorflow": "fleet.engines.tensorflow:FRAMEWORK",
 })
 DEFAULT_FRAMEWORK = "torch"
 

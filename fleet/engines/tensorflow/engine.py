@@ -1,0 +1,280 @@
+"""`TensorFlowEngine`: the engine interface (see `fleet/engines/_base.py`) for Keras models on the CPU."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from fleet.engines._base import Engine, EnginePhase, InputShape, check_flat
+from fleet.engines.schedule import learning_rate
+from fleet.engines.tensorflow.optim import FlatOptimizer
+from fleet.engines.tensorflow.zoo import KerasZoo
+from fleet.engines.tree_codec import TreeStateCodec
+from fleet.errors import UserError
+from fleet.rows import Rows, joined
+from fleet.spec.search import ModelSpec
+
+STATE_FORMAT = "fleet.tensorflow_engine/1"
+STATE_KEYS = frozenset({"model_id", "num_parameters", "parameters", "buffers", "optimizer", "epoch", "steps", "rng"})
+CODEC = TreeStateCodec()
+ZOO = KerasZoo()
+
+
+def check_device(device: str) -> str:
+    """``cpu``; a GPU is refused in this version (raises `UserError`)."""
+    if str(device) == "cpu":
+        return "cpu"
+    if str(device).startswith("cuda"):
+        raise UserError(f"device {device!r}: the tensorflow engine runs on the CPU in this version")
+    raise UserError(f"device {device!r}: expected 'cpu' (the tensorflow engine runs on the CPU in this version)")
+
+
+def configure_tensorflow(threads: int | None, deterministic: bool) -> None:
+    """Process-wide TF settings: CPU threads (only before TF starts its runtime; later calls
+    are ignored, as TF refuses them) and deterministic kernels."""
+    if threads is not None:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:  # TF has started: its thread pools are fixed for the process
+            pass
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def is_float(variable: Any) -> bool:
+    return keras.backend.standardize_dtype(variable.dtype).startswith(("float", "bfloat"))
+
+
+def flatten(variables: Sequence[Any]) -> np.ndarray:
+    """The variables' values, concatenated into a new 1-D float32 host array."""
+    if not variables:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).reshape(-1) for v in variables])
+
+
+def assign_flat(variables: Sequence[Any], flat: np.ndarray, what: str) -> None:
+    """Overwrite the variables, in order, from a 1-D host array of their total size."""
+    check_flat(flat, sum(int(np.prod(v.shape)) for v in variables), what)
+    offset = 0
+    for v in variables:
+        size = int(np.prod(v.shape))
+        v.assign(np.asarray(flat[offset : offset + size], dtype=np.float32).reshape(v.shape))
+        offset += size
+
+
+def mean_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+class TensorFlowEngine(Engine):
+    """One replica of a `ModelSpec`'s Keras network, its optimizer and LR schedule, on the CPU.
+
+    Gradients live in one flat float32 numpy array (`gradient_buffer`), which fleet's host
+    collectives reduce in place; the optimizer (`FlatOptimizer`) updates a flat copy of the
+    parameters with torch's SGD/Adam/AdamW semantics and writes them back. Dropout masks come
+    from the model's seeded Keras dropout layers, whose RNG states (integer variables) are
+    part of `state()`.
+
+    Args:
+        model: the concrete model; `model.seed` seeds the initial weights and dropout.
+        input_shape: ``(channels, height, width)`` of one sample.
+        num_classes: number of classes.
+        device: ``cpu`` (the only device of this version).
+        threads: TensorFlow's intra- and inter-op thread counts, if TF has not started yet.
+        deterministic: TensorFlow's deterministic kernels (process-wide).
+
+    Raises:
+        UserError: a device other than the CPU, unknown family, bad params, or an unbuildable user model.
+    """
+
+    codec = CODEC
+
+    def __init__(self, model: ModelSpec, input_shape: InputShape, num_classes: int, device: str = "cpu",
+                 threads: int | None = None, deterministic: bool = False):
+        self.spec, self.model_id = model, model.id
+        self.input_shape = tuple(int(d) for d in input_shape)
+        self.device = check_device(device)
+        configure_tensorflow(threads, deterministic)
+        self.net = ZOO.build(model.family, model.params, self.input_shape, num_classes, seed=model.seed)
+        self._params = list(self.net.trainable_variables)
+        if not self._params:
+            raise UserError(f"family {model.family!r}: the model has no trainable parameters")
+        frozen = self.net.non_trainable_variables
+        self._buffers = [v for v in frozen if is_float(v)]
+        self._rng = [v for v in frozen if not is_float(v)]  # dropout layers' seed-generator states
+        self.num_parameters = sum(int(np.prod(v.shape)) for v in self._params)
+        self._grads = np.zeros(self.num_parameters, dtype=np.float32)
+        self._optimizer = FlatOptimizer(model.train)
+        batch = [tf.TensorSpec((None, *self.input_shape), tf.float32), tf.TensorSpec((None,), tf.int64)]
+        self._gradients_fn = tf.function(self._gradients, input_signature=batch)  # one trace for all batch sizes
+        self._eval_fn = tf.function(self._eval_sums, input_signature=batch)
+        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
+        self._lr = self._scheduled_lr()
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> EnginePhase:
+        return self._phase
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken (restored by `load_state`)."""
+        return self._steps
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    # -- training ---------------------------------------------------------------------------
+
+    def compute_gradients(self, x: Rows, y: np.ndarray) -> float:
+        inputs, labels = self._batch(x, y)
+        loss, grads = self._gradients_fn(inputs, labels)
+        offset = 0
+        for grad in grads:
+            values = grad.numpy().reshape(-1)
+            self._grads[offset : offset + values.size] = values
+            offset += values.size
+        self._phase = EnginePhase.TRAINING
+        return float(loss)
+
+    def flat_gradients(self) -> np.ndarray:
+        return self._grads
+
+    def gradient_buffer(self) -> np.ndarray:
+        """The gradient buffer itself: a host numpy array (fleet's host collectives reduce it)."""
+        return self._grads
+
+    def scale_gradients(self, factor: float) -> None:
+        self._grads *= np.float32(factor)
+
+    def load_flat_gradients(self, flat: Any) -> None:
+        check_flat(flat, self.num_parameters, "load_flat_gradients")
+        if flat is self._grads:
+            return
+        np.copyto(self._grads, np.asarray(flat, dtype=np.float32))
+
+    def apply_gradients(self) -> None:
+        params = self.flat_parameters()
+        self._optimizer.step(params, self._grads, self._lr)
+        self.load_flat_parameters(params)
+        self._grads[:] = 0.0
+        self._steps += 1
+
+    # -- replica synchronisation ------------------------------------------------------------
+
+    def flat_parameters(self) -> np.ndarray:
+        return flatten(self._params)
+
+    def load_flat_parameters(self, flat: np.ndarray) -> None:
+        assign_flat(self._params, flat, "load_flat_parameters")
+
+    def flat_buffers(self) -> np.ndarray:
+        return flatten(self._buffers)
+
+    def load_flat_buffers(self, flat: np.ndarray) -> None:
+        assign_flat(self._buffers, flat, "load_flat_buffers")
+
+    # -- evaluation and epochs --------------------------------------------------------------
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
+        count = len(x)
+        if count == 0 or len(y) != count or batch_size < 1:
+            raise ValueError(
+                f"evaluate: expected N > 0 samples, N labels and batch_size >= 1, got {count}, {len(y)}, {batch_size}"
+            )
+        loss, correct = 0.0, 0.0
+        for i in range(0, count, batch_size):
+            batch_loss, batch_correct = self._eval_fn(*self._batch(x[i : i + batch_size], y[i : i + batch_size]))
+            loss, correct = loss + float(batch_loss), correct + float(batch_correct)
+        return {"loss": loss / count, "accuracy": correct / count}
+
+    def end_epoch(self) -> None:
+        self._epoch += 1
+        self._lr = self._scheduled_lr()
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "model_id": self.model_id,
+            "family": self.spec.family,
+            "num_parameters": self.num_parameters,
+            "parameters": self.flat_parameters(),
+            "buffers": self.flat_buffers(),
+            "optimizer": self._optimizer.state(),
+            "epoch": self._epoch,
+            "steps": self._steps,
+            "rng": [np.array(v.numpy()) for v in self._rng],
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self._check_state(state)
+        try:
+            self.load_flat_parameters(state["parameters"])
+            self.load_flat_buffers(state["buffers"])
+            self._optimizer.load_state(state["optimizer"], self.num_parameters)
+            self._load_rng(state["rng"])
+        except (ValueError, KeyError, TypeError) as exc:
+            problem = " ".join(str(exc).split())[:300]
+            raise UserError(f"checkpoint of model {self.model_id!r}: does not fit its network: {problem}") from None
+        self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
+        self._phase = EnginePhase.BUILT
+        self._lr = self._scheduled_lr()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _gradients(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """Mean loss and the gradient of every parameter (zeros for one the loss does not use)."""
+        with tf.GradientTape() as tape:
+            loss = mean_loss(self.net(inputs, training=True), labels)
+        grads = tape.gradient(loss, self._params)
+        return loss, [tf.zeros(p.shape) if g is None else tf.convert_to_tensor(g) for p, g in zip(self._params, grads)]
+
+    def _eval_sums(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Summed loss and number of correct predictions of one batch, in inference mode."""
+        logits = self.net(inputs, training=False)
+        loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32))
+        return loss, correct
+
+    def _scheduled_lr(self) -> float:
+        train = self.spec.train
+        return learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
+
+    def _batch(self, x: Rows, y: np.ndarray) -> tuple[tf.Tensor, tf.Tensor]:
+        """Check a batch's shapes and make it tensors (float32 NCHW images, int64 labels)."""
+        if tuple(x.shape[1:]) != self.input_shape or len(x.shape) != 4 or len(y) != len(x):
+            raise ValueError(
+                f"model {self.model_id!r}: expected x of shape (N, {', '.join(map(str, self.input_shape))}) "
+                f"and N labels, got x {tuple(x.shape)} and y {tuple(np.shape(y))}"
+            )
+        images = np.ascontiguousarray(joined(x), dtype=np.float32)
+        return tf.convert_to_tensor(images), tf.convert_to_tensor(np.asarray(y, dtype=np.int64))
+
+    def _load_rng(self, arrays: Sequence[np.ndarray]) -> None:
+        if len(arrays) != len(self._rng):
+            raise ValueError(f"{len(arrays)} RNG states, the network has {len(self._rng)}")
+        for variable, array in zip(self._rng, arrays):
+            variable.assign(np.asarray(array).astype(keras.backend.standardize_dtype(variable.dtype)))
+
+    def _check_state(self, state: Any) -> None:
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or not STATE_KEYS <= set(state):
+            raise UserError(f"checkpoint of model {self.model_id!r}: not a tensorflow engine state ({STATE_FORMAT})")
+        if state["model_id"] != self.model_id:
+            raise UserError(f"checkpoint of model {state['model_id']!r} cannot be loaded into model {self.model_id!r}")
+        if state["num_parameters"] != self.num_parameters:
+            raise UserError(
+                f"checkpoint of model {self.model_id!r}: {state['num_parameters']} parameters, "
+                f"the network has {self.num_parameters}"
+            )
