@@ -3,6 +3,8 @@
 #   make demo TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126'
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+# TensorFlow for `framework: tensorflow` (the CPU wheel; on a CUDA machine: TENSORFLOW=tensorflow==2.21.0)
+TENSORFLOW ?= tensorflow-cpu==2.21.0
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
@@ -15,7 +17,7 @@ venv: $(INSTALLED)
 
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet $(TORCH) $(TENSORFLOW)
 	$(BIN)/python -m pip install --quiet -e '.[mpich,dev]'
 	touch $@
 

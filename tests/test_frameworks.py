@@ -75,11 +75,11 @@ def test_a_registry_lists_names_without_importing_and_loads_once(tmp_path, monke
     assert registry.names == ()
 
 
-def test_torch_is_the_one_framework_and_a_framework_object():
-    assert framework_names() == ("torch",)
+def test_the_registered_frameworks_are_framework_objects():
+    assert framework_names() == ("torch", "tensorflow")
     assert isinstance(get_framework("torch"), Framework) and get_framework("torch") is TORCH
     assert TORCH.name == "torch"
-    with pytest.raises(UserError, match=r"^unknown framework 'jax' \(valid: torch\)$"):
+    with pytest.raises(UserError, match=r"^unknown framework 'jax' \(valid: torch, tensorflow\)$"):
         get_framework("jax")
 
 
@@ -119,9 +119,9 @@ def test_a_model_overrides_the_ensembles_framework(fake_framework):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"framework": "tensorflow"}, "framework: unknown framework 'tensorflow' (valid: torch)"),
+    ({"framework": "jax"}, "framework: unknown framework 'jax' (valid: torch, tensorflow)"),
     ({"models": [{"family": "mlp"}, {"family": "cnn", "framework": "jax"}]},
-     "models[1].framework: unknown framework 'jax' (valid: torch)"),
+     "models[1].framework: unknown framework 'jax' (valid: torch, tensorflow)"),
 ])
 def test_an_unknown_framework_is_one_line_naming_the_field_and_the_valid_names(overrides, message):
     with pytest.raises(SpecError) as caught:
