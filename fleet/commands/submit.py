@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
 
 from fleet.atomic import atomic_write_text
 from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
@@ -51,11 +54,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-    import sys
-    from pathlib import Path
-
-
     system = BatchSystem(args.scheduler)
     if not args.dry_run:
         require_submitter(system)
@@ -86,9 +84,6 @@ def run(args: argparse.Namespace) -> int:
 def _profiled_preprocessors(spec) -> int | None:
     """`preprocessors_per_node: auto` with a profile in the run directory: what the predicted
     plan needs (said on the console); None without a profile that measured decoding."""
-    from pathlib import Path
-
-
     path = Path(spec.run_dir) / "profile.json"
     if not path.exists():
         return None

@@ -42,7 +42,8 @@ def write_gantt(plan: dict, path: str, title: str = "") -> None:
     ax.set_yticks(positions, labels, fontsize=7 if len(positions) > 16 else None)
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("seconds (predicted)")
-    ax.set_ylabel(f"GPU ({gpn} per node)" if len(positions) < gpus else "node / GPU")
+    one_node = gpus <= gpn
+    ax.set_ylabel(f"GPU ({gpn} per node)" if len(positions) < gpus else ("GPU" if one_node else "node / GPU"))
     ax.set_title(title or f"{plan['policy']}: predicted makespan {plan['makespan_s']:,.0f} s; "
                  "hatched: checkpointed, not yet converged")
     fig.tight_layout()
