@@ -111,6 +111,29 @@ def check_flat(flat: Any, expected: int, what: str) -> None:
         raise ValueError(f"{what}: expected a 1-D array of {expected} elements, got shape {shape}")
 
 
+def check_evaluate(count: int, labels: int, batch_size: int) -> None:
+    """For implementations: `evaluate`'s arguments (N > 0 samples, N labels, batch_size >= 1),
+    else ValueError."""
+    if count == 0 or labels != count or batch_size < 1:
+        raise ValueError(
+            f"evaluate: expected N > 0 samples, N labels and batch_size >= 1, got {count}, {labels}, {batch_size}"
+        )
+
+
+def check_state(engine: "Engine", state: Any, kind: str, state_format: str, keys: frozenset[str],
+                counted: str = "parameters, the network has") -> None:
+    """For implementations of `load_state`: `state` is a snapshot of `kind` (``a torch engine
+    state``) in `state_format` with `keys`, of `engine`'s model and size (else UserError)."""
+    if not isinstance(state, dict) or state.get("format") != state_format or not keys <= set(state):
+        raise UserError(f"checkpoint of model {engine.model_id!r}: not {kind} ({state_format})")
+    if state["model_id"] != engine.model_id:
+        raise UserError(f"checkpoint of model {state['model_id']!r} cannot be loaded into model {engine.model_id!r}")
+    if state["num_parameters"] != engine.num_parameters:
+        raise UserError(
+            f"checkpoint of model {engine.model_id!r}: {state['num_parameters']} {counted} {engine.num_parameters}"
+        )
+
+
 class EnginePhase(Enum):
     """Where an engine is in its life; see the module docstring."""
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from fleet.engines._base import Engine, EnginePhase, check_flat
+from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
 from fleet.engines.schedule import learning_rate
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
@@ -229,10 +229,7 @@ class EmulatedEngine(Engine):
         The scored epoch is ``epoch + 1`` if a step was taken since the last `end_epoch`, else
         ``epoch``: evaluating just before or just after `end_epoch` gives the same numbers.
         """
-        if len(x) == 0 or len(y) != len(x) or batch_size < 1:
-            raise ValueError(
-                f"evaluate: expected N > 0 samples, N labels and batch_size >= 1, got {len(x)}, {len(y)}, {batch_size}"
-            )
+        check_evaluate(len(x), len(y), batch_size)
         self._wait(self.eval_fraction * self.epoch_seconds())
         fraction = self._progress(self._epoch + (1 if self._trained else 0))
         chance = 1.0 / max(self.num_classes, 2)
@@ -259,7 +256,8 @@ class EmulatedEngine(Engine):
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self._check_state(state)
+        check_state(self, state, "an emulated engine state", STATE_FORMAT, STATE_KEYS,
+                    counted="emulated parameters, the engine has")
         np.copyto(self._params, np.asarray(state["params"], dtype=np.float32))
         self._grads[:] = 0.0
         self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
@@ -299,14 +297,4 @@ class EmulatedEngine(Engine):
                 f"with N > 0 and N labels, got x {tuple(x.shape)} and y {tuple(np.shape(y))}"
             )
 
-    def _check_state(self, state: Any) -> None:
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or not STATE_KEYS <= set(state):
-            raise UserError(f"checkpoint of model {self.model_id!r}: not an emulated engine state ({STATE_FORMAT})")
-        if state["model_id"] != self.model_id:
-            raise UserError(f"checkpoint of model {state['model_id']!r} cannot be loaded into model {self.model_id!r}")
-        if state["num_parameters"] != self.num_parameters:
-            raise UserError(
-                f"checkpoint of model {self.model_id!r}: {state['num_parameters']} emulated parameters, "
-                f"the engine has {self.num_parameters}"
-            )
 

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fleet.engines._base import Engine, EnginePhase, InputShape, check_flat
+from fleet.engines._base import Engine, EnginePhase, InputShape, check_evaluate, check_flat, check_state
 from fleet.engines.schedule import learning_rate
 from fleet.engines.tensorflow.optim import FlatOptimizer
 from fleet.engines.tensorflow.zoo import KerasZoo
@@ -188,10 +188,7 @@ class TensorFlowEngine(Engine):
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         count = len(x)
-        if count == 0 or len(y) != count or batch_size < 1:
-            raise ValueError(
-                f"evaluate: expected N > 0 samples, N labels and batch_size >= 1, got {count}, {len(y)}, {batch_size}"
-            )
+        check_evaluate(count, len(y), batch_size)
         loss, correct = 0.0, 0.0
         for i in range(0, count, batch_size):
             batch_loss, batch_correct = self._eval_fn(*self._batch(x[i : i + batch_size], y[i : i + batch_size]))
@@ -219,7 +216,7 @@ class TensorFlowEngine(Engine):
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self._check_state(state)
+        check_state(self, state, "a tensorflow engine state", STATE_FORMAT, STATE_KEYS)
         try:
             self.load_flat_parameters(state["parameters"])
             self.load_flat_buffers(state["buffers"])
@@ -268,13 +265,3 @@ class TensorFlowEngine(Engine):
         for variable, array in zip(self._rng, arrays):
             variable.assign(np.asarray(array).astype(keras.backend.standardize_dtype(variable.dtype)))
 
-    def _check_state(self, state: Any) -> None:
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or not STATE_KEYS <= set(state):
-            raise UserError(f"checkpoint of model {self.model_id!r}: not a tensorflow engine state ({STATE_FORMAT})")
-        if state["model_id"] != self.model_id:
-            raise UserError(f"checkpoint of model {state['model_id']!r} cannot be loaded into model {self.model_id!r}")
-        if state["num_parameters"] != self.num_parameters:
-            raise UserError(
-                f"checkpoint of model {self.model_id!r}: {state['num_parameters']} parameters, "
-                f"the network has {self.num_parameters}"
-            )

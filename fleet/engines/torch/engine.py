@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fleet.engines._base import Engine, EnginePhase, check_flat
+from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
 from fleet.engines.torch._tensors import (
     bind_flat_gradients,
     copy_flat_into,
@@ -207,10 +207,7 @@ class TorchEngine(Engine):
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         count = len(x)
-        if count == 0 or len(y) != count or batch_size < 1:
-            raise ValueError(
-                f"evaluate: expected N > 0 samples, N labels and batch_size >= 1, got {count}, {len(y)}, {batch_size}"
-            )
+        check_evaluate(count, len(y), batch_size)
         self.net.eval()
         with torch.inference_mode():
             sums = [self._eval_sums(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, count, batch_size)]
@@ -237,7 +234,7 @@ class TorchEngine(Engine):
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self._check_state(state)
+        check_state(self, state, "a torch engine state", STATE_FORMAT, STATE_KEYS)
         try:
             self.net.load_state_dict(state["model"])
             self._optimizer.load_state_dict(to_host(state["optimizer"]))
@@ -305,13 +302,3 @@ class TorchEngine(Engine):
             if self.device.type == "cuda" and "torch_cuda" in rng:
                 torch.cuda.set_rng_state(rng["torch_cuda"], self.device)
 
-    def _check_state(self, state: Any) -> None:
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or not STATE_KEYS <= set(state):
-            raise UserError(f"checkpoint of model {self.model_id!r}: not a torch engine state ({STATE_FORMAT})")
-        if state["model_id"] != self.model_id:
-            raise UserError(f"checkpoint of model {state['model_id']!r} cannot be loaded into model {self.model_id!r}")
-        if state["num_parameters"] != self.num_parameters:
-            raise UserError(
-                f"checkpoint of model {self.model_id!r}: {state['num_parameters']} parameters, "
-                f"the network has {self.num_parameters}"
-            )
