@@ -86,14 +86,6 @@ class NumpyEngine(Engine):
     # -- the interface -----------------------------------------------------------------------
 
     @property
-    def phase(self) -> EnginePhase:
-        return self._phase
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
     def lr(self) -> float:
         return self._lr
 

@@ -156,16 +156,25 @@ class Engine(ABC):
     device: Any
     num_parameters: int
     codec: ClassVar["StateCodec"]
+    # what `phase`, `epoch` and `steps` report; implementations keep them up to date
+    _phase: EnginePhase = EnginePhase.BUILT
+    _epoch: int = 0
+    _steps: int = 0
 
     @property
-    @abstractmethod
     def phase(self) -> EnginePhase:
         """`BUILT` until the first gradient computation, then `TRAINING`."""
+        return self._phase
 
     @property
-    @abstractmethod
     def epoch(self) -> int:
         """Epochs completed (the number of `end_epoch` calls, restored by `load_state`)."""
+        return self._epoch
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken (restored by `load_state`)."""
+        return self._steps
 
     @property
     @abstractmethod

@@ -118,19 +118,6 @@ class TensorFlowEngine(Engine):
     # -- properties -------------------------------------------------------------------------
 
     @property
-    def phase(self) -> EnginePhase:
-        return self._phase
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def steps(self) -> int:
-        """Optimizer steps taken (restored by `load_state`)."""
-        return self._steps
-
-    @property
     def lr(self) -> float:
         return self._lr
 

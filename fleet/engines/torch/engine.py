@@ -133,19 +133,6 @@ class TorchEngine(Engine):
     # -- properties -------------------------------------------------------------------------
 
     @property
-    def phase(self) -> EnginePhase:
-        return self._phase
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def steps(self) -> int:
-        """Optimizer steps taken (restored by `load_state`)."""
-        return self._steps
-
-    @property
     def lr(self) -> float:
         return float(self._optimizer.param_groups[0]["lr"])
 
