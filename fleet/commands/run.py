@@ -67,8 +67,7 @@ def check_collective(spec, device: str | None) -> None:
     """Stop before any rank starts when groups of several trainers could form and the spec's
     collective cannot be used here (e.g. ``horovod`` not built); raises `UserError`."""
     if spec.cluster.gpus > 1:
-        device = device or spec.cluster.device.value
-        resolve_backend(spec.runtime.collective, "cpu" if device == "emulated" else device)
+        resolve_backend(spec.runtime.collective, device or spec.cluster.device.value)
 
 
 def run_local(spec, args: argparse.Namespace) -> int:

@@ -178,9 +178,8 @@ def _check_collective(world: Any, spec) -> None:
     the first such rank says why, in one line."""
     if spec.cluster.gpus < 2:
         return
-    device = spec.cluster.device.value
     try:
-        resolve_backend(spec.runtime.collective, "cpu" if device == "emulated" else device)
+        resolve_backend(spec.runtime.collective, spec.cluster.device.value)
         why = None
     except UserError as exc:
         why = str(exc)
@@ -293,7 +292,7 @@ def _warm_up(ctx, role: str) -> None:
     if ctx.device != "emulated":
         for name in sorted({m.framework for m in ctx.spec.models}):
             get_framework(name)  # importing the framework is the slow part
-    resolve_backend(ctx.spec.runtime.collective, "cpu" if ctx.device == "emulated" else ctx.device)  # imports it
+    resolve_backend(ctx.spec.runtime.collective, ctx.device)  # imports it
 
 
 def _choose_polling(spec, topology, node: int) -> None:
@@ -372,7 +371,7 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     spec, plan = ctx.spec, ctx.extras["plan"]
     run_dir = Path(ctx.run_dir)
     console = Console(quiet=options.quiet, device=spec.cluster.device.value)
-    collective = resolve_backend(spec.runtime.collective, "cpu" if ctx.device == "emulated" else spec.cluster.device.value)
+    collective = resolve_backend(spec.runtime.collective, spec.cluster.device.value)
     log = EventLog(run_dir / "events.jsonl")
     started = time.monotonic()
     startup_s = started - ctx.extras["process_start"]

@@ -61,8 +61,7 @@ def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int 
 
 def build_collective(ctx: RunContext, group_comm: Any):
     """The gradient collective of this trainer's group (`runtime.collective`)."""
-    device = "cpu" if ctx.device == "emulated" else ctx.device
-    return create_collective(ctx.spec.runtime.collective, group_comm, device, ctx.timeout_s)
+    return create_collective(ctx.spec.runtime.collective, group_comm, ctx.device, ctx.timeout_s)
 
 
 @dataclass

@@ -20,8 +20,15 @@ def _load(kind: str) -> type[Collective] | None:
         return None
 
 
+def _gradients_device(device: str) -> str:
+    """Where a group's gradients live: the device itself, and the host (``cpu``) for the
+    emulated device, whose engines keep numpy arrays."""
+    return "cpu" if device == "emulated" else device
+
+
 def _backend_class(kind: str, device: str) -> type[Collective]:
     """The class that `kind` means on `device` (raises `UserError`, see `resolve_backend`)."""
+    device = _gradients_device(device)
     if kind not in registry.kinds():
         raise UserError(f"collective {kind!r}: expected one of {', '.join(registry.kinds())}")
     if kind == registry.AUTO:
@@ -43,12 +50,13 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend(kind: str, device: str) -> str:
-    """The backend name that `kind` means on `device` (e.g. ``auto`` on ``cpu``: ``torch-gloo``).
+    """The backend name that `kind` means on `device` (e.g. ``auto`` on ``cpu``: ``torch-gloo``;
+    ``emulated`` counts as ``cpu``).
 
     Raises:
         UserError: unknown kind, or a backend this process cannot use on the device.
     """
-    return _backend_class(kind, device).backend_for(device)
+    return _backend_class(kind, device).backend_for(_gradients_device(device))
 
 
 def create_collective(
@@ -59,7 +67,8 @@ def create_collective(
     Args:
         kind: one of the registry's `kinds()` (see its docstring).
         group_comm: the group's communicator, rank 0 the master; the collective duplicates it.
-        device: the device the engine's gradients live on (``cpu``, ``cuda:0``, ...).
+        device: the device the engine's gradients live on (``cpu``, ``cuda:0``, ...; ``emulated``
+            is the host's).
         timeout_s: the longest any call of the collective waits.
         label: how messages name the group (default: the communicator's name).
 
@@ -69,4 +78,4 @@ def create_collective(
     backend = _backend_class(kind, device)
     if group_comm.Get_size() == 1:
         backend = SoloCollective
-    return backend.for_group(group_comm, device, timeout_s, label)
+    return backend.for_group(group_comm, _gradients_device(device), timeout_s, label)
