@@ -10,7 +10,7 @@ ended without saying so (killed) is waiting again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleet.report.table import format_gpus, format_table
 
@@ -33,11 +33,8 @@ class JobStatus:
     jobs: int = 0  # run_start records: the first job and each resume
     round: int | None = None
     started: float | None = None  # the current job's run_start time
-    last_event: float | None = None
     ended: dict | None = None  # the current job's run_end record, if it wrote one
     epochs_this_job: int = 0
-    policy: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def epochs_done(self) -> int:
@@ -54,7 +51,6 @@ def _on_event(job: JobStatus, event: Mapping) -> None:
     if kind == "run_start":
         job.jobs += 1
         job.started, job.ended, job.epochs_this_job = event["time"], None, 0
-        job.policy = event.get("policy", job.policy)
         for status in job.models.values():
             if status.state == "training":  # the job before ended without saying so
                 status.state, status.gpus = "waiting", ()
@@ -82,7 +78,6 @@ def replay(events: Iterable[Mapping], max_epochs: Mapping[str, int]) -> JobStatu
     """Each model's state and the job's progress after `events` (in log order)."""
     job = JobStatus({m: ModelStatus(m, limit) for m, limit in max_epochs.items()})
     for event in events:
-        job.last_event = event.get("time", job.last_event)
         _on_event(job, event)
     return job
 
