@@ -38,6 +38,7 @@ MB = 1 << 20
 
 def backends(comm) -> dict:
     """Each usable backend's collective over `comm` (name -> collective), raw first."""
+    # in the ranks only, after MPI_Init: the launching process needs neither torch nor Horovod
     from fleet.runtime.train.collectives.horovod import HorovodCollective
     from fleet.runtime.train.collectives.mpi import MPICollective
     from fleet.runtime.train.collectives.torch_dist import TorchCollective
@@ -97,7 +98,7 @@ def worker(sizes_mb: list[float], repeats: int, warmup: int, out: str) -> None:
 
 
 def run_group(ranks: int, args: argparse.Namespace) -> dict:
-    from fleet.runtime.launch.mpiexec import find_mpiexec
+    from fleet.runtime.launch.mpiexec import find_mpiexec  # the repository is on sys.path from here on
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-coll-") as tmp:
         out = os.path.join(tmp, "result.json")

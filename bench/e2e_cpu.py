@@ -315,7 +315,7 @@ def policy_list(text: str) -> list[str]:
 
 def collective_list(text: str) -> list[str]:
     sys.path.insert(0, str(REPO))
-    from fleet.runtime.train.collectives import kinds
+    from fleet.runtime.train.collectives import kinds  # argparse calls this before main() puts REPO on sys.path
 
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in kinds()]
