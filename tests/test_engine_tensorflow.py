@@ -1,5 +1,5 @@
 """The tensorflow engine behind the engine interface: the Keras zoo's twins of the torch
-families (same parameter counts), learning, data-parallel groups, checkpoints, the three
+families (same parameter counts, FLOPs and outputs for the same weights), learning, data-parallel groups, checkpoints, the three
 optimizers against `torch.optim`, user models and the framework's registration."""
 
 from __future__ import annotations
@@ -15,22 +15,27 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
+import keras  # noqa: E402
 import torch  # noqa: E402
 
 from fleet import models  # noqa: E402
 from fleet.engines import Engine, EnginePhase, get_framework  # noqa: E402
 from fleet.engines.tensorflow import FRAMEWORK, KerasZoo, TensorFlowEngine  # noqa: E402
-from fleet.engines.tensorflow.zoo import trainable_count  # noqa: E402
+from fleet.engines.tensorflow.zoo import BUILDERS, COUNTERS, trainable_count  # noqa: E402
 from fleet.engines.factory import create_engine  # noqa: E402
 from fleet.errors import UserCodeError, UserError  # noqa: E402
 from fleet.rows import Pieces  # noqa: E402
 from fleet.spec import LRSchedule, ModelSpec, TrainSpec, parse_spec  # noqa: E402
+from fleet.spec.families import FAMILIES  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE = (1, 8, 8)
 CLASSES = 4
 MLP = ("mlp", {"hidden": [32, 16], "dropout": 0.2})
 CNN = ("cnn", {"channels": [4, 8], "hidden": 16, "dropout": 0.3})
+RESNET = ("resnet", {"blocks": [1, 1, 1, 1], "width": 4})
+DENSENET = ("densenet", {"blocks": [2, 2], "growth_rate": 4})
+LSTM = ("lstm", {"hidden": 16, "bidirectional": True})
 
 
 def model_spec(family: str, params: dict, seed: int = 11, model_id: str | None = None, **train) -> ModelSpec:
@@ -67,6 +72,21 @@ def learnable(count: int, shape=SHAPE, seed: int = 0) -> tuple[np.ndarray, np.nd
     ("cnn", {"channels": [4, 8], "hidden": 16}, (1, 8, 8)),
     ("cnn", {"channels": [3, 5, 7, 9], "hidden": 0, "kernel_size": 5}, (2, 6, 3)),
     ("cnn", {"channels": [8], "hidden": 10, "kernel_size": 1}, (1, 1, 9)),
+    ("resnet", {}, (3, 32, 32)),
+    ("resnet", {"blocks": [1, 1, 1, 1], "width": 4}, (1, 8, 8)),
+    ("resnet", {"blocks": [1, 2, 1, 1], "width": 3, "bottleneck": True}, (3, 16, 16)),
+    ("resnet", {"blocks": [2, 1, 1, 1], "width": 5}, (2, 5, 9)),
+    ("resnet", {"blocks": [1, 1, 1, 1], "width": 2, "bottleneck": True}, (1, 1, 7)),
+    ("densenet", {}, (3, 32, 32)),
+    ("densenet", {"blocks": [2, 2], "growth_rate": 4}, (1, 8, 8)),
+    ("densenet", {"blocks": [1, 2, 3, 1], "growth_rate": 5, "init_features": 7, "bn_size": 2, "compression": 0.3},
+     (3, 16, 16)),
+    ("densenet", {"blocks": [3], "growth_rate": 3}, (2, 5, 9)),
+    ("densenet", {"blocks": [1, 1, 1, 1], "growth_rate": 2, "compression": 1.0}, (1, 1, 6)),
+    ("lstm", {}, (1, 8, 8)),
+    ("lstm", {"hidden": 16, "layers": 3, "bidirectional": True}, (3, 16, 16)),
+    ("lstm", {"hidden": 7, "layers": 2}, (2, 5, 9)),
+    ("lstm", {"hidden": 5, "bidirectional": True}, (1, 1, 1)),
 ])
 def test_the_keras_twins_count_like_the_torch_families(family, params, shape):
     torch_stats = models.describe(family, params, shape, CLASSES)
@@ -84,13 +104,67 @@ def test_the_same_seed_gives_the_same_weights_and_another_seed_others():
     other = FRAMEWORK.create_engine(model_spec(*CNN, seed=12), SHAPE, CLASSES)
     assert not np.allclose(first.flat_parameters(), other.flat_parameters())
     assert first.flat_buffers().size == 2 * (4 + 8) and engine(MLP).flat_buffers().size == 0
+    assert np.array_equal(engine(LSTM).flat_parameters(), engine(LSTM).flat_parameters())
 
 
-@pytest.mark.parametrize("family", ["resnet", "densenet", "lstm"])
-def test_families_without_a_keras_twin_are_one_line(family):
-    expected = rf"^family '{family}' has no Keras version yet \(tensorflow builds: mlp, cnn\)$"
+def _created(net: keras.Model, kind: type) -> list:
+    """`net`'s layers of `kind` in the order they were made (Keras lists them by depth)."""
+    def made(layer) -> int:
+        suffix = layer.name.rpartition("_")[2]  # conv2d, conv2d_1, ...: Keras numbers them as it makes them
+        return int(suffix) if suffix.isdigit() else 0
+    return sorted((layer for layer in net.layers if isinstance(layer, kind)), key=made)
+
+
+def _load_torch_weights(source: torch.nn.Module, net: keras.Model) -> None:
+    """Copy a torch network's weights and batch norm statistics into its Keras twin."""
+    modules = lambda kind: [m for m in source.modules() if isinstance(m, kind)]  # noqa: E731
+    kinds = [(torch.nn.Conv2d, keras.layers.Conv2D, lambda m: [m.weight.permute(2, 3, 1, 0)]),
+             (torch.nn.BatchNorm2d, keras.layers.BatchNormalization,
+              lambda m: [m.weight, m.bias, m.running_mean, m.running_var]),
+             (torch.nn.Linear, keras.layers.Dense, lambda m: [m.weight.T, m.bias])]
+    for torch_kind, keras_kind, values in kinds:
+        pairs = list(zip(modules(torch_kind), _created(net, keras_kind), strict=True))
+        for module, layer in pairs:
+            layer.set_weights([v.detach().numpy() for v in values(module)])
+    for lstm in modules(torch.nn.LSTM):
+        directions = ("", "_reverse")[: 1 + lstm.bidirectional]
+        suffixes = [f"_l{k}{d}" for k in range(lstm.num_layers) for d in directions]
+        for suffix, rnn in zip(suffixes, _created(net, keras.layers.RNN), strict=True):
+            rnn.set_weights([getattr(lstm, name + suffix).detach().numpy().T
+                             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")])
+
+
+@pytest.mark.parametrize(("family", "params", "shape"), [
+    ("resnet", {"blocks": [1, 1, 1, 1], "width": 4}, (1, 8, 8)),
+    ("resnet", {"blocks": [1, 2, 1, 1], "width": 3, "bottleneck": True}, (3, 16, 16)),
+    ("resnet", {"blocks": [2, 1, 1, 1], "width": 5}, (2, 6, 9)),
+    ("densenet", {"blocks": [1, 2, 3, 1], "growth_rate": 5, "init_features": 7, "bn_size": 2, "compression": 0.3},
+     (3, 16, 10)),
+    ("lstm", {"hidden": 6, "layers": 2, "bidirectional": True}, (3, 6, 5)),
+    ("lstm", {"hidden": 7}, (2, 5, 9)),
+])
+def test_the_keras_twins_compute_what_the_torch_families_compute(family, params, shape):
+    """With torch's weights, a twin's logits are torch's: same layers, strided convs padded
+    as torch pads them (on even maps too), same LSTM gates and time order."""
+    source = models.build_model(family, params, shape, CLASSES, seed=1).eval()
+    with torch.no_grad():  # batch norm's affine parameters and statistics away from 1 and 0
+        for value in [*source.parameters(), *(b for n, b in source.named_buffers() if "running" in n)]:
+            value.add_(0.2 * torch.rand_like(value))
+    net = KerasZoo().build(family, params, shape, CLASSES, seed=0)
+    _load_torch_weights(source, net)
+    x = np.random.default_rng(0).standard_normal((3, *shape)).astype(np.float32)
+    expected = source(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(np.asarray(net(x, training=False)), expected, rtol=1e-4,
+                               atol=1e-5 * np.abs(expected).max())
+
+
+def test_every_zoo_family_has_a_twin_and_an_unknown_one_is_one_line():
+    assert set(BUILDERS) == set(COUNTERS) == set(FAMILIES)
+    expected = r"^unknown family 'vgg' \(valid: cnn, densenet, lstm, mlp, resnet, or package.module:function\)$"
     with pytest.raises(UserError, match=expected):
-        engine((family, {}))
+        engine(("vgg", {}))
+    with pytest.raises(UserError, match=expected):
+        KerasZoo().describe("vgg", {}, SHAPE, CLASSES)
 
 
 def test_bad_params_and_devices_are_one_line_user_errors():
@@ -141,7 +215,8 @@ def test_a_user_model_trains_and_a_bad_one_is_one_line_naming_its_function(user_
 # -- training -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family_params", [MLP, CNN], ids=["mlp", "cnn"])
+@pytest.mark.parametrize("family_params", [MLP, CNN, RESNET, DENSENET, LSTM],
+                         ids=["mlp", "cnn", "resnet", "densenet", "lstm"])
 def test_a_zoo_model_learns_a_learnable_set(family_params):
     trainee = engine(family_params, lr=0.05)
     x, y = learnable(512)

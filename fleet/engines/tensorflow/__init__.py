@@ -1,5 +1,5 @@
 """TensorFlow/Keras behind fleet's engine interface: `TensorFlowEngine`, its Keras zoo
-(`KerasZoo`: ``mlp``, ``cnn`` and user models), and `FRAMEWORK` (the `Framework` object
+(`KerasZoo`: the five zoo families and user models), and `FRAMEWORK` (the `Framework` object
 `fleet.engines.registry` registers as ``tensorflow``). CPU only in this version.
 
 Importing this package imports TensorFlow, with its C++ start-up messages silenced: unless

@@ -1,33 +1,36 @@
-"""`KerasZoo`: the Keras twins of fleet's ``mlp`` and ``cnn`` families, and user models.
+"""`KerasZoo`: the Keras twins of fleet's zoo families, and user models.
 
-The twins take the same params (validated by `fleet.spec.families`), with the same defaults
-and meaning as `fleet.models.mlp` and `fleet.models.cnn`, and have exactly as many trainable
-parameters as the torch networks for the same params, input shape and classes. Every model
-takes fleet's ``(N, C, H, W)`` float32 batches and returns ``(N, K)`` logits: the ``mlp``
-flattens them in torch's order; the ``cnn`` transposes them to channels-last first (TF's CPU
-convolutions are NHWC only: ``channels_first`` raises UnimplementedError on TF 2.21).
+The twins of ``mlp``, ``cnn``, ``resnet``, ``densenet`` and ``lstm`` take the same params
+(validated by `fleet.spec.families`), with the same defaults and meaning as the torch
+families of `fleet.models`, and have exactly as many trainable parameters as the torch
+networks for the same params, input shape and classes; `KerasZoo.describe` counts them, and
+their FLOPs as `fleet.models.stats` does, without building them. The deeper three are in
+`fleet.engines.tensorflow.zoo_blocks`. Every model takes fleet's ``(N, C, H, W)`` float32
+batches and returns ``(N, K)`` logits: the ``mlp`` flattens them in torch's order; the
+convolutional families transpose them to channels-last first (TF's CPU convolutions are NHWC
+only: ``channels_first`` raises UnimplementedError on TF 2.21); the ``lstm`` reads the rows
+as time steps, a row's pixels x channels as features, as torch's.
 Differences from torch, none of them in the counts: batch norm's moving variance is updated
 with the biased batch variance (torch uses the unbiased one), and the ``cnn`` flattens its
 last map channels-last.
 
 Initialisation follows torch's: ``mlp`` and linear weights uniform in +-1/sqrt(fan_in) (the
-``mlp``'s biases too; the ``cnn``'s are zero), convolutions He-normal over fan-out, batch
-norm one and zero. Each initializer and dropout layer is seeded from the model's seed, so
-the same seed gives the same weights and dropout masks in any process.
+``mlp``'s and ``lstm``'s biases too; the other heads' are zero), convolutions He-normal over
+fan-out, batch norm one and zero, LSTM weights and biases uniform in +-1/sqrt(hidden). Each
+initializer and dropout layer is seeded from the model's seed, so the same seed gives the
+same weights and dropout masks in any process.
 
 A user model is ``package.module:function``, called as
 ``function(input_shape=(C, H, W), num_classes=K, **params)``; it must return a
 `keras.Model` taking ``(N, C, H, W)`` batches. Its weights are drawn under
 `keras.utils.set_random_seed` (Python's and numpy's global RNGs are restored afterwards).
 """
-
 from __future__ import annotations
 
 import importlib
 import math
 import random
 import threading
-import zlib
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -36,38 +39,15 @@ import numpy as np
 from pydantic import ValidationError
 
 from fleet.engines._base import InputShape, ModelStats, ModelZoo
+from fleet.engines.tensorflow.zoo_blocks import (Layers, Seeds, batch_norm, build_densenet, build_lstm, build_resnet,
+                                                 channels_last, count_densenet, count_lstm, count_resnet, dense,
+                                                 linear_counts)
 from fleet.errors import UserCodeError, UserError
 from fleet.spec.families import FAMILIES, family_error, is_user_family
 from fleet.spec.load import format_validation_error
 
 _SEEDED_BUILD = threading.Lock()
 """Serialises user-model builds: they borrow the global RNGs under `keras.utils.set_random_seed`."""
-
-
-class Seeds:
-    """Distinct seeds for a model's initializers and dropout layers, derived from its seed
-    (None: Keras' unseeded defaults)."""
-
-    def __init__(self, seed: int | None):
-        self.seed, self.count = seed, 0
-
-    def next(self) -> int | None:
-        if self.seed is None:
-            return None
-        self.count += 1
-        return zlib.crc32(f"{self.seed}:keras:{self.count}".encode()) & 0x7FFFFFFF
-
-    def linear_weight(self) -> keras.initializers.Initializer:
-        """torch's `nn.Linear` default: uniform in +-1/sqrt(fan_in)."""
-        return keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform", seed=self.next())
-
-    def linear_bias(self, fan_in: int) -> keras.initializers.Initializer:
-        bound = 1 / math.sqrt(fan_in)
-        return keras.initializers.RandomUniform(-bound, bound, seed=self.next())
-
-    def conv_weight(self) -> keras.initializers.Initializer:
-        """He-normal over fan-out, as `fleet.models._layers.init_weights`."""
-        return keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal", seed=self.next())
 
 
 def conv_plan(input_shape: InputShape, channels: tuple[int, ...]) -> list[tuple[int, int, int, int, tuple[int, int]]]:
@@ -82,44 +62,37 @@ def conv_plan(input_shape: InputShape, channels: tuple[int, ...]) -> list[tuple[
     return plan
 
 
-def _dense(width: int, fan_in: int, seeds: Seeds, zero_bias: bool, activation: str | None = None) -> keras.layers.Dense:
-    bias = "zeros" if zero_bias else seeds.linear_bias(fan_in)
-    return keras.layers.Dense(width, activation=activation, kernel_initializer=seeds.linear_weight(),
-                              bias_initializer=bias)
-
-
 def build_mlp(input_shape: InputShape, num_classes: int, seeds: Seeds, hidden: tuple[int, ...],
               dropout: float) -> keras.Model:
     """Flatten, then Dense-ReLU-dropout per entry of `hidden`, then a linear head."""
     inputs = keras.Input(shape=input_shape)
     x, features = keras.layers.Flatten()(inputs), math.prod(input_shape)
     for width in hidden:
-        x = _dense(width, features, seeds, zero_bias=False, activation="relu")(x)
+        x = dense(width, features, seeds, zero_bias=False, activation="relu")(x)
         x = keras.layers.Dropout(dropout, seed=seeds.next())(x)
         features = width
-    return keras.Model(inputs, _dense(num_classes, features, seeds, zero_bias=False)(x), name="mlp")
+    return keras.Model(inputs, dense(num_classes, features, seeds, zero_bias=False)(x), name="mlp")
 
 
 def build_cnn(input_shape: InputShape, num_classes: int, seeds: Seeds, channels: tuple[int, ...], hidden: int,
               kernel_size: int, dropout: float) -> keras.Model:
     """conv('same', no bias)-BN-ReLU-maxpool layers, flatten, optional hidden layer, linear head."""
-    inputs = keras.Input(shape=input_shape)
-    x = keras.layers.Permute((2, 3, 1))(inputs)  # NCHW -> NHWC
+    inputs, x = channels_last(input_shape)
     plan = conv_plan(input_shape, channels)
     for _, cout, _, _, kernel in plan:
         x = keras.layers.Conv2D(cout, kernel_size, padding="same", use_bias=False,
                                 kernel_initializer=seeds.conv_weight())(x)
-        x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)  # torch's momentum 0.1 and eps
+        x = batch_norm()(x)
         x = keras.layers.ReLU()(x)
         if kernel != (1, 1):
             x = keras.layers.MaxPooling2D(kernel)(x)
     x = keras.layers.Flatten()(x)
     features = _cnn_features(input_shape, plan)
     if hidden:
-        x = _dense(hidden, features, seeds, zero_bias=True, activation="relu")(x)
+        x = dense(hidden, features, seeds, zero_bias=True, activation="relu")(x)
         x = keras.layers.Dropout(dropout, seed=seeds.next())(x)
         features = hidden
-    return keras.Model(inputs, _dense(num_classes, features, seeds, zero_bias=True)(x), name="cnn")
+    return keras.Model(inputs, dense(num_classes, features, seeds, zero_bias=True)(x), name="cnn")
 
 
 def _cnn_features(input_shape: InputShape, plan: list) -> int:
@@ -129,34 +102,40 @@ def _cnn_features(input_shape: InputShape, plan: list) -> int:
     return cout * (height // kernel[0]) * (width // kernel[1])
 
 
-BUILDERS: dict[str, Callable[..., keras.Model]] = {"mlp": build_mlp, "cnn": build_cnn}
+def count_mlp(input_shape: InputShape, num_classes: int, hidden: tuple[int, ...], dropout: float) -> Layers:
+    return linear_counts(math.prod(input_shape), [*hidden, num_classes])
+
+
+def count_cnn(input_shape: InputShape, num_classes: int, channels: tuple[int, ...], hidden: int, kernel_size: int,
+              dropout: float) -> Layers:
+    """Every conv with its batch norm (2 x cout), then the optional hidden layer and the head."""
+    k, plan = kernel_size, conv_plan(input_shape, channels)
+    layers = [(k * k * cin * cout + 2 * cout, k * k * cin * cout * h * w) for cin, cout, h, w, _ in plan]
+    return layers + linear_counts(_cnn_features(input_shape, plan), [*([hidden] if hidden else []), num_classes])
+
+
+BUILDERS: dict[str, Callable[..., keras.Model]] = {
+    "mlp": build_mlp, "cnn": build_cnn, "resnet": build_resnet, "densenet": build_densenet, "lstm": build_lstm,
+}
+COUNTERS: dict[str, Callable[..., Layers]] = {
+    "mlp": count_mlp, "cnn": count_cnn, "resnet": count_resnet, "densenet": count_densenet, "lstm": count_lstm,
+}
+"""Each family's (trainable parameters, multiply-adds per sample) per layer, from its validated params."""
 
 
 def count_parameters(family: str, params: Mapping[str, Any], input_shape: InputShape,
                      num_classes: int) -> tuple[int, int]:
-    """(trainable parameters, forward FLOPs per sample) of a zoo family, without building it."""
-    params = family_params(family, params)
-    layers: list[tuple[int, int]] = []  # (parameters, multiply-adds)
-    features = math.prod(input_shape)
-    if family == "cnn":
-        k = params["kernel_size"]
-        plan = conv_plan(input_shape, params["channels"])
-        layers += [(k * k * cin * cout + 2 * cout, k * k * cin * cout * h * w) for cin, cout, h, w, _ in plan]
-        features = _cnn_features(input_shape, plan)
-    hidden = params["hidden"] if family == "mlp" else ((params["hidden"],) if params["hidden"] else ())
-    for width in (*hidden, num_classes):
-        layers.append((features * width + width, features * width))
-        features = width
+    """(trainable parameters, forward FLOPs per sample) of a zoo family, without building it;
+    FLOPs are 2 x multiply-adds, as `fleet.models.stats` counts them."""
+    checked = family_params(family, params)
+    layers = COUNTERS[family](input_shape, num_classes, **checked)
     return sum(p for p, _ in layers), 2 * sum(m for _, m in layers)
 
 
 def family_params(family: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate a zoo family's params and fill its defaults (raises `UserError`); a family
-    without a Keras twin yet is a `UserError` saying so."""
+    """Validate a zoo family's params and fill its defaults (raises `UserError`)."""
     if family not in FAMILIES:
         raise UserError(family_error(family))
-    if family not in BUILDERS:
-        raise UserError(f"family {family!r} has no Keras version yet (tensorflow builds: {', '.join(BUILDERS)})")
     try:
         return FAMILIES[family].model_validate(dict(params)).model_dump()
     except ValidationError as exc:
@@ -203,7 +182,8 @@ def trainable_count(model: keras.Model) -> int:
 
 
 class KerasZoo(ModelZoo):
-    """``mlp``, ``cnn`` and ``package.module:function`` as Keras models."""
+    """The zoo's families (``mlp``, ``cnn``, ``resnet``, ``densenet``, ``lstm``) and
+    ``package.module:function`` as Keras models."""
 
     def build(self, family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int, *,
               seed: int | None = None) -> keras.Model:
