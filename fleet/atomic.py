@@ -31,6 +31,7 @@ def _write_replace(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
@@ -38,6 +39,12 @@ def _write_replace(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -7,6 +7,7 @@ and each model's epochs (``max_epochs``, or the profile's ``epochs`` where a use
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.profiling.document import decode_rates, stream_demand, summarize_failures
@@ -22,10 +23,10 @@ POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
 CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
 
 
-def _scenario(rates, spec, gpus: int):
-    """The run to predict: the spec's epochs, and decoding limited to what the spec's
-    preprocessors were measured to decode (when the profile measured it)."""
-    estimates = tuple(epochs_estimate(rates, spec))
+def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None):
+    """The run to predict: the spec's epochs (a model's `epochs` where given), and decoding
+    limited to what the spec's preprocessors were measured to decode (when the profile measured it)."""
+    estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
     return profile_scenario(rates, whole_epochs(estimates), estimates, gpus, spec.cluster.preprocessors_per_node)
 
 
@@ -71,6 +72,13 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     if what_if:
         lines += ["", "what if (predicted makespan and GPU-hours per allocation size):", _what_if(rates, spec, what_if)]
     return "\n".join(lines)
+
+
+def planned(spec, rates, epochs: Mapping[str, float] | None = None) -> dict:
+    """The spec's policy's predicted plan (a ``plan.json`` dict) at `rates`, each model
+    training its `epochs` where given, else its max_epochs (or the profile's ``epochs``)."""
+    result = predict(spec, _scenario(rates, spec, spec.cluster.gpus, epochs), policies=())[spec.scheduler.policy]
+    return plan_document(result, rates.gpus_per_node, "given" if epochs else "max-epochs")
 
 
 def predicted_makespans(spec, rates, policies=POLICIES) -> dict[str, float]:

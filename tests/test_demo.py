@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_fleet
+from headless import open_page
 
 CLASSES = 10
 
@@ -48,6 +49,15 @@ def test_quickstart_ensemble_beats_chance(small_quickstart):
     top = result.stdout[result.stdout.index("fleet: the best 5 of"):].splitlines()
     assert top[1].split()[:2] == ["rank", "model"] and top[3].split()[1] == board[1].split(",")[1]  # the winner
     assert json.loads((run_dir / "plan.json").read_text())["rounds"]
+    # the three learning rates of one cnn share one decoded stream (the flotilla the demo shows)
+    log = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert max(len(e["members"]) for e in log if e["event"] == "stream_start") >= 3
+    # the report, written at the end, opens in a browser with the leaderboard, curves and the real Gantt
+    assert f"fleet: report: {run_dir / 'report.html'}" in result.stdout
+    page = open_page(run_dir / "report.html")
+    assert page.errors == [] and len(page.rows) == len(models) and page.rows[0][1] == board[1].split(",")[1]
+    drawn = {image["file"] for image in page.images if image["ok"]}
+    assert {"report/curves.png", "report/gantt.png", "report/planned-gantt.png"} <= drawn
 
 
 def test_local_mode_trains_one_model_after_another(tmp_path):

@@ -9,11 +9,14 @@ from pathlib import Path
 
 from fleet.atomic import atomic_write_text
 from fleet.commands._watch import finish, start_timeout
+from fleet.commands.report import report_run_dir
+from fleet.errors import UserError
 from fleet.report.results import leaderboard_rows, write_results
 from fleet.report.table import format_table
 from fleet.runlock import RunLock
 from fleet.runtime.events import EventLog
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
+from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.local import train_local
 from fleet.spec import load_spec
@@ -45,7 +48,20 @@ def run(args: argparse.Namespace) -> int:
     code = finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
     if code == 0:
         print_leaderboard_top(Path(spec.run_dir))
+    if code in (0, EXIT_CHECKPOINTED):
+        write_run_report(Path(spec.run_dir))
     return code
+
+
+def write_run_report(run_dir: Path) -> None:
+    """`fleet report`'s page of the job that just ended; a failure to draw it is a note, not
+    the run's failure."""
+    try:
+        report = report_run_dir(run_dir)
+    except UserError as exc:
+        print(f"fleet: note: no report.html: {exc}")
+        return
+    print(f"fleet: report: {report.path} (learning curves, what ran where, {len(report.figures)} charts)")
 
 
 def print_leaderboard_top(run_dir: Path, count: int = 5) -> None:

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from fleet.commands._args import positive_int
-from fleet.errors import UserError
+from fleet.commands._run_dir import read_events, run_spec, running_holder
 from fleet.report.status import JobStatus, render, replay, time_left
-from fleet.runlock import RunLock
 from fleet.runtime.control.console import SLOT_NAMES
-from fleet.spec import load_spec
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,10 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
-    spec_file = run_dir / "spec.yaml"
-    if not spec_file.is_file():
-        raise UserError(f"{run_dir}: not a run directory (no spec.yaml): has a job started in it?")
-    spec = load_spec(spec_file, check_paths=False)
+    spec = run_spec(run_dir)
     max_epochs = {m.id: m.train.max_epochs for m in spec.models}
     slot = SLOT_NAMES.get(spec.cluster.device.value, "GPU")
     while True:
@@ -51,25 +45,11 @@ def run(args: argparse.Namespace) -> int:
         print()
 
 
-def read_events(path: Path) -> list[dict]:
-    """The log's records; a line cut off by a job that is writing it is left out."""
-    if not path.exists():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return events
-
-
 def job_state(run_dir: Path, job: JobStatus) -> tuple[bool, str]:
     """Whether a job runs in `run_dir` now (its lock's holder lives), and the headline."""
-    lock = RunLock(run_dir, "fleet status")
-    holder = lock.holder()
+    holder = running_holder(run_dir)
     now = time.time()
-    if holder is not None and not lock.is_stale(holder):
+    if holder is not None:
         left = time_left(job, now)
         since = f", {now - job.started:,.0f} s into this job" if job.started else ""
         pace = f"; about {left:,.0f} s left at this job's pace" if left is not None else ""

@@ -1,0 +1,41 @@
+"""What `fleet status` and `fleet report` read from a run directory: its spec, its events log
+(as far as it is written) and whether a job runs in it now."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fleet.errors import UserError
+from fleet.runlock import RunLock
+from fleet.spec import load_spec
+
+
+def run_spec(run_dir: Path):
+    """The spec the run directory's jobs ran (its ``spec.yaml``); `UserError` when there is none."""
+    spec_file = run_dir / "spec.yaml"
+    if not spec_file.is_file():
+        raise UserError(f"{run_dir}: not a run directory (no spec.yaml): has a job started in it?")
+    return load_spec(spec_file, check_paths=False)
+
+
+def read_events(path: Path) -> list[dict]:
+    """The log's records; a line cut off by a job that is writing it is left out."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            events.append(record)
+    return events
+
+
+def running_holder(run_dir: Path):
+    """The lock holder of the job running in `run_dir` now, or None."""
+    lock = RunLock(run_dir, "fleet status")
+    holder = lock.holder()
+    return holder if holder is not None and not lock.is_stale(holder) else None

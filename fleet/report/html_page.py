@@ -1,0 +1,101 @@
+"""``report.html``: one self-contained page (pure; no server, no network, no external file).
+
+The PNGs are embedded as data URIs (each also links to its file beside the page, for a full-size
+view); the leaderboard sorts by any column with a click (a few lines of inline script); every
+text from the run is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleet.report.results import ModelResult, leaderboard_rows
+
+
+@dataclass(frozen=True)
+class Figure:
+    caption: str
+    file: str  # path relative to the page
+    png: bytes
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1250px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.88em; }
+td, th { padding: 3px 9px; border-bottom: 1px solid #eee; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+#leaderboard th { cursor: pointer; background: #f4f4f4; } #leaderboard th:hover { background: #e4e4ff; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+.note { color: #666; font-size: 0.85em; }
+"""
+
+SORT_SCRIPT = """
+document.querySelectorAll('#leaderboard th').forEach(function (th, column) {
+  th.addEventListener('click', function () {
+    var body = th.closest('table').tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows);
+    var up = th.dataset.order !== 'up';
+    th.dataset.order = up ? 'up' : 'down';
+    rows.sort(function (a, b) {
+      var x = a.cells[column].dataset.key, y = b.cells[column].dataset.key;
+      if (x === '' || y === '') { return (x === '') - (y === ''); }  // no value: last either way
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+      return up ? c : -c;
+    });
+    rows.forEach(function (row) { body.appendChild(row); });
+  });
+});
+"""
+
+LEADERBOARD = ("rank", "model", "family", "metric", "best", "at epoch", "epochs", "state", "parameters", "GPU-s")
+
+
+def _cell(value: object, numeric: bool = False, key: object = None) -> str:
+    key = value if key is None else key
+    css = ' class="num"' if numeric else ""
+    return f'<td{css} data-key="{html.escape(str(key))}">{html.escape(str(value))}</td>'
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def leaderboard_table(models: Sequence[ModelResult]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in LEADERBOARD)
+    rows = []
+    for rank, m in enumerate(leaderboard_rows(list(models)), start=1):
+        state = f"converged ({m.stop_reason})" if m.converged else "not converged"
+        cells = [_cell(rank, True), _cell(m.id), _cell(m.family), _cell(m.metric),
+                 _cell(_number(m.best_metric), True, "" if m.best_metric is None else m.best_metric),
+                 _cell(m.best_epoch, True), _cell(m.epochs, True), _cell(state), _cell(f"{m.parameters:,}", True, m.parameters),
+                 _cell(f"{m.gpu_seconds:,.1f}", True, m.gpu_seconds)]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def key_values(rows: Sequence[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="summary">{body}</table>'
+
+
+def figure(fig: Figure) -> str:
+    data = base64.b64encode(fig.png).decode("ascii")
+    caption = html.escape(fig.caption)
+    return (f'<figure><a href="{html.escape(fig.file)}"><img src="data:image/png;base64,{data}" '
+            f'alt="{caption}" data-file="{html.escape(fig.file)}"></a><figcaption>{caption} '
+            f'<span class="note">({html.escape(fig.file)})</span></figcaption></figure>')
+
+
+def page(title: str, sections: Sequence[tuple[str, str]], footnote: str = "") -> str:
+    """The whole page: `sections` are (heading, inner HTML) in order."""
+    body = "".join(f"<h2>{html.escape(h)}</h2>{inner}" for h, inner in sections)
+    note = f'<p class="note">{html.escape(footnote)}</p>' if footnote else ""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}{note}"
+            f"<script>{SORT_SCRIPT}</script></body></html>\n")

@@ -1,0 +1,133 @@
+"""`write_report`: ``report.html`` and its PNGs (under ``report/``) for a run directory.
+
+Everything comes from the run directory: ``events.jsonl`` (what ran where and when, every
+epoch), ``spec.yaml`` (the models) and, when the caller planned it from ``profile.json``, the
+predicted plan. It works the same on a finished, an interrupted and a running job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet.atomic import atomic_write_text
+from fleet.report import html_page, run_charts
+from fleet.report.gantt import write_gantt
+from fleet.report.gpu_use import CATEGORIES, gpu_seconds
+from fleet.report.html_page import Figure
+from fleet.report.results import ModelResult
+from fleet.report.run_story import RunStory, tell_story
+from fleet.report.standings import standings
+from fleet.report.table import format_duration
+
+FIGURES_DIR = "report"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The plan the policy made from the profile (a ``plan.json`` dict), and its makespan with
+    the epochs the models really trained (None when not computed)."""
+
+    plan: dict
+    makespan_real_epochs_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    path: Path
+    figures: tuple[Path, ...]
+    models: tuple[ModelResult, ...]
+    story: RunStory
+
+
+def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *, running: bool = False,
+                 now: float | None = None, prediction: Prediction | None = None, slot: str = "GPU") -> Report:
+    """Write ``report.html`` and its PNGs into `run_dir`; what it wrote.
+
+    Raises:
+        UserError: a file cannot be written.
+    """
+    run_dir = Path(run_dir)
+    story = tell_story(events, spec.cluster.gpus, now, running)
+    models = standings(events, spec.models, story)
+    figures = _draw(run_dir, spec, story, models, prediction, slot)
+    sections = [
+        ("summary", html_page.key_values(_summary(spec, story, models, prediction, slot))),
+        ("leaderboard (click a column to sort)", html_page.leaderboard_table(models)),
+        ("learning curves", "".join(html_page.figure(f) for f in figures[:2])),
+        ("what ran where", "".join(html_page.figure(f) for f in figures[2:4])),
+        (f"{slot} use", html_page.figure(figures[4]) + html_page.key_values(_use_rows(story))),
+        ("decoding", html_page.figure(figures[5])),
+    ]
+    text = html_page.page(f"fleet: {spec.name}", sections,
+                          "Written by `fleet report` from the run directory alone; run it again for a fresh view.")
+    path = run_dir / "report.html"
+    atomic_write_text(path, text)
+    return Report(path, tuple(run_dir / f.file for f in figures), tuple(models), story)
+
+
+def _draw(run_dir: Path, spec, story: RunStory, models: list[ModelResult], prediction: Prediction | None,
+          slot: str) -> list[Figure]:
+    folder = run_dir / FIGURES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    gpn = spec.cluster.gpus_per_node
+    drawers = [
+        ("learning curves of every model, coloured by family", "curves.png", lambda p: run_charts.write_curves(models, p)),
+        ("each family's models, named", "curves-by-family.png", lambda p: run_charts.write_family_curves(models, p)),
+        ("the run as it happened (from events.jsonl)", "gantt.png",
+         lambda p: run_charts.write_run_gantt(story, p, gpn, slot)),
+        ("the plan predicted from profile.json (each model's max_epochs)" if prediction else
+         "no plan: the run directory has no profile.json", "planned-gantt.png", lambda p: _planned(prediction, p)),
+        (f"{slot} use over time", "gpu-use.png", lambda p: run_charts.write_gpu_use(story, p, slot)),
+        ("training samples decoded: fleet against a pipeline per model", "decoded.png",
+         lambda p: run_charts.write_decoded(story.decoded, _per_model_samples(models), p)),
+    ]
+    figures = []
+    for caption, name, draw in drawers:
+        target = folder / name
+        draw(str(target))
+        figures.append(Figure(caption, f"{FIGURES_DIR}/{name}", target.read_bytes()))
+    return figures
+
+
+def _planned(prediction: Prediction | None, path: str) -> None:
+    if prediction is not None:
+        write_gantt(prediction.plan, path)
+        return
+    run_charts.write_note("no profile.json: no predicted plan", path)  # the page keeps its shape
+
+
+def _per_model_samples(models: list[ModelResult]) -> int:
+    return sum(int(e.get("samples") or 0) for m in models for e in m.history)
+
+
+def _summary(spec, story: RunStory, models: list[ModelResult], prediction: Prediction | None, slot: str) -> list:
+    converged = sum(m.converged for m in models)
+    rows = [
+        ("state", {"finished": "finished", "interrupted": "interrupted (checkpointed; run again to resume)",
+                   "killed": "stopped without finishing (killed?); run again to resume",
+                   "running": "running"}.get(story.state, story.state)),
+        ("policy", str(spec.scheduler.policy)),
+        ("cluster", f"{spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} {slot}(s), {spec.cluster.device.value}"),
+        ("models", f"{len(models)}, {converged} converged; {sum(m.epochs for m in models)} epochs trained"),
+        ("jobs", f"{len(story.jobs)} (the first and each resume)"),
+        ("measured makespan", f"{story.training_s:,.1f} s ({format_duration(story.training_s)}) over "
+                              f"{len(story.rounds)} round(s)"),
+    ]
+    if prediction is not None:
+        planned = float(prediction.plan.get("makespan_s", 0.0))
+        rows.append(("predicted makespan", f"{planned:,.1f} s with each model's max_epochs"
+                     + (f" (measured / predicted: {story.training_s / planned:.2f})" if planned > 0 else "")))
+        if prediction.makespan_real_epochs_s is not None:
+            rows.append(("predicted, real epochs", f"{prediction.makespan_real_epochs_s:,.1f} s with the epochs the "
+                         "models really trained (early stops included)"))
+    rows.append(("samples decoded", f"{story.decoded:,} by fleet; {_per_model_samples(models):,} with a pipeline per model"))
+    return rows
+
+
+def _use_rows(story: RunStory) -> list[tuple[str, str]]:
+    totals = gpu_seconds(story)
+    whole = sum(totals.values()) or 1.0
+    return [(c, f"{totals[c]:,.1f} GPU-s ({100 * totals[c] / whole:.1f}%)") for c in CATEGORIES]
