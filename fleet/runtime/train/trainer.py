@@ -72,6 +72,11 @@ class EpochTotals:
     loss_sum: float = 0.0
     compute_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
+    resumed: int = 0  # of `samples`, those trained before a checkpoint, by an earlier stint
+
+    def consumed_per_s(self, epoch_s: float) -> float:
+        """Samples per second the group took from its stream since `started`."""
+        return (self.samples - self.resumed) / max(epoch_s, 1e-9)
 
 
 class MemberCosts:
@@ -151,9 +156,10 @@ class GroupTraining:
         them) the loss sum and compute time so far, so that the epoch's loss and rate cover
         all of it. The epoch's sums are allreduced, so workers start them at zero."""
         if not epoch_samples or not self.is_master:
-            return EpochTotals(samples=epoch_samples)
+            return EpochTotals(samples=epoch_samples, resumed=epoch_samples)
         loss_sum, compute_s = self.resumed_totals
-        return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * self.size)
+        return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * self.size,
+                           resumed=epoch_samples)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -269,10 +275,11 @@ class GroupTraining:
         train_loss = loss_sum / samples
         compute_rate = samples / max(1e-9, compute_s)
         epoch_s = time.monotonic() - self.totals.started
+        consumed = self.totals.consumed_per_s(epoch_s)
         lr = self.engine.lr
         decision = np.zeros(1)
         if self.is_master:
-            reason = self._evaluate_and_report(train_loss, compute_rate, samples, epoch_s, lr)
+            reason = self._evaluate_and_report(train_loss, (compute_rate, consumed), samples, epoch_s, lr)
             decision[0] = float(reason is not None)
         else:
             self.engine.end_epoch()
@@ -295,7 +302,10 @@ class GroupTraining:
             self.collective.allreduce_sum(buffers)
             self.engine.load_flat_buffers((buffers / self.size).astype(np.float32))
 
-    def _evaluate_and_report(self, train_loss, compute_rate, samples, epoch_s, lr) -> StopReason | None:
+    def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr) -> StopReason | None:
+        """Evaluate, save, and send the coordinator the epoch's report; `rates` are the group's
+        compute rate and the rate it took samples from its stream (samples/s)."""
+        compute_rate, consumed = rates
         val_x, val_y = self.ctx.validation
         metrics = self.engine.evaluate(val_x, val_y)
         self.engine.end_epoch()
@@ -312,7 +322,7 @@ class GroupTraining:
         self._save_checkpoint()
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
-            metrics["accuracy"], compute_rate, samples / max(epoch_s, 1e-9), lr, epoch_s, self.costs.take_checkpoint_s(),
+            metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
             reason.value if reason else None, samples, self.costs.take_start_s(),
         )
         send_object(self.ctx.ctrl, report, 0, Tag.REPORT, "the coordinator to take an epoch report", self.ctx.timeout_s)
