@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -105,3 +108,12 @@ def test_each_model_knows_its_entry_and_equal_specs_ignore_it():
     again = parse_spec(yaml.safe_load(spec.to_yaml()))
     assert again.entry(2) == "models[2]"  # the resolved spec writes one entry per model
     assert again == spec
+
+
+def test_a_reader_that_goes_away_ends_a_command_quietly():
+    """`fleet validate spec | head -0`: the pipe closes before fleet writes; no traceback."""
+    job = subprocess.Popen([sys.executable, "-m", "fleet", "validate", str(REPO / "examples" / "quickstart.yaml")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    job.stdout.close()  # before the interpreter has even imported fleet
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 1 and err == b""
