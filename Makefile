@@ -34,7 +34,7 @@ test: $(INSTALLED)
 
 # Horovod for `runtime.collective: horovod` (and `auto`), built from PyPI's sdist into the venv
 # against its torch (and TensorFlow when installed) and the MPI whose mpicxx is first on PATH
-# (the mpich wheel's here; a site MPI on a cluster, see the README). A few minutes on 2 cores.
+# (the mpich wheel's here; a site MPI on a cluster, see docs/cluster.md). A few minutes on 2 cores.
 HOROVOD := $(VENV)/.horovod
 horovod: $(HOROVOD)
 

@@ -51,7 +51,7 @@ except ImportError as exc:  # also: built without PyTorch
 else:
     IMPORT_ERROR = None
 
-BUILD_HINT = "build it into this environment with `make horovod` (tools/build-horovod.sh; see the README)"
+BUILD_HINT = "build it into this environment with `make horovod` (tools/build-horovod.sh; see docs/cluster.md, Horovod)"
 SMALL_BYTES = 64 << 10  # arrays up to this size go over MPI (see the module docstring)
 WAIT = Backoff(20e-6, 250e-6)  # an operation takes a cycle or more: poll it finely, never spin
 _LIBMPI = re.compile(r"/libmpi(_abi)?\.so[.\d]*$")
