@@ -1,4 +1,5 @@
-"""pyproject.toml and environment.yml list the same runtime dependencies."""
+"""pyproject.toml and environment.yml list the same runtime dependencies (environment.yml with
+TensorFlow, which pyproject.toml offers as the extras `tensorflow` and `tensorflow-cpu`)."""
 
 import re
 import tomllib
@@ -16,9 +17,10 @@ def requirement(text: str) -> tuple[str, str]:
     return name.lower(), spec.replace(" ", "")
 
 
-def pyproject_deps() -> dict[str, str]:
+def pyproject_deps(extra: str | None = None) -> dict[str, str]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return dict(requirement(d) for d in project["dependencies"])
+    listed = project["optional-dependencies"][extra] if extra else project["dependencies"]
+    return dict(requirement(d) for d in listed)
 
 
 def conda_deps() -> dict[str, str]:
@@ -33,7 +35,11 @@ def conda_deps() -> dict[str, str]:
 
 
 def test_environment_yml_matches_pyproject():
-    assert conda_deps() == pyproject_deps()
+    assert conda_deps() == {**pyproject_deps(), **pyproject_deps("tensorflow")}
+
+
+def test_the_two_tensorflow_extras_ask_for_the_same_versions():
+    assert pyproject_deps("tensorflow") == {"tensorflow": pyproject_deps("tensorflow-cpu")["tensorflow-cpu"]}
 
 
 def test_environment_installs_the_project_itself():
