@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
+tf = pytest.importorskip("tensorflow")
 
 import keras  # noqa: E402
 import torch  # noqa: E402
@@ -170,7 +170,14 @@ def test_every_zoo_family_has_a_twin_and_an_unknown_one_is_one_line():
 def test_bad_params_and_devices_are_one_line_user_errors():
     with pytest.raises(UserError, match="^family 'mlp': params"):
         engine(("mlp", {"width": 3}))
-    with pytest.raises(UserError, match=r"^device 'cuda:0': the tensorflow engine runs on the CPU in this version$"):
+    for device in ("cuda:x", "gpu", "cuda:-1"):
+        with pytest.raises(UserError, match=rf"^device '{device}': expected 'c"):
+            FRAMEWORK.create_engine(model_spec(*MLP), SHAPE, CLASSES, device=device)
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU is visible")
+def test_a_cuda_device_without_a_gpu_says_which_wheel():
+    with pytest.raises(UserError, match=r"^device 'cuda:0': TensorFlow sees 0 GPU\(s\) here \(is the tensorflow-cpu"):
         FRAMEWORK.create_engine(model_spec(*MLP), SHAPE, CLASSES, device="cuda:0")
 
 
@@ -367,7 +374,8 @@ def test_a_spec_may_name_tensorflow_and_the_registry_gives_its_framework():
     assert {m.id: m.framework for m in spec.models} == {"a": "tensorflow", "b": "torch"}
     assert parse_spec({**doc, "framework": "tensorflow"}).framework == "tensorflow"
     assert get_framework("tensorflow") is FRAMEWORK and FRAMEWORK.name == "tensorflow"
-    assert FRAMEWORK.visible_gpus() == 0 and FRAMEWORK.free_device_memory("cpu") is None
+    assert FRAMEWORK.visible_gpus() == len(tf.config.list_physical_devices("GPU"))
+    assert FRAMEWORK.free_device_memory("cpu") is None
     assert FRAMEWORK.version().count(".") >= 2 and FRAMEWORK.device_name("cpu").startswith("cpu (")
     FRAMEWORK.synchronize("cpu")
     FRAMEWORK.release_memory("cpu")

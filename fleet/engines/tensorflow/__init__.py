@@ -1,6 +1,6 @@
 """TensorFlow/Keras behind fleet's engine interface: `TensorFlowEngine`, its Keras zoo
 (`KerasZoo`: the five zoo families and user models), and `FRAMEWORK` (the `Framework` object
-`fleet.engines.registry` registers as ``tensorflow``). CPU only in this version.
+`fleet.engines.registry` registers as ``tensorflow``). On the CPU, or one GPU per trainer.
 
 Importing this package imports TensorFlow, with its C++ start-up messages silenced: unless
 the environment already says otherwise, ``TF_CPP_MIN_LOG_LEVEL=2`` and

@@ -1,4 +1,5 @@
-"""`TensorFlowEngine`: the engine interface (see `fleet/engines/_base.py`) for Keras models on the CPU."""
+"""`TensorFlowEngine`: the engine interface (see `fleet/engines/_base.py`) for Keras models, on the
+CPU or on one GPU per trainer."""
 
 from __future__ import annotations
 
@@ -24,12 +25,37 @@ ZOO = KerasZoo()
 
 
 def check_device(device: str) -> str:
-    """``cpu``; a GPU is refused in this version (raises `UserError`)."""
-    if str(device) == "cpu":
+    """``cpu``, or ``cuda:<i>`` made this process's only GPU (`bind_gpu`); anything else is a
+    `UserError`."""
+    device = str(device)
+    if device == "cpu":
         return "cpu"
-    if str(device).startswith("cuda"):
-        raise UserError(f"device {device!r}: the tensorflow engine runs on the CPU in this version")
-    raise UserError(f"device {device!r}: expected 'cpu' (the tensorflow engine runs on the CPU in this version)")
+    if device == "cuda" or device.startswith("cuda:"):
+        bind_gpu(device)
+        return device
+    raise UserError(f"device {device!r}: expected 'cpu' or 'cuda:<index>'")
+
+
+def bind_gpu(device: str) -> None:
+    """Make GPU `i` of ``cuda:<i>`` (CUDA_VISIBLE_DEVICES numbering, as torch's) the only GPU
+    TensorFlow uses in this process, with memory growth on, so that the trainers of a node
+    share no GPU and none takes all of its GPU's memory at start. TF accepts this only before
+    its runtime starts; afterwards the same GPU alone must already be the visible one."""
+    index_text = device.partition(":")[2] or "0"
+    if not index_text.isdigit():
+        raise UserError(f"device {device!r}: expected 'cuda:<index>'")
+    gpus = tf.config.list_physical_devices("GPU")
+    if int(index_text) >= len(gpus):
+        raise UserError(f"device {device!r}: TensorFlow sees {len(gpus)} GPU(s) here (is the tensorflow-cpu "
+                        "wheel installed? a CUDA machine needs the tensorflow wheel, see docs/cluster.md)")
+    gpu = gpus[int(index_text)]
+    try:
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:  # TF's runtime has started: its devices are fixed for the process
+        if tf.config.get_visible_devices("GPU") != [gpu]:
+            raise UserError(f"device {device!r}: TensorFlow already started in this process with other GPUs "
+                            "visible") from None
 
 
 def configure_tensorflow(threads: int | None, deterministic: bool) -> None:
@@ -71,7 +97,8 @@ def mean_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 
 
 class TensorFlowEngine(Engine):
-    """One replica of a `ModelSpec`'s Keras network, its optimizer and LR schedule, on the CPU.
+    """One replica of a `ModelSpec`'s Keras network, its optimizer and LR schedule, on the CPU
+    or on the trainer's GPU (the only one TensorFlow sees in its process).
 
     Gradients live in one flat float32 numpy array (`gradient_buffer`), which fleet's host
     collectives reduce in place; the optimizer (`FlatOptimizer`) updates a flat copy of the
@@ -83,12 +110,12 @@ class TensorFlowEngine(Engine):
         model: the concrete model; `model.seed` seeds the initial weights and dropout.
         input_shape: ``(channels, height, width)`` of one sample.
         num_classes: number of classes.
-        device: ``cpu`` (the only device of this version).
+        device: ``cpu`` or ``cuda:<i>``.
         threads: TensorFlow's intra- and inter-op thread counts, if TF has not started yet.
         deterministic: TensorFlow's deterministic kernels (process-wide).
 
     Raises:
-        UserError: a device other than the CPU, unknown family, bad params, or an unbuildable user model.
+        UserError: an unusable device, unknown family, bad params, or an unbuildable user model.
     """
 
     codec = CODEC

@@ -12,7 +12,7 @@ from fleet.spec.search import ModelSpec
 
 
 class TensorFlowFramework(Framework):
-    """TensorFlow on the CPU (GPUs come in a later version: `visible_gpus` is 0)."""
+    """TensorFlow on the CPU or one GPU per trainer (`bind_gpu`)."""
 
     name = "tensorflow"
     zoo = ZOO
@@ -29,13 +29,13 @@ class TensorFlowFramework(Framework):
                                 deterministic=deterministic)
 
     def visible_gpus(self) -> int:
-        return 0
+        return len(tf.config.list_physical_devices("GPU"))
 
     def free_device_memory(self, device: str) -> int | None:
-        return None
+        return None  # TF reports what it uses, not what is free
 
     def synchronize(self, device: str) -> None:
-        pass  # CPU only: every operation has finished when it returns
+        pass  # the engine's steps end in host copies (gradients, parameters), which wait for the GPU
 
     def release_memory(self, device: str) -> None:
         gc.collect()  # the dropped engine's variables go now
