@@ -303,9 +303,7 @@ class GroupTraining:
             self.engine.load_flat_buffers((buffers / self.size).astype(np.float32))
 
     def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr) -> StopReason | None:
-        """Evaluate, save, and send the coordinator the epoch's report; `rates` are the group's
-        compute rate and the rate it took samples from its stream (samples/s)."""
-        compute_rate, consumed = rates
+        compute_rate, consumed = rates  # samples/s computed, and taken from the stream
         val_x, val_y = self.ctx.validation
         metrics = self.engine.evaluate(val_x, val_y)
         self.engine.end_epoch()
