@@ -25,33 +25,51 @@ F32 = np.float32
 
 
 def _sgd(opt: "FlatOptimizer", p: np.ndarray, g: np.ndarray, lr: float) -> None:
-    d = g + F32(opt.weight_decay) * p if opt.weight_decay else g.copy()
+    d = opt.scratch(p, 0)
+    np.multiply(p, F32(opt.weight_decay), out=d) if opt.weight_decay else d.fill(0)
+    d += g  # d = g + wd * p
     if opt.momentum:
         if opt.step_count == 1:
-            opt.slots["momentum"] = d
+            opt.slots["momentum"] = d.copy()
         else:
             buf = opt.slots["momentum"]
             buf *= F32(opt.momentum)
             buf += d
         d = opt.slots["momentum"]
-    p -= F32(lr) * d
+    step = opt.scratch(p, 1)
+    np.multiply(d, F32(lr), out=step)
+    p -= step
 
 
 def _adam_update(opt: "FlatOptimizer", p: np.ndarray, g: np.ndarray, lr: float) -> None:
     """The Adam step shared by ``adam`` and ``adamw`` (torch's formulation)."""
     b1, b2 = BETAS
     m, v = opt.slots.setdefault("exp_avg", np.zeros_like(p)), opt.slots.setdefault("exp_avg_sq", np.zeros_like(p))
-    m += (g - m) * F32(1 - b1)  # torch: exp_avg.lerp_(grad, 1 - beta1)
+    work = opt.scratch(p, 1)
+    np.subtract(g, m, out=work)
+    work *= F32(1 - b1)
+    m += work  # torch: exp_avg.lerp_(grad, 1 - beta1)
     v *= F32(b2)
-    v += F32(1 - b2) * g * g
+    np.multiply(g, F32(1 - b2), out=work)
+    work *= g
+    v += work
     t = opt.step_count
     bias1, bias2 = 1 - b1**t, 1 - b2**t
-    denom = np.sqrt(v) / F32(np.sqrt(bias2)) + F32(EPS)
-    p -= F32(lr / bias1) * (m / denom)
+    np.sqrt(v, out=work)
+    work /= F32(np.sqrt(bias2))
+    work += F32(EPS)  # the denominator
+    np.divide(m, work, out=work)
+    work *= F32(lr / bias1)
+    p -= work
 
 
 def _adam(opt: "FlatOptimizer", p: np.ndarray, g: np.ndarray, lr: float) -> None:
-    _adam_update(opt, p, g + F32(opt.weight_decay) * p if opt.weight_decay else g, lr)
+    if opt.weight_decay:
+        decayed = opt.scratch(p, 0)
+        np.multiply(p, F32(opt.weight_decay), out=decayed)
+        decayed += g
+        g = decayed
+    _adam_update(opt, p, g, lr)
 
 
 def _adamw(opt: "FlatOptimizer", p: np.ndarray, g: np.ndarray, lr: float) -> None:
@@ -78,6 +96,13 @@ class FlatOptimizer:
         self.momentum, self.weight_decay = float(train.momentum), float(train.weight_decay)
         self.step_count = 0
         self.slots: dict[str, np.ndarray] = {}
+        self._scratch: list[np.ndarray] = []  # work arrays, so that a step allocates nothing
+
+    def scratch(self, like: np.ndarray, index: int) -> np.ndarray:
+        """Work array `index` (0 or 1) of `like`'s size; its contents are the caller's to set."""
+        if not self._scratch or self._scratch[0].shape != like.shape:
+            self._scratch = [np.empty_like(like), np.empty_like(like)]
+        return self._scratch[index]
 
     def step(self, params: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Update `params` in place from `grads` at learning rate `lr`."""
