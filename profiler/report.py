@@ -16,11 +16,12 @@ from fleet.report.gantt import write_gantt
 from fleet.report.plan_text import render_plan
 from fleet.report.table import format_duration, format_table
 from fleet.runtime.control.rates_source import epochs_estimate
-from fleet.schedule import Overheads, lower_bounds, simulate, whole_epochs
+from fleet.schedule import lower_bounds, simulate, whole_epochs
+from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule_io import load_profile, plan_document, profile_scenario, write_json
 
 POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
-CHECKPOINT_LATENCY_S = 0.5  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
+CHECKPOINT_LATENCY_S = PREDICTION_COSTS.latency_s  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
 
 
 def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None):
@@ -31,13 +32,19 @@ def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None)
 
 
 def predict(spec, scenario, policies=POLICIES) -> dict:
-    """Simulated runs of `policies` and the spec's policy on `scenario`: ``{policy: SimResult}``;
-    the spec's policy runs with the spec's options, the others with their defaults."""
-    overheads = Overheads(latency_s=CHECKPOINT_LATENCY_S)
-    out = {}
-    for name in dict.fromkeys([*policies, spec.scheduler.policy]):
-        out[name] = simulate(spec.scheduler.create_policy(spec.seed, name), scenario, overheads)
-    return out
+    """Simulated runs of `policies` and the spec's policy on `scenario` (``auto``: every policy
+    it chooses from): ``{policy: SimResult}``; the spec's policy runs with the spec's options,
+    the others with their defaults."""
+    own = list(CANDIDATES) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
+    return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, PREDICTION_COSTS)
+            for name in dict.fromkeys([*policies, *own])}
+
+
+def spec_policy(spec, results: dict) -> str:
+    """The policy the spec runs: its own, or the one ``auto`` chooses on `results` (`predict`'s)."""
+    if spec.scheduler.policy != AUTO:
+        return spec.scheduler.policy
+    return pick({name: result.makespan for name, result in results.items()}).name
 
 
 def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
@@ -47,7 +54,7 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     gpus = spec.cluster.gpus
     scenario = _scenario(rates, spec, gpus)
     results = predict(spec, scenario)
-    chosen = spec.scheduler.policy
+    chosen = spec_policy(spec, results)
     lb2 = lower_bounds(rates, scenario.true_epochs, gpus).lb2
     plan = plan_document(results[chosen], rates.gpus_per_node, "max-epochs", lb2)
     write_json(run_dir / "plan.json", plan)
@@ -57,6 +64,8 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
         "--max-epochs for every model", "each model's max_epochs")]
     lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs (checkpoints modelled at "
               f"{CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s):", _policy_table(results)]
+    if spec.scheduler.policy == AUTO:
+        lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}).describe())
     failures = rates.extra.get("failures", [])
     if failures:
         lines += ["", "left out of the plan (profiling failed):"] + [f"  {f}" for f in summarize_failures(failures)]
@@ -77,7 +86,8 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
 def planned(spec, rates, epochs: Mapping[str, float] | None = None) -> dict:
     """The spec's policy's predicted plan (a ``plan.json`` dict) at `rates`, each model
     training its `epochs` where given, else its max_epochs (or the profile's ``epochs``)."""
-    result = predict(spec, _scenario(rates, spec, spec.cluster.gpus, epochs), policies=())[spec.scheduler.policy]
+    results = predict(spec, _scenario(rates, spec, spec.cluster.gpus, epochs), policies=())
+    result = results[spec_policy(spec, results)]
     return plan_document(result, rates.gpus_per_node, "given" if epochs else "max-epochs")
 
 
@@ -94,7 +104,8 @@ def preprocessors_for(spec, rates) -> tuple[int, float] | None:
     when the profile measured none."""
     if not rates.extra.get("preprocessing", {}).get("samples_per_s"):
         return None
-    result = predict(spec, _scenario(rates, spec, spec.cluster.gpus), policies=())[spec.scheduler.policy]
+    results = predict(spec, _scenario(rates, spec, spec.cluster.gpus), policies=())
+    result = results[spec_policy(spec, results)]
     return _preprocessors_needed(plan_document(result, rates.gpus_per_node, "max-epochs"), rates, spec)
 
 

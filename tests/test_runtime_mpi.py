@@ -237,7 +237,7 @@ def test_six_ranks_two_virtual_nodes_reflotillation(tmp_path):
     assert nodes == {0, 1}
 
 
-@pytest.mark.parametrize("policy", ["baseline", "fleet-l", "homogeneous", "fleet-adaptive"])
+@pytest.mark.parametrize("policy", ["baseline", "fleet-l", "homogeneous", "fleet-adaptive", "auto"])
 def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     """2 virtual nodes x (3 trainers + 1 preprocessor), emulated, each policy."""
     rates, epochs = emulated_workload(7, seed=3, low=1500, high=4000)
@@ -254,6 +254,11 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     assert epochs_by_model(run_dir) == {m: list(range(1, e + 1)) for m, e in epochs.items()}
     if policy == "homogeneous":  # one stream over both nodes: some chunks in place, some as bytes
         assert 0 < res["chunks_in_shared_memory"] < res["samples_decoded"] / 64
+    if policy == "auto":  # it ran the candidate with the lowest predicted makespan, and says so
+        choice = res["policy_choice"]
+        assert set(choice["predicted_makespan_s"]) == {"fleet-g", "fleet-adaptive", "fleet-l", "homogeneous", "baseline"}
+        assert res["policy"] == choice["chosen"] == min(choice["predicted_makespan_s"], key=choice["predicted_makespan_s"].get)
+        assert [e["policy"] for e in events(run_dir) if e["event"] == "run_start"] == [res["policy"]]
     if policy == "baseline":  # every model has its own stream, which ends where its model does
         assert res["samples_decoded"] == sum(epochs.values()) * n
         streams = [e for e in events(run_dir) if e["event"] == "stream_start"]

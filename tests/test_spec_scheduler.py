@@ -24,7 +24,7 @@ def scheduler_error(**scheduler) -> str:
 
 def test_policy_names_are_the_registrys():
     message = scheduler_error(policy="fleet-x")
-    assert message == f"scheduler.policy: unknown policy 'fleet-x' (valid: {', '.join(REGISTRY)})"
+    assert message == f"scheduler.policy: unknown policy 'fleet-x' (valid: auto, {', '.join(REGISTRY)})"
     for name in REGISTRY:
         assert parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
                            "scheduler": {"policy": name}}).scheduler.policy == name
@@ -40,18 +40,28 @@ def test_an_option_the_policy_does_not_take_names_the_field_and_the_policy():
 
 def test_a_key_no_policy_takes_is_unknown_with_the_valid_keys():
     assert scheduler_error(alpah=0.5) == (
+        "scheduler.alpah: unknown key (valid keys: policy, profile, profile_batches, profile_timed)")
+    assert scheduler_error(policy="fleet-g", alpah=0.5) == (
         "scheduler.alpah: unknown key (valid keys: alpha, delta, policy, profile, profile_batches, profile_timed)")
     assert scheduler_error(policy="baseline", options={}).startswith("scheduler.options: unknown key")
 
 
+def test_the_default_policy_auto_takes_no_options():
+    assert parse_spec(doc()).scheduler.policy == "auto" and parse_spec(doc()).scheduler.options == {}
+    assert scheduler_error(alpha=0.5) == (
+        "scheduler.alpha: policy auto (the default) takes no options: name the policy they are for (e.g. policy: fleet-g)")
+    with pytest.raises(ValueError, match="choose one first"):
+        parse_spec(doc()).scheduler.create_policy(0)
+
+
 def test_values_are_checked_by_the_policys_rules():
-    assert scheduler_error(alpha=0) == "scheduler.alpha: must be a number > 0 and <= 1, got 0"
+    assert scheduler_error(policy="fleet-g", alpha=0) == "scheduler.alpha: must be a number > 0 and <= 1, got 0"
     assert scheduler_error(policy="fleet-l", delta="fast") == "scheduler.delta: must be a number > 0, or null, got 'fast'"
     assert scheduler_error(policy="fleet-adaptive", window=0) == "scheduler.window: must be an integer >= 1, got 0"
 
 
 def test_options_not_written_take_the_policys_defaults():
-    assert parse_spec(doc()).scheduler.options == {"alpha": 0.8, "delta": None}
+    assert parse_spec(doc(policy="fleet-g")).scheduler.options == {"alpha": 0.8, "delta": None}
     assert parse_spec(doc(policy="baseline")).scheduler.options == {}
     adaptive = parse_spec(doc(policy="fleet-adaptive", window=3)).scheduler
     assert adaptive.options["window"] == 3 and adaptive.options["target_factor"] == 1.15
@@ -84,7 +94,7 @@ def test_the_resolved_spec_writes_options_beside_the_policy_and_reads_back():
 
 def test_the_python_api_takes_the_same_keys():
     assert SchedulerSpec(policy="fleet-g", alpha=0.6).options == {"alpha": 0.6, "delta": None}
-    assert SchedulerSpec().options == {"alpha": 0.8, "delta": None}
+    assert SchedulerSpec().options == {} and SchedulerSpec().policy == "auto"
 
 
 def test_the_dry_runs_predictions_run_the_specs_policy_with_its_options():

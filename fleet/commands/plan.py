@@ -15,6 +15,7 @@ from pathlib import Path
 from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
 from fleet.report.plan_text import render_plan
 from fleet.schedule import POLICIES, Overheads, Policy, create_policy, lower_bounds, simulate, whole_epochs
+from fleet.schedule.choice import AUTO, choose_policy
 from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
 from fleet.spec import load_spec
 from profiler.report import decode_limit_line
@@ -47,12 +48,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     gpus = args.gpus
-    policy = policy_of(args)
+    make_policy = PolicyMaker(args)
     rates = load_profile(args.profile)
     estimates, source = epochs_from_profile(rates, args.max_epochs, args.profile)
     truth = whole_epochs(estimates)
     scenario = profile_scenario(rates, truth, estimates, gpus)
-    result = simulate(policy, scenario, Overheads())
+    name = args.policy or make_policy.spec_policy
+    if name == AUTO:
+        choice = choose_policy(make_policy, scenario, Overheads())
+        print(f"policy auto: {choice.describe()}")
+        name = choice.name
+    result = simulate(make_policy(name), scenario, Overheads())
     lb2 = lower_bounds(rates, truth, gpus).lb2
     document = plan_document(result, rates.gpus_per_node, source, lb2)
     out = Path(args.out) if args.out else Path(args.profile).resolve().parent / "plan.json"
@@ -66,10 +72,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def policy_of(args: argparse.Namespace) -> Policy:
-    """The policy to plan with: the spec's (``--spec``), with its options where it is the
-    spec's own policy; else ``--policy`` with its defaults."""
-    if args.spec is None:
-        return create_policy(args.policy or DEFAULT_POLICY, seed=0 if args.seed is None else args.seed)
-    spec = load_spec(args.spec, check_paths=False)
-    return spec.scheduler.create_policy(spec.seed if args.seed is None else args.seed, args.policy)
+class PolicyMaker:
+    """``name -> Policy`` for planning: with ``--spec``, the spec's options for its own policy
+    and its seed; else every policy with its defaults. `spec_policy`: the spec's policy name
+    (``--spec``), else the default."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.spec = load_spec(args.spec, check_paths=False) if args.spec else None
+        self.seed = args.seed if args.seed is not None else (self.spec.seed if self.spec else 0)
+        self.spec_policy = self.spec.scheduler.policy if self.spec else DEFAULT_POLICY
+
+    def __call__(self, name: str) -> Policy:
+        if self.spec is None:
+            return create_policy(name, seed=self.seed)
+        return self.spec.scheduler.create_policy(self.seed, name)

@@ -42,6 +42,7 @@ class RunResult:
     validation_samples_decoded: int = 0
     chunks_in_shared_memory: int = 0  # chunks whose root master read them in place (fleet.runtime.data.shm)
     interrupted: bool = False  # stopped by the checkpoint signal; run again to resume
+    policy_choice: dict = field(default_factory=dict)  # policy auto: chosen, predicted_makespan_s per candidate
 
 
 def _finite(value: float | None) -> float | None:

@@ -54,7 +54,7 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
     models = standings(events, spec.models, story)
     figures = _draw(run_dir, spec, story, models, prediction, slot)
     sections = [
-        ("summary", html_page.key_values(_summary(spec, story, models, prediction, slot))),
+        ("summary", html_page.key_values(_summary(spec, events, story, models, prediction, slot))),
         ("leaderboard (click a column to sort)", html_page.leaderboard_table(models)),
         ("learning curves", "".join(html_page.figure(f) for f in figures[:2])),
         ("what ran where", "".join(html_page.figure(f) for f in figures[2:4])),
@@ -103,13 +103,15 @@ def _per_model_samples(models: list[ModelResult]) -> int:
     return sum(int(e.get("samples") or 0) for m in models for e in m.history)
 
 
-def _summary(spec, story: RunStory, models: list[ModelResult], prediction: Prediction | None, slot: str) -> list:
+def _summary(spec, events: Sequence[Mapping], story: RunStory, models: list[ModelResult],
+             prediction: Prediction | None, slot: str) -> list:
     converged = sum(m.converged for m in models)
+    policies = [str(e.get("policy")) for e in events if e.get("event") == "run_start" and e.get("policy")]
     rows = [
         ("state", {"finished": "finished", "interrupted": "interrupted (checkpointed; run again to resume)",
                    "killed": "stopped without finishing (killed?); run again to resume",
                    "running": "running"}.get(story.state, story.state)),
-        ("policy", str(spec.scheduler.policy)),
+        ("policy", policies[-1] if policies else str(spec.scheduler.policy)),
         ("cluster", f"{spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} {slot}(s), {spec.cluster.device.value}"),
         ("models", f"{len(models)}, {converged} converged; {sum(m.epochs for m in models)} epochs trained"),
         ("jobs", f"{len(story.jobs)} (the first and each resume)"),

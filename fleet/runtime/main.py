@@ -375,21 +375,23 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     log = EventLog(run_dir / "events.jsonl")
     started = time.monotonic()
     startup_s = started - ctx.extras["process_start"]
-    log.write("run_start", startup_s=startup_s, policy=spec.scheduler.policy, gpus=spec.cluster.gpus, ranks=ctx.world.size,
+    if plan.choice is not None:
+        console.banner(f"policy auto: {plan.choice.describe()}")
+    log.write("run_start", startup_s=startup_s, policy=plan.policy_name, gpus=spec.cluster.gpus, ranks=ctx.world.size,
               models=len(spec.models), resumed=plan.resumed, already_converged=plan.already_converged,
               rates=plan.rates_source, device=spec.cluster.device.value, collective=collective)
     console.banner(
         f"fleet: {spec.name}: {len(plan.ledger.views)} of {len(spec.models)} models to train with "
-        f"{spec.scheduler.policy} on {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} "
+        f"{plan.policy_name} on {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} "
         f"{spec.cluster.device.value} trainer(s), {len(ctx.topology.preprocessor_ranks())} preprocessor(s); "
         f"rates {plan.rates_source}; groups reduce with {collective}"
     )
 
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
-                              make_policy=lambda: policy_for(spec))
+                              make_policy=lambda: policy_for(spec, plan.policy_name))
     coordinator.run()
     makespan = time.monotonic() - started
-    result = write_run(spec, run_dir, coordinator, makespan, startup_s)
+    result = write_run(spec, run_dir, coordinator, makespan, startup_s, plan)
     log.write("run_end", makespan=makespan, rounds=result.rounds, samples_decoded=result.samples_decoded,
               interrupted=result.interrupted)
     log.close()

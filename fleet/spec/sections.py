@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 from fleet.runtime.train.collectives import kinds as collective_kinds
 from fleet.schedule import Policy
 from fleet.schedule.options import OptionError
+from fleet.schedule.choice import AUTO
 from fleet.schedule.planners import POLICIES as POLICY_REGISTRY, create_policy, policy_class, policy_options
 from fleet.spec._base import Section, at_most, field_error, shown, valid_keys
 
@@ -238,10 +239,11 @@ class SchedulerSpec(Section):
     A policy's options (its ``Options`` in `fleet.schedule.planners`, e.g. fleet-g's `alpha`
     and `delta`) are written beside `policy`; those not written take the policy's defaults,
     and an option the policy does not take is an error naming it. `options` holds them all,
-    checked by the policy's own declaration.
+    checked by the policy's own declaration. ``auto`` (the default) runs the policy predicted
+    to finish first (`fleet.schedule.choice`), with its defaults: it takes no options.
     """
 
-    policy: str = "fleet-g"  # a name in the policies' registry (checked below, so a new entry counts)
+    policy: str = AUTO  # auto, or a name in the policies' registry (checked below, so a new entry counts)
     options: dict[str, Any] = {}
     profile: bool = True  # measure rates first when the run directory has no matching profile.json
     profile_batches: PositiveInt = 48
@@ -258,6 +260,10 @@ class SchedulerSpec(Section):
         name = data.get("policy", cls.model_fields["policy"].default)
         written = {key: value for key, value in data.items() if key not in own}
         rest = {key: value for key, value in data.items() if key in own}
+        if name == AUTO and written:
+            _known_keys(cls, written)
+            raise field_error(next(iter(written)), "policy auto (the default) takes no options: name the policy "
+                                                   "they are for (e.g. policy: fleet-g)")
         if not (isinstance(name, str) and name in POLICY_REGISTRY):
             return {**rest, "options": written}
         return {**rest, "options": _checked_options(name, written)}
@@ -265,8 +271,8 @@ class SchedulerSpec(Section):
     @field_validator("policy")
     @classmethod
     def _registered(cls, name: str) -> str:
-        if name not in POLICY_REGISTRY:
-            raise ValueError(f"unknown policy {name!r} (valid: {', '.join(POLICY_REGISTRY)})")
+        if name != AUTO and name not in POLICY_REGISTRY:
+            raise ValueError(f"unknown policy {name!r} (valid: {AUTO}, {', '.join(POLICY_REGISTRY)})")
         return name
 
     @model_serializer(mode="wrap")
@@ -293,17 +299,23 @@ class SchedulerSpec(Section):
         profile``'s predictions, ``fleet plan --spec``).
         """
         name = self.policy if name is None else name
+        if name == AUTO:
+            raise ValueError("policy auto is a choice among policies: choose one first (fleet.schedule.choice)")
         return create_policy(name, seed=seed, **(self.options if name == self.policy else {}))
+
+
+def _known_keys(section: type, written: dict[Any, Any], taken: tuple[str, ...] = ()) -> None:
+    """Raise for a key beside `policy` that is no field and no policy's option."""
+    for key in written:
+        if not any(key in cls.Options.names() for cls in POLICY_REGISTRY.values()):
+            valid = sorted({*valid_keys(section), *taken} - {"options"})
+            raise PydanticCustomError("unknown_key", "unknown key (valid keys: {valid})",
+                                      {"key": str(key), "valid": ", ".join(valid)})
 
 
 def _checked_options(policy: str, written: dict[Any, Any]) -> dict[str, Any]:
     """The options of `policy`, `written` ones checked and the others at their defaults."""
-    taken = policy_class(policy).Options
-    for key in written:
-        if not any(key in cls.Options.names() for cls in POLICY_REGISTRY.values()):
-            valid = sorted({*valid_keys(SchedulerSpec), *taken.names()} - {"options"})
-            raise PydanticCustomError("unknown_key", "unknown key (valid keys: {valid})",
-                                      {"key": str(key), "valid": ", ".join(valid)})
+    _known_keys(SchedulerSpec, written, tuple(policy_class(policy).Options.names()))
     try:
         return policy_options(policy, written).as_dict()
     except OptionError as exc:

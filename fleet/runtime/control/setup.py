@@ -23,7 +23,8 @@ from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
 from fleet.runtime.events import read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
-from fleet.schedule import Policy, RateTable
+from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
+from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, choose_policy
 from fleet.schedule.ledger import Ledger
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec, parse_spec
@@ -40,6 +41,14 @@ class RunPlan:
     records: dict[str, ModelRecord]
     resumed: list[str]
     already_converged: list[str]
+    choice: PolicyChoice | None = None  # policy auto: what it chose and why
+    policy_name: str = ""
+
+    def choice_record(self) -> dict:
+        """What results.json says of `policy: auto`'s choice ({} for a policy the spec named)."""
+        if self.choice is None:
+            return {}
+        return {"by": AUTO, "chosen": self.choice.name, "predicted_makespan_s": self.choice.predicted_s}
 
 
 def check_same_ensemble(run_dir: Path, spec: Spec) -> None:
@@ -132,9 +141,25 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
     return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops)), "estimated from FLOPs"
 
 
-def policy_for(spec: Spec) -> Policy:
-    """The spec's policy with the spec's options (see `SchedulerSpec.create_policy`)."""
-    return spec.scheduler.create_policy(spec.seed)
+def policy_for(spec: Spec, name: str | None = None) -> Policy:
+    """Policy `name` (by default the spec's), with the spec's options where it is the spec's
+    own (see `SchedulerSpec.create_policy`)."""
+    return spec.scheduler.create_policy(spec.seed, name)
+
+
+def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
+                  epochs_done: dict[str, int]) -> tuple[Policy, PolicyChoice | None]:
+    """The policy to run and, for `policy: auto`, the choice: the candidate predicted to finish
+    the models still to train first (from where the checkpointed ones stand)."""
+    if spec.scheduler.policy != AUTO:
+        return policy_for(spec), None
+    if not todo.models:
+        return policy_for(spec, CANDIDATES[0]), None
+    scenario = Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(spec.cluster.gpus, todo.gpus_per_node),
+                        decode_rate=decode_rate,
+                        resumed=tuple(float(epochs_done[p.id]) if p.id in epochs_done else None for p in todo.models))
+    choice = choose_policy(lambda name: policy_for(spec, name), scenario)
+    return policy_for(spec, choice.name), choice
 
 
 def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
@@ -159,9 +184,12 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
         record.gpu_seconds = checkpoint.gpu_seconds
 
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
-    ledger = Ledger(todo, epochs_estimate(todo, spec), spec.cluster.gpus, spec.cluster.gpus_per_node,
+    estimates = epochs_estimate(todo, spec)
+    ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node,
                     epochs_done, paused=resumed, decode_rate=decode_rate)
-    return RunPlan(todo, source, policy_for(spec), ledger, records, resumed, converged)
+    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done)
+    name = choice.name if choice else (CANDIDATES[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
+    return RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name)
 
 
 def epoch_limits(spec: Spec, rates: RateTable) -> dict[str, int]:
@@ -191,11 +219,12 @@ def model_result(model_id: str, record: ModelRecord, metric: str) -> ModelResult
     )
 
 
-def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s: float) -> RunResult:
+def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s: float,
+              plan: RunPlan) -> RunResult:
     """results.json, leaderboard.csv and plan.json of a finished run."""
     account, membership = coordinator.account, coordinator.membership
     models = [model_result(m.id, account.records[m.id], m.train.stop.metric.value) for m in spec.models]
-    policy = spec.scheduler.policy
+    policy = plan.policy_name
     result = RunResult(
         name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=makespan,
         rounds=coordinator.ledger.round + 1, samples_decoded=membership.samples_decoded,
@@ -205,10 +234,11 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         chunks_in_shared_memory=membership.chunks_shared,
         interrupted=coordinator.interrupted,
         models=models,
+        policy_choice=plan.choice_record(),
     )
     write_results(run_dir, result)
-    plan = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
-    atomic_write_json(run_dir / "plan.json", plan)
+    rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
+    atomic_write_json(run_dir / "plan.json", rounds)
     return result
 
 
@@ -219,7 +249,9 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
     store = CheckpointStore(run_dir)
     kept = {m.id: (store.latest_info(m.id) or {}).get("epochs", 0) for m in spec.models}
+    policy = spec.scheduler.policy
     for event in read_events(run_dir / "events.jsonl"):
+        policy = event.get("policy", policy) if event.get("event") == "run_start" else policy  # auto's choice
         record = records.get(event.get("model"))
         if record is None:
             continue
@@ -231,7 +263,7 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
         elif event["event"] == "member_left":
             record.gpu_seconds, record.parameters = event["gpu_seconds"], event["parameters"]
     models = [model_result(m.id, records[m.id], m.train.stop.metric.value) for m in spec.models]
-    result = RunResult(name=spec.name, policy=spec.scheduler.policy, gpus=spec.cluster.gpus, makespan_s=0.0,
+    result = RunResult(name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=0.0,
                        rounds=0, samples_decoded=0, overhead_s={}, models=models, interrupted=True)
     write_results(run_dir, result)
     return result
