@@ -132,6 +132,8 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
         (["simulate", "--workload", "paper7", "--gpus", "4"], "--workload: unknown 'paper7'; valid: paper100"),
         (["simulate", "{profile}", "--gpus", "4,x"], "--gpus: expected positive integers"),
         (["simulate", "{profile}", "--gpus", "4", "--seeds", "0"], "--seeds: expected a positive integer"),
+        (["simulate", "{profile}", "--gpus", "4", "--noise-model", "stop-rule"], "need a built-in --workload"),
+        (["simulate", "{profile}", "--gpus", "4", "--models", "8"], "need a built-in --workload"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):
@@ -170,3 +172,14 @@ def test_simulate_builtin_workload(tmp_path, fleet_cli):
     done = fleet_cli("simulate", "--workload", "paper100", "--gpus", "40", "--policies", "fleet-g", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "workload paper100" in done.stdout and "fleet-g" in done.stdout
+
+
+def test_simulate_scale_workload_under_the_stop_rule_noise_model(tmp_path, fleet_cli):
+    done = fleet_cli("simulate", "--workload", "scale", "--models", "30", "--gpus", "12", "--policies",
+                     "fleet-adaptive", "--noise-model", "stop-rule", "--estimate-noise", "0.3", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["input"] == "workload scale (30 models), stop-rule noise"
+    assert document["noise_model"] == "stop-rule" and document["estimate_noise"] == 0.3
+    assert [r["policy"] for r in document["rows"]] == ["fleet-adaptive"]
+    assert document["rows"][0]["makespan_lb2"] >= 1 - 1e-9

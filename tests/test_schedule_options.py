@@ -32,7 +32,7 @@ def test_an_option_of_another_policy_is_refused():
 def test_options_not_given_take_the_declared_defaults():
     assert policy_options("fleet-g", {}) == FleetGlobalOptions(alpha=0.8, delta=None)
     chosen = policy_options("fleet-adaptive", {"window": 3})
-    assert chosen == FleetAdaptiveOptions(window=3) and chosen.target_factor == 1.15 and chosen.extra_gpus == 2
+    assert chosen == FleetAdaptiveOptions(window=3) and chosen.target_factor == 1.7 and chosen.extra_gpus == 2
     policy = create_policy("fleet-g")
     assert (policy.alpha, policy.delta) == (0.8, None)
 

@@ -64,7 +64,7 @@ def test_options_not_written_take_the_policys_defaults():
     assert parse_spec(doc(policy="fleet-g")).scheduler.options == {"alpha": 0.8, "delta": None}
     assert parse_spec(doc(policy="baseline")).scheduler.options == {}
     adaptive = parse_spec(doc(policy="fleet-adaptive", window=3)).scheduler
-    assert adaptive.options["window"] == 3 and adaptive.options["target_factor"] == 1.15
+    assert adaptive.options["window"] == 3 and adaptive.options["target_factor"] == 1.7
     assert adaptive.options["match_tolerance"] == 0.10 and adaptive.options["extra_gpus"] == 2
 
 

@@ -4,7 +4,9 @@ Input is a profile (``profile.json``) or a built-in workload (``--workload paper
 each GPU count and policy it prints the makespan, the speedups over Baseline and over
 Homogeneous, the makespan relative to the two lower bounds, rounds, mean GPU wait and the
 samples decoded relative to Baseline (averaged over ``--seeds`` seeds), and can draw the
-paper-style charts.
+paper-style charts. ``--workload scale --models 1000`` is a large synthetic ensemble;
+``--noise-model stop-rule`` takes the true epochs from each model's learning curve
+(:mod:`fleet.schedule.noise`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fleet.report.schedule_charts import write_schedule_charts
 from fleet.report.table import format_duration, format_table
 from fleet.schedule import POLICIES, WORKLOADS, Scenario, noisy_estimates, whole_epochs
 from fleet.schedule.compare import compare, summarize
+from fleet.schedule.noise import NOISE_MODELS, noisy_scenario
 from fleet.schedule_io import epochs_from_profile, load_profile, profile_scenario
 
 DEFAULT_POLICIES = "baseline,homogeneous,fleet-l,fleet-g"
@@ -30,7 +33,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Simulate policies on a profile or a built-in workload and compare them.",
     )
     parser.add_argument("profile", nargs="?", help="profile.json (or use --workload)")
-    parser.add_argument("--workload", help="built-in workload instead of a profile (paper100)")
+    parser.add_argument("--workload", help=f"built-in workload instead of a profile ({', '.join(WORKLOADS)})")
+    parser.add_argument("--models", type=positive_int, help="models in the built-in workload (paper100: 100, scale: 1000)")
     parser.add_argument("--gpus", required=True, type=positive_int_list, help="GPU counts, e.g. 20,40,80")
     parser.add_argument(
         "--policies", default=DEFAULT_POLICIES.split(","), type=names_of(POLICIES),
@@ -42,6 +46,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--estimate-noise", default=0.0, type=fraction, help="multiply each epoch estimate by U(1-x, 1+x)"
+    )
+    parser.add_argument(
+        "--noise-model", default="uniform", choices=NOISE_MODELS,
+        help="uniform: estimates x U(1-x, 1+x); stop-rule: true epochs from each model's learning curve and "
+             "the stop rule, the curve reported every epoch, estimates as uniform (built-in workloads only)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--chart", help="write a PNG with speedup and GPU-time charts")
@@ -56,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if args.chart:
         _chart(summary, args.chart, label)
     if args.json:
-        print(json.dumps({"input": label, "seeds": seeds, "estimate_noise": noise, "rows": summary}, indent=1))
+        document = {"input": label, "seeds": seeds, "estimate_noise": noise, "rows": summary}
+        print(json.dumps(document if args.noise_model == "uniform" else {**document, "noise_model": args.noise_model},
+                         indent=1))
     else:
         print(_render(summary, label, seeds, noise, args.chart))
     return 0
@@ -69,14 +80,15 @@ def _scenarios(args: argparse.Namespace, noise: float):
     if args.workload is not None:
         if args.workload not in WORKLOADS:
             raise UserError(f"--workload: unknown {args.workload!r}; valid: {', '.join(WORKLOADS)}")
-        make = WORKLOADS[args.workload]
+        make, sized = WORKLOADS[args.workload], {} if args.models is None else {"models": args.models}
 
         def from_workload(gpus: int, seed: int) -> Scenario:
-            workload = make(seed)
-            estimates = noisy_estimates(workload.true_epochs, seed, noise) if noise else None
-            return workload.scenario(gpus, estimates)
+            return noisy_scenario(make(seed, **sized), gpus, seed, noise, args.noise_model)
 
-        return from_workload, f"workload {args.workload}"
+        label = f"workload {args.workload}" + (f" ({args.models} models)" if args.models else "")
+        return from_workload, label + ("" if args.noise_model == "uniform" else ", stop-rule noise")
+    if args.noise_model != "uniform" or args.models is not None:
+        raise UserError("simulate: --noise-model stop-rule and --models need a built-in --workload")
     rates = load_profile(args.profile)
     epochs, source = epochs_from_profile(rates, args.max_epochs, args.profile)
     truth = whole_epochs(epochs)

@@ -37,7 +37,8 @@ from fleet.schedule.rates import (
     threshold_gpus,
 )
 from fleet.schedule.simulator import Cluster, Scenario, SimResult, Timeline, simulate, whole_epochs
-from fleet.schedule.workloads import WORKLOADS, Workload, noisy_estimates, paper100
+from fleet.schedule.workloads import WORKLOADS, Workload, noisy_estimates, paper100, scale
+from fleet.schedule.noise import NOISE_MODELS, noisy_scenario
 
 __all__ = [
     "END_ROUND", "NO_DECISION", "CheckpointCompleted", "ClusterView", "Decision", "EpochCompleted",
@@ -47,5 +48,6 @@ __all__ = [
     "place", "OptionError", "PolicyOptions", "PAPER_POLICIES", "POLICIES", "create_policy", "policy_options",
     "ModelProfile", "ProfileFormatError",
     "RateTable", "extrapolate_rate", "threshold_gpus", "Cluster", "Scenario", "SimResult", "whole_epochs",
-    "Timeline", "simulate", "WORKLOADS", "Workload", "noisy_estimates", "paper100",
+    "Timeline", "simulate", "WORKLOADS", "Workload", "noisy_estimates", "paper100", "scale",
+    "NOISE_MODELS", "noisy_scenario",
 ]

@@ -186,12 +186,15 @@ class EpochCompleted:
         time: when, in seconds since the start.
         samples_per_s: the model's own measured training rate on its GPUs (compute only,
             not slowed by waiting for a slower stream member).
+        metric: the validation metric the stop rule watches after this epoch, lower is
+            better (a loss; an accuracy negated); None where the driver does not report it.
     """
 
     model: str
     epoch: int
     time: float
     samples_per_s: float
+    metric: float | None = None
 
 
 @dataclass(frozen=True)

@@ -112,10 +112,11 @@ class Driver:
         while self._later:
             self._deliver(self._later.popleft())
 
-    def epoch_completed(self, model: str, epoch: int, samples_per_s: float) -> None:
-        """A running model finished an epoch that was not its last."""
+    def epoch_completed(self, model: str, epoch: int, samples_per_s: float, metric: float | None = None) -> None:
+        """A running model finished an epoch that was not its last (`metric`: the stop rule's
+        validation metric after it, lower is better, where the world knows it)."""
         self.ledger.epoch_done(model, epoch)
-        self._notify(EpochCompleted(model, epoch, self.world.now(), samples_per_s))
+        self._notify(EpochCompleted(model, epoch, self.world.now(), samples_per_s, metric))
 
     def converged(self, model: str, epochs: int, samples_per_s: float) -> None:
         """A model finished its last epoch; its GPUs are free from now on."""

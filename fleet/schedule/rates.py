@@ -159,8 +159,7 @@ class RateTable:
         cached = self._cache.get(("matrix", max_gpus))
         if cached is None:
             cached = np.array(
-                [[p.rate(m, self.gpus_per_node) for m in range(1, max_gpus + 1)] for p in self.models],
-                dtype=float,
+                [_rate_row(p.rates, max_gpus, self.gpus_per_node) for p in self.models], dtype=float
             ).reshape(len(self.models), max_gpus)
             cached.setflags(write=False)
             self._cache[("matrix", max_gpus)] = cached
@@ -205,6 +204,20 @@ class RateTable:
         profiles = tuple(_model_from_dict(entry, f"models[{k}]") for k, entry in enumerate(models))
         extra = {k: v for k, v in data.items() if k not in _KNOWN_TOP_KEYS}
         return cls(profiles, gpn, samples, extra)
+
+
+def _rate_row(measured: Sequence[float], max_gpus: int, gpus_per_node: int) -> list[float]:
+    """``extrapolate_rate(measured, m, gpus_per_node)`` for ``m = 1..max_gpus``, the same
+    floats, without a call per entry (a 1,000-GPU table has a million of them)."""
+    known = [float(r) for r in measured[:max_gpus]]
+    if max_gpus <= len(measured):
+        return known
+    anchor = min(2 * gpus_per_node, len(measured))
+    if anchor < 2:
+        return known + [float(measured[0])] * (max_gpus - len(measured))
+    r_b, r_b1 = float(measured[anchor - 1]), float(measured[anchor - 2])
+    decay = (r_b / r_b1) * (anchor - 1) / anchor
+    return known + [m * r_b / anchor * decay ** (m - anchor) for m in range(len(measured) + 1, max_gpus + 1)]
 
 
 def _replace_epochs(profile: ModelProfile, epochs: float | None) -> ModelProfile:

@@ -104,6 +104,9 @@ class Scenario:
         resumed: for a run resumed from checkpoints, per model the epochs it had trained
             (fractional: a partial epoch carries over; the model starts ``PAUSED``), or None
             for one that never started (``PENDING``); empty: a fresh run.
+        curves: per model, the validation metric (lower is better) after each of its epochs,
+            at least ``true_epochs`` of them, reported with every epoch (the stop-rule noise
+            model); empty: epochs report no metric.
     """
 
     rates: RateTable
@@ -113,6 +116,7 @@ class Scenario:
     planning_rates: RateTable | None = None
     decode_rate: float | None = None
     resumed: tuple[float | None, ...] = ()
+    curves: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)
@@ -126,6 +130,8 @@ class Scenario:
             raise ValueError("decode_rate must be positive (or None)")
         if self.resumed and len(self.resumed) != n:
             raise ValueError("resumed needs one entry per model (or none)")
+        if self.curves and (len(self.curves) != n or any(len(c) < e for c, e in zip(self.curves, self.true_epochs))):
+            raise ValueError("curves needs one entry per model, each at least as long as its true epochs")
         for done, epochs in zip(self.resumed, self.true_epochs):
             if done is not None and not 0 <= done < epochs:
                 raise ValueError(f"a resumed model must have trained 0 to fewer than its {epochs} epochs, not {done}")
@@ -287,6 +293,7 @@ def resumed_scenario(scenario: Scenario, result: SimResult) -> Scenario | None:
         scenario, rates=subset(scenario.rates), planning_rates=subset(scenario.planning_rates),
         true_epochs=tuple(scenario.true_epochs[i] for i in keep),
         epochs_estimate=tuple(scenario.epochs_estimate[i] for i in keep), resumed=resumed,
+        curves=tuple(scenario.curves[i] for i in keep) if scenario.curves else (),
     )
 
 
@@ -580,7 +587,7 @@ class _Run:
             return
         stream.push_boundary(model, self.n)
         self._repace(stream)
-        self.driver.epoch_completed(model.id, epoch, model.own_rate)
+        self.driver.epoch_completed(model.id, epoch, model.own_rate, _metric(self.scenario, index, epoch))
 
     def _converge(self, stream: _Stream, model: _Model) -> None:
         rate = model.own_rate
@@ -627,6 +634,12 @@ class _Run:
 
     def _model(self, model_id: str) -> _Model:
         return self.models[self.driver.ledger.rates.index(model_id)]
+
+
+def _metric(scenario: Scenario, index: int, epoch: int) -> float | None:
+    """The validation metric model `index` reports after `epoch`, where the scenario has curves."""
+    return scenario.curves[index][epoch - 1] if scenario.curves else None
+
 
 def _summarize(run: _Run) -> SimResult:
     """The result of a run that ended."""

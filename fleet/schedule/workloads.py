@@ -98,8 +98,34 @@ def paper100(seed: int = 0, models: int = 100) -> Workload:
     return Workload("paper100", table, tuple(int(e) for e in epochs))
 
 
-WORKLOADS = {"paper100": paper100}
-"""Workload generators by name: ``name -> f(seed) -> Workload``."""
+def scale(seed: int = 0, models: int = 1000, gpus_per_node: int = PAPER_GPUS_PER_NODE,
+          rate_range: tuple[float, float] = PAPER_RATE_RANGE,
+          epoch_range: tuple[int, int] = PAPER_EPOCH_RANGE, samples_per_epoch: int = CALTECH256_SAMPLES) -> Workload:
+    """A large synthetic ensemble: ``models`` models whose single-GPU rates are log-uniform in
+    ``rate_range``, epochs uniform in ``epoch_range``, parameter bytes growing as the rate falls
+    (5 M parameters at the fastest, 100 M at the slowest), the paper's scaling curves on
+    nodes of ``gpus_per_node`` GPUs. Seeded like :func:`paper100`."""
+    rng = np.random.default_rng([seed, 1000])
+    low, high = rate_range
+    single = np.exp(rng.uniform(np.log(low), np.log(high), size=models))
+    params = 5e6 * (high / single) ** (np.log(20) / np.log(high / low))
+    epochs = rng.integers(epoch_range[0], epoch_range[1] + 1, size=models)
+    depth = threshold_gpus(single, gpus_per_node)
+    profiles = tuple(
+        ModelProfile(
+            id=f"m{i:05d}",
+            rates=_scaling_curve(single[i], depth, _scaling_loss(single[i], rng), rng, gpus_per_node),
+            epochs=float(epochs[i]),
+            param_bytes=int(params[i] * 4),
+        )
+        for i in range(models)
+    )
+    table = RateTable(profiles, gpus_per_node, samples_per_epoch)
+    return Workload(f"scale{models}", table, tuple(int(e) for e in epochs))
+
+
+WORKLOADS = {"paper100": paper100, "scale": scale}
+"""Workload generators by name: ``name -> f(seed, models=...) -> Workload``."""
 
 
 def _stretch(values: np.ndarray, low: float, high: float) -> np.ndarray:
@@ -116,12 +142,13 @@ def _scaling_loss(single_rate: float, rng: np.random.Generator) -> float:
     return float(0.03 + 0.09 * position + rng.uniform(-0.01, 0.01))
 
 
-def _scaling_curve(single_rate: float, depth: int, loss: float, rng: np.random.Generator) -> tuple[float, ...]:
+def _scaling_curve(single_rate: float, depth: int, loss: float, rng: np.random.Generator,
+                   gpus_per_node: int = PAPER_GPUS_PER_NODE) -> tuple[float, ...]:
     cross_node = rng.uniform(0.04, 0.10)
     curve = []
     for m in range(1, depth + 1):
         rate = single_rate * m / (1 + loss * (m - 1))
-        if m > PAPER_GPUS_PER_NODE:
+        if m > gpus_per_node:
             rate *= 1 - cross_node
         curve.append(round(float(rate), 3))
     return tuple(curve)

@@ -9,6 +9,7 @@ the policy plans; results are kept by a `RunAccount`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -143,12 +144,18 @@ class Coordinator:
         if group_size:
             self.tuner.observe(report.model, group_size, report.samples_per_s)
         if report.stop_reason is None:
-            self.driver.epoch_completed(report.model, report.epoch, report.samples_per_s)
+            self.driver.epoch_completed(report.model, report.epoch, report.samples_per_s, self._stop_metric(report))
             return
         self.membership.leave(self.ledger.model(report.model).stream, report.model)
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
         self.driver.converged(report.model, report.epoch, report.samples_per_s)
+
+    def _stop_metric(self, report: EpochReport) -> float | None:
+        """The model's stop-rule metric after the epoch, lower is better (for the forecasts)."""
+        loss = self.ctx.spec.model(report.model).train.stop.metric.value == "val_loss"
+        value = report.val_loss if loss else -report.val_accuracy
+        return value if math.isfinite(value) else None
 
     def _board_epoch(self, report: EpochReport) -> None:
         """The epoch's TensorBoard scalars; a disk that refuses them stops them, not the run."""

@@ -19,18 +19,29 @@ busy:
    ``min_members`` members per stream: past it, the tolerance widens to ``hard_tolerance``
    before a new stream is opened. Matched rates keep pacing slack low.
 4. **Leftovers.** GPUs left over when the queue empties at a launch go to the new members
-   predicted to finish last, on streams of their own (no checkpoint needed). GPUs freed
-   later go to the running models predicted to finish last -- only when the predicted gain
-   beats ``resize_margin`` times the checkpoint + restore a change of GPU count requires
-   (``Overheads``). Such a model is checkpointed and relaunched with more GPUs, joining a
-   stream that matches its new rate or on a stream of its own.
+   predicted to finish last, on streams of their own (no checkpoint needed).
+5. **The tail.** Once no model waits, the GPUs that come free are water-filled among the
+   running models (`_tail.rebalance`): the earliest common finish they can reach with them
+   (none giving GPUs up) is found, and each model predicted to finish after it grows to the
+   fewest GPUs that finish it by then. A change of GPU count is a checkpoint and a restore, so
+   a model grows only when the latest predicted finish improves by more than
+   ``resize_margin`` times that cost (``Overheads``) and by ``rebalance_gain`` of the time
+   left. A resized model joins a stream that matches its new rate or opens its own. (Taking
+   GPUs back from models far ahead, which `rebalance` can do, was measured on paper100 and
+   lost: four times the checkpoints for a makespan ~0.5 % longer.)
 
 A run resumed from checkpoints queues its partly trained (``PAUSED``) models with the
 untouched ones, by their estimated remaining time.
 
-Estimates are refined as the run goes: a model that outlives its epoch estimate is assumed to
-need one more epoch at a time, and each model's rate curve is rescaled by the ratio of its
-measured to its profiled rate after every epoch.
+Estimates are refined as the run goes (`fleet.schedule.forecast.EpochForecast`): converged
+models tell how far off the estimates are (the ratio of true to estimated epochs), so a
+model's remaining epochs are forecast from the ratios seen above what it already trained
+(``risk_level`` picks the quantile), and where epochs report the stop rule's validation metric,
+from the model's own learning curve (a curve that flattens is forecast to stop; one that keeps
+improving, to go on). Each model's rate curve is rescaled by the ratio of its measured to its
+profiled rate after every epoch. The counts and the queue are planned once, at the start, for
+``target_factor`` times the bound: few GPUs per model (the most efficient counts), the GPUs
+that frees up and the forecasts' corrections going to the tail.
 
 Decoding. Where the view gives the preprocessors' measured throughput (``decode_rate``), no
 model is planned faster than it (its rates are capped there: more GPUs than reach it are not
@@ -42,6 +53,7 @@ tolerance, since another stream would only split the decoding between them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,16 +67,20 @@ from fleet.schedule._base import (
     Member,
     ModelConverged,
     ModelState,
+    ModelView,
     Policy,
     StreamPlan,
 )
 from fleet.schedule.bounds import malleable_bound
 from fleet.schedule.costs import Overheads
 from fleet.schedule.flotilla import useful_counts
+from fleet.schedule.forecast import EpochForecast
 from fleet.schedule.options import OptionError, PolicyOptions, option
 from fleet.schedule.placement import place
+from fleet.schedule.planners._tail import Running, rebalance
 
 
+_MAX_CANDIDATES = 64  # queued models weighed at once, at most (planning time at 1,000 models)
 _WAITING = (ModelState.PENDING, ModelState.PAUSED)  # PAUSED: resumed from a checkpoint, or resized
 
 
@@ -91,8 +107,9 @@ class FleetAdaptiveOptions(PolicyOptions):
     """fleet-adaptive's options.
 
     Attributes:
-        target_factor: plan GPU counts for ``target_factor * LB2`` (slack for packing); at
-            least 1, since no plan beats the bound.
+        target_factor: plan GPU counts for ``target_factor * LB2``: at least 1, since no
+            plan beats the bound; larger gives each model fewer, more efficient GPUs at first
+            and leaves more to the tail (see the module docstring).
         match_tolerance: largest ``ln(max rate / min rate)`` among a stream's members, >= 0.
         hard_tolerance: the same, allowed when the stream budget is used up; at least
             ``match_tolerance``.
@@ -102,15 +119,21 @@ class FleetAdaptiveOptions(PolicyOptions):
         window: how many queued models (at least) are considered for the best match; >= 1.
         extra_gpus: how many GPUs beyond its planned count a model may take to match a pace; >= 0.
         resize_margin: a resize must gain more than this many times its cost; >= 0.
+        risk_level: the quantile of the forecast of a model's remaining epochs it is planned
+            for (0.5: the median; higher plans for the risk of a short estimate); in [0, 1].
+        rebalance_gain: once no model waits, free GPUs go to running models only when the
+            latest predicted finish improves by more than this share of the time left; >= 0.
     """
 
-    target_factor: float = option(1.15, ge=1)
+    target_factor: float = option(1.7, ge=1)
     match_tolerance: float = option(0.10, ge=0)
     hard_tolerance: float = option(0.35, ge=0)
-    min_members: float = option(6.0, ge=1)
+    min_members: float = option(5.0, ge=1)
     window: int = option(8, integer=True, ge=1)
     extra_gpus: int = option(2, integer=True, ge=0)
     resize_margin: float = option(2.0, ge=0)
+    risk_level: float = option(0.5, ge=0, le=1)
+    rebalance_gain: float = option(0.0, ge=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -150,6 +173,9 @@ class FleetAdaptive(Policy):
         self.resizing: dict[str, int] = {}
         self.rates: np.ndarray | None = None
         self.target = 0.0
+        self.forecast = EpochForecast()
+        self.level = options.risk_level
+        self.rebalance_gain = options.rebalance_gain
 
     # -- protocol --------------------------------------------------------------------
 
@@ -158,7 +184,9 @@ class FleetAdaptive(Policy):
         return self._fill(view)
 
     def on_epoch(self, event: EpochCompleted, view: ClusterView) -> Decision:
-        """Refine the model's rate curve by the ratio of measured to profiled rate."""
+        """Refine the model's rate curve by the ratio of measured to profiled rate, and its
+        forecast of remaining epochs by the epoch's metric."""
+        self.forecast.observe_epoch(event.model, event.epoch, event.metric)
         if self.rates is not None and event.samples_per_s > 0:
             i = view.rates.index(event.model)
             gpus = len(view.model(event.model).gpus)
@@ -167,6 +195,7 @@ class FleetAdaptive(Policy):
         return NO_DECISION
 
     def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
+        self.forecast.observe_converged(event.model, view.model(event.model).epochs_estimate, event.epochs)
         return self._fill(view)
 
     def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:
@@ -203,7 +232,11 @@ class FleetAdaptive(Policy):
     def _work(self, view: ClusterView) -> np.ndarray:
         """Estimated samples each model still needs (at least one epoch)."""
         n = view.rates.samples_per_epoch
-        return np.array([_remaining_epochs(m) * n for m in view.models])
+        return np.array([self._remaining(m) * n for m in view.models])
+
+    def _remaining(self, model: ModelView) -> float:
+        """Forecast epochs a model still needs (`EpochForecast`, at the option's risk level)."""
+        return self.forecast.remaining(model.id, model.epochs_estimate, model.epochs_done, self.level)
 
     def _member_rates(self, view: ClusterView, members: tuple[str, ...]) -> list[float]:
         return [self._rate(view, m, len(view.model(m).gpus)) for m in members]
@@ -237,7 +270,7 @@ class FleetAdaptive(Policy):
         """Best (model, gpu count, stream draft or None for a new stream) to start now.
 
         Candidates are the first ``window`` queued models, or all that fit in the free GPUs
-        if more do. A candidate may take a few more GPUs than planned when that matches a
+        if more do (at most ``_MAX_CANDIDATES``). A candidate may take a few more GPUs than planned when that matches a
         stream's pace better; the score adds the log-rate mismatch, the scaling loss of the
         extra GPUs and a small penalty for skipping ahead in the queue.
         """
@@ -245,18 +278,20 @@ class FleetAdaptive(Policy):
             limit = math.inf
         else:
             limit = self.hard_tolerance if self._crowded(view, drafts) else self.tolerance
-        best = None
-        for rank, model in enumerate(self._candidates(free)):
-            for gpus in self._count_options(view, model, free):
-                rate = self._rate(view, model, gpus)
-                loss = 1 - rate / (gpus * self._rate(view, model, 1))
-                for draft in drafts:
-                    mismatch = draft.spread_with(rate)
-                    score = mismatch + loss + 0.01 * rank
-                    if mismatch <= limit and (best is None or score < best[0]):
-                        best = (score, model, gpus, draft)
-        if best is not None:
-            return best[1:]
+        options = [(rank, model, gpus) for rank, model in enumerate(self._candidates(free))
+                   for gpus in self._count_options(view, model, free)]
+        if drafts and options:
+            rate = np.array([self._rate(view, m, g) for _, m, g in options])
+            loss = 1 - rate / np.array([g * self._rate(view, m, 1) for _, m, g in options])
+            low = np.array([min(d.rates) for d in drafts])
+            high = np.array([max(d.rates) for d in drafts])
+            mismatch = np.log(np.maximum(high, rate[:, None]) / np.minimum(low, rate[:, None]))
+            score = mismatch + (loss + 0.01 * np.array([r for r, _, _ in options]))[:, None]
+            score[mismatch > limit] = np.inf
+            best = int(np.argmin(score))
+            if np.isfinite(score.flat[best]):
+                _, model, gpus = options[best // len(drafts)]
+                return model, gpus, drafts[best % len(drafts)]
         head = self.queue[0]
         return head, min(self.counts[head], free), None
 
@@ -272,7 +307,7 @@ class FleetAdaptive(Policy):
             if used > free:
                 break
             fitting += 1
-        return self.queue[: max(self.window, fitting)]
+        return self.queue[: max(self.window, min(fitting, _MAX_CANDIDATES))]
 
     def _count_options(self, view: ClusterView, model: str, free: int) -> list[int]:
         """Planned count, and up to ``extra_gpus`` more useful counts that still fit."""
@@ -315,40 +350,24 @@ class FleetAdaptive(Policy):
     # -- using leftover GPUs -------------------------------------------------------------
 
     def _resize(self, view: ClusterView) -> Decision:
-        """Give free GPUs to the models predicted to finish last, where that pays off.
-
-        A running model changes its GPU count only through a checkpoint and a restore, so
-        a resize is made only when the predicted finish improves by more than
-        ``resize_margin`` times that cost.
-        """
+        """Once no model waits: water-fill the free GPUs among the running models so that the
+        one predicted to finish last finishes earlier (`_tail.rebalance`), where that gains more
+        than ``resize_margin`` times the checkpoint + restore a change of GPU count requires."""
         available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
-        finish = _predicted_finish(view)
-        chosen = []
-        for model, (end, remaining) in sorted(finish.items(), key=lambda kv: -kv[1][0]):
-            if available <= 0:
-                break
-            if model in self.resizing:
-                continue
-            current = len(view.model(model).gpus)
-            gpus, new_end = self._best_count(view, model, current, available, remaining)
-            if end - new_end > self.margin * self._switch_cost(view, model):
-                self.resizing[model] = gpus
-                available -= gpus - current
-                chosen.append(model)
-        return Decision(checkpoint=tuple(chosen)) if chosen else NO_DECISION
+        finish = _predicted_finish(view, self._remaining)
+        running = [self._running(view, m, *finish[m]) for m in sorted(finish) if m not in self.resizing]
+        counts = rebalance(view.time, running, max(available, 0), self.margin, self.rebalance_gain, shrink=False)
+        self.resizing.update(counts)
+        return Decision(checkpoint=tuple(counts)) if counts else NO_DECISION
+
+    def _running(self, view: ClusterView, model: str, end: float, remaining: float) -> Running:
+        row = self.rates[view.rates.index(model)]
+        best = int(np.argmax(row)) + 1  # more GPUs than the fastest count are never useful
+        return Running(model, len(view.model(model).gpus), end, remaining, self._switch_cost(view, model), row[:best])
 
     def _resizing_now(self, view: ClusterView) -> int:
         """GPUs that models being resized still hold (they come back with the checkpoint)."""
         return sum(len(view.model(m).gpus) for m in self.resizing)
-
-    def _best_count(self, view: ClusterView, model: str, current: int, extra: int, remaining: float):
-        cost = self._switch_cost(view, model)
-        best = (current, math.inf)
-        for gpus in range(current + 1, current + extra + 1):
-            end = view.time + cost + remaining / self._rate(view, model, gpus)
-            if end < best[1]:
-                best = (gpus, end)
-        return best
 
     def _switch_cost(self, view: ClusterView, model: str) -> float:
         param_bytes = view.rates.profile(model).param_bytes
@@ -361,11 +380,6 @@ class FleetAdaptive(Policy):
 def _capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:
     """Rates no faster than decoding, where the view knows its throughput."""
     return rates if view.decode_rate is None else np.minimum(rates, view.decode_rate)
-
-
-def _remaining_epochs(model) -> float:
-    """Estimated epochs left; a model past its estimate is assumed to need one more."""
-    return max(model.epochs_estimate - model.epochs_done, 1.0)
 
 
 def _decoding_used_up(view: ClusterView, drafts: list[_Draft]) -> bool:
@@ -387,14 +401,17 @@ def _place(view: ClusterView, drafts: list[_Draft]) -> Decision:
     return Decision.launching(StreamPlan(tuple(ms), by_id[key].join) for key, ms in plans.items())
 
 
-def _predicted_finish(view: ClusterView) -> dict[str, tuple[float, float]]:
-    """Per running model: (when it is predicted to finish at its stream's pace, samples left)."""
+def _predicted_finish(
+    view: ClusterView, remaining_epochs: Callable[[ModelView], float]
+) -> dict[str, tuple[float, float]]:
+    """Per running model: (when it is predicted to finish at its stream's pace, samples left),
+    with ``remaining_epochs`` its forecast epochs left."""
     pace = {s.id: s.pace for s in view.streams}
     n = view.rates.samples_per_epoch
     out = {}
     for m in view.models:
         if m.state is not ModelState.RUNNING or not pace.get(m.stream):
             continue
-        remaining = _remaining_epochs(m) * n
+        remaining = remaining_epochs(m) * n
         out[m.id] = (view.time + remaining / pace[m.stream], remaining)
     return out
