@@ -30,7 +30,7 @@ from fleet.spec import load_spec
 from preprocess.readers import open_reader
 from preprocess.split import split_indices
 from test_runtime_mpi import epochs_by_model, events, job_log, kill_job, results, wait_for_epochs
-from test_training_replay_mpi import BATCH, CHUNK, Stream, group_steps
+from test_training_replay_mpi import BATCH, CHUNK, Stream, replay
 
 pytestmark = [
     pytest.mark.mpi,
@@ -178,37 +178,16 @@ def test_torch_and_keras_models_train_and_a_mixed_stream_decodes_once(tmp_path, 
         assert len({m["stream"] for m in first}) == 1
 
 
-def keras_replay(stream: Stream, model_id: str, group_size: int) -> list[tuple[float, float]]:
-    """(train loss, validation accuracy) per epoch of `model_id` retrained in this process by
-    one engine on its stream's samples, a step per union of the group's batches."""
-    from fleet.engines.factory import create_engine
-    from fleet.inspect import input_shape, num_classes
-
-    model = stream.spec.model(model_id)
-    engine = create_engine(model, input_shape(stream.spec), num_classes(stream.spec), threads=1)
-    out = []
-    for epoch in range(model.train.max_epochs):
-        loss_sum = seen = 0.0
-        for x, y in group_steps(stream.chunks(epoch), group_size):
-            loss_sum += engine.train_step(x, y) * len(y)
-            seen += len(y)
-        out.append((loss_sum / seen, engine.evaluate(*stream.val)["accuracy"]))
-        engine.end_epoch()
-    return out
-
-
 def test_a_keras_model_on_two_trainers_follows_one_engine_on_the_union_batches(fleet_g_run):
     """kmlp trained data-parallel on two trainers (the MPI collective sums the Keras engines'
     flat host gradients) has, epoch by epoch, the losses and accuracies of one engine
     stepping on each union of the two trainers' batches, up to float rounding."""
-    from fleet.spec import load_spec
-
     spec, run_dir = fleet_g_run
     members = json.loads((run_dir / "plan.json").read_text())["rounds"][0]["members"]
     assert {m["model"]: len(m["gpus"]) for m in members} == {"tcnn": 1, "kmlp": 2}
     history = next(m for m in results(run_dir)["models"] if m["id"] == "kmlp")["history"]
     ran = [(h["train_loss"], h["val_accuracy"]) for h in history]
-    replayed = keras_replay(Stream(load_spec(spec), ["tcnn", "kmlp"]), "kmlp", 2)
+    replayed = replay(Stream(load_spec(spec), ["tcnn", "kmlp"]), "kmlp", 2)
     assert [loss for loss, _ in ran] == pytest.approx([loss for loss, _ in replayed], rel=1e-5, abs=0)
     assert [acc for _, acc in ran] == pytest.approx([acc for _, acc in replayed], abs=0.005)
 
@@ -218,8 +197,6 @@ def test_a_killed_keras_job_resumes_with_no_epoch_lost_and_the_same_losses(tmp_p
     killed with SIGKILL mid-run, then the same command again: every epoch trained once, and
     losses and accuracies as the uninterrupted training of their streams (replayed here, as
     test_runtime_mpi's torch test compares with a whole run)."""
-    from fleet.spec import load_spec
-
     models = [{"family": "cnn", "name": "x", "params": {"channels": [4, 8], "hidden": 16, "dropout": 0.3}, **KERAS},
               {"family": "mlp", "name": "y", "params": {"hidden": [32]}, **KERAS}]
     spec, run_dir = write_run(tmp_path, "killed", models, "baseline", {"x": 500.0, "y": 500.0}, 2, 4,
@@ -244,7 +221,7 @@ def test_a_killed_keras_job_resumes_with_no_epoch_lost_and_the_same_losses(tmp_p
         history = model["history"]
         assert [h["epoch"] for h in history] == [1, 2, 3, 4], "an epoch was lost or trained twice"
         assert all(h["samples"] == n for h in history), history
-        replayed = keras_replay(Stream(loaded, [model["id"]]), model["id"], 1)
+        replayed = replay(Stream(loaded, [model["id"]]), model["id"], 1)
         np.testing.assert_allclose([h["train_loss"] for h in history], [loss for loss, _ in replayed], rtol=1e-6)
         np.testing.assert_allclose([h["val_accuracy"] for h in history], [acc for _, acc in replayed], rtol=1e-6)
 

@@ -1,5 +1,5 @@
 """Fleet's training is the engine's on its stream, exactly: a real run under mpiexec, replayed in
-this process through a `TorchEngine` on the samples the stream's order gives (the same chunks,
+this process through an engine of its framework on the samples the stream's order gives (the same chunks,
 augmentation generators, batches and epoch ends), reports the same training losses and
 validation accuracies. With `tests/test_engine_parity.py` (the engine trains as a plain PyTorch
 loop on the same batches) this leaves only the sample order and augmentation draws, and the
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import run_mpi
-from fleet.engines.torch import TorchEngine
+from fleet.engines.factory import create_engine
 from fleet.inspect import input_shape, num_classes
 from fleet.runtime.data.chunks import StreamOrder, share_bounds
 from fleet.runtime.protocol import StreamSource
@@ -100,9 +100,10 @@ def group_steps(chunks, size: int):
 
 
 def replay(stream: Stream, model_id: str, group_size: int) -> list[tuple[float, float]]:
-    """(train loss, validation accuracy) per epoch of `model_id` retrained on the stream."""
+    """(train loss, validation accuracy) per epoch of `model_id` retrained in this process by one
+    engine of its framework on its stream's samples, a step per union of the group's batches."""
     model = stream.spec.model(model_id)
-    engine = TorchEngine(model, input_shape(stream.spec), num_classes(stream.spec), threads=1)
+    engine = create_engine(model, input_shape(stream.spec), num_classes(stream.spec), threads=1)
     out = []
     for epoch in range(model.train.max_epochs):
         loss_sum = seen = 0.0
