@@ -134,6 +134,10 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
         (["simulate", "{profile}", "--gpus", "4", "--seeds", "0"], "--seeds: expected a positive integer"),
         (["simulate", "{profile}", "--gpus", "4", "--noise-model", "stop-rule"], "need a built-in --workload"),
         (["simulate", "{profile}", "--gpus", "4", "--models", "8"], "need a built-in --workload"),
+        (["simulate", "{profile}", "--gpus", "6", "--partitions", "2"],
+         "--partitions: on --gpus 6 (3 nodes of 2): 2 partitions do not fit 3 nodes"),
+        (["simulate", "{profile}", "--gpus", "4", "--partitions", "2", "--policies", "mop,fleet-g"],
+         "--policies: fleet-g cannot run on partitioned data (--partitions); choose from mop, fleet-hop"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):
@@ -183,3 +187,15 @@ def test_simulate_scale_workload_under_the_stop_rule_noise_model(tmp_path, fleet
     assert document["noise_model"] == "stop-rule" and document["estimate_noise"] == 0.3
     assert [r["policy"] for r in document["rows"]] == ["fleet-adaptive"]
     assert document["rows"][0]["makespan_lb2"] >= 1 - 1e-9
+
+
+def test_simulate_partitioned_data_compares_the_hopping_policies_with_mop(profile, tmp_path, fleet_cli):
+    done = fleet_cli("simulate", str(profile), "--gpus", "4,8", "--partitions", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert ", 2 partitions" in done.stdout and "vs mop" in done.stdout and "vs base" not in done.stdout
+    done = fleet_cli("simulate", str(profile), "--gpus", "8", "--partitions", "4", "--json", cwd=tmp_path)
+    rows = {r["policy"]: r for r in json.loads(done.stdout)["rows"]}
+    assert set(rows) == {"mop", "fleet-hop"} and rows["mop"]["speedup_mop"] == pytest.approx(1.0)
+    # every model visits 4 partitions an epoch and hops after every visit but its last
+    assert rows["mop"]["hops"] == sum(m["epochs"] * 4 - 1 for m in PROFILE["models"])
+    assert rows["fleet-hop"]["makespan_lb2"] >= 1 - 1e-9

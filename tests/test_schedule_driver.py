@@ -23,6 +23,7 @@ from fleet.schedule import (
     Member,
     ModelConverged,
     ModelProfile,
+    ModelState,
     Overheads,
     Policy,
     PolicyError,
@@ -41,7 +42,7 @@ class Recorded(Policy):
     """Passes every call to `inner`; records (event, epochs of its model, decision)."""
 
     def __init__(self, inner: Policy):
-        self.inner, self.name = inner, inner.name
+        self.inner, self.name, self.hops = inner, inner.name, inner.hops
         self.calls: list[tuple] = []
 
     def start(self, view: ClusterView) -> Decision:
@@ -80,15 +81,29 @@ class ReplayWorld:
 
 
 def replay(driver: Driver, world: ReplayWorld, script: list[tuple]) -> None:
-    """Feed `driver` the (event, epochs) pairs a simulated run's policy saw, in order."""
+    """Feed `driver` the (event, epochs) pairs a simulated run's policy saw, in order. A
+    hopping policy saw no event for a visit that did not end an epoch: its checkpoint's
+    event says it ended (the model still runs in the books then)."""
     driver.start()
+    ledger = driver.ledger
+    hopping = driver.policy.hops
+
+    def end_visit(model: str, epochs: int, rate: float) -> None:
+        visited = ledger.partitions.of_gpu(ledger.model(model).gpus[0])
+        driver.visit_completed(model, visited, epochs, rate)
+
     for event, epochs, _ in script:
         world.clock = event.time
         if isinstance(event, EpochCompleted):
-            driver.epoch_completed(event.model, event.epoch, event.samples_per_s)
+            if hopping:
+                end_visit(event.model, event.epoch, event.samples_per_s)
+            else:
+                driver.epoch_completed(event.model, event.epoch, event.samples_per_s)
         elif isinstance(event, ModelConverged):
             driver.converged(event.model, event.epochs, event.samples_per_s)
         else:
+            if hopping and ledger.model(event.model).state is ModelState.RUNNING:
+                end_visit(event.model, epochs, 0.0)
             driver.checkpointed(event.model, epochs)
 
 

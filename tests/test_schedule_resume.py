@@ -40,7 +40,7 @@ class Watched(Policy):
     waited to run, and where a start on waiting models launched nothing."""
 
     def __init__(self, inner: Policy):
-        self.inner, self.name = inner, inner.name
+        self.inner, self.name, self.hops = inner, inner.name, inner.hops
         self.idle_while_waiting: list[str] = []
         self.started_nothing = False
 

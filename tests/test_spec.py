@@ -87,7 +87,17 @@ def test_user_family_passes_params_through():
 def test_preprocessors_auto_and_policies():
     spec = parse_spec(doc(cluster={"preprocessors_per_node": "auto"}, scheduler={"policy": "fleet-adaptive"}))
     assert spec.cluster.preprocessors_per_node == "auto"
-    assert set(POLICIES) == {"fleet-g", "fleet-l", "baseline", "homogeneous", "fleet-adaptive"}
+    assert set(POLICIES) == {"fleet-g", "fleet-l", "baseline", "homogeneous", "fleet-adaptive", "mop", "fleet-hop"}
+
+
+def test_partitioned_data_needs_a_hopping_policy():
+    data = {"source": "synthetic", "partitioned": True}
+    with pytest.raises(SpecError) as err:
+        parse_spec(doc(data=data, scheduler={"policy": "fleet-g"}), check_paths=False)
+    assert str(err.value) == ("scheduler.policy: 'fleet-g' trains on whole data; partitioned data (data.partitioned) "
+                              "needs a hopping policy: mop, fleet-hop")
+    assert parse_spec(doc(data=data, scheduler={"policy": "fleet-hop", "delta": 0.2}), check_paths=False)
+    assert parse_spec(doc(scheduler={"policy": "mop"})).scheduler.policy == "mop"  # whole data: one partition
 
 
 def test_errors_are_single_lines():

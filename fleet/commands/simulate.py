@@ -6,24 +6,30 @@ Homogeneous, the makespan relative to the two lower bounds, rounds, mean GPU wai
 samples decoded relative to Baseline (averaged over ``--seeds`` seeds), and can draw the
 paper-style charts. ``--workload scale --models 1000`` is a large synthetic ensemble;
 ``--noise-model stop-rule`` takes the true epochs from each model's learning curve
-(:mod:`fleet.schedule.noise`).
+(:mod:`fleet.schedule.noise`). ``--partitions P`` splits the data into P partitions on the
+nodes (model hopping): the hopping policies are compared with ``mop``, Cerebro's scheduler.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+from dataclasses import replace
 
 from fleet.commands._args import fraction, names_of, positive_float, positive_int, positive_int_list
 from fleet.errors import UserError
 from fleet.report.schedule_charts import write_schedule_charts
 from fleet.report.table import format_duration, format_table
 from fleet.schedule import POLICIES, WORKLOADS, Scenario, noisy_estimates, whole_epochs
+from fleet.schedule.partitions import PartitionError, nodes_per_partition
+from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule.compare import compare, summarize
 from fleet.schedule.noise import NOISE_MODELS, noisy_scenario
 from fleet.schedule_io import epochs_from_profile, load_profile, profile_scenario
 
 DEFAULT_POLICIES = "baseline,homogeneous,fleet-l,fleet-g"
+DEFAULT_HOPPING_POLICIES = ",".join(HOPPING_POLICIES)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -37,8 +43,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--models", type=positive_int, help="models in the built-in workload (paper100: 100, scale: 1000)")
     parser.add_argument("--gpus", required=True, type=positive_int_list, help="GPU counts, e.g. 20,40,80")
     parser.add_argument(
-        "--policies", default=DEFAULT_POLICIES.split(","), type=names_of(POLICIES),
-        help=f"comma-separated (default: {DEFAULT_POLICIES})",
+        "--policies", type=names_of(POLICIES),
+        help=f"comma-separated (default: {DEFAULT_POLICIES}; with --partitions: {DEFAULT_HOPPING_POLICIES})",
+    )
+    parser.add_argument(
+        "--partitions", type=positive_int,
+        help="split the data into this many partitions over the nodes (model hopping; the node count of "
+             "every --gpus must be a multiple of it)",
     )
     parser.add_argument("--seeds", default=1, type=positive_int, help="number of seeds to average over (default: 1)")
     parser.add_argument(
@@ -59,8 +70,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    gpu_counts, policies, seeds, noise = args.gpus, args.policies, args.seeds, args.estimate_noise
+    gpu_counts, seeds, noise = args.gpus, args.seeds, args.estimate_noise
+    policies = _policies(args)
     scenarios, label = _scenarios(args, noise)
+    if args.partitions:
+        scenarios, label = _partitioned(scenarios, args.partitions), f"{label}, {args.partitions} partitions"
     summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds)))
     if args.chart:
         _chart(summary, args.chart, label)
@@ -69,8 +83,35 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(document if args.noise_model == "uniform" else {**document, "noise_model": args.noise_model},
                          indent=1))
     else:
-        print(_render(summary, label, seeds, noise, args.chart))
+        print(_render(summary, label, seeds, noise, args.chart, hopping=bool(args.partitions)))
     return 0
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    """The policies to compare; on partitioned data only hopping ones, whose GPU counts fit."""
+    if not args.partitions:
+        return args.policies or DEFAULT_POLICIES.split(",")
+    chosen = args.policies or list(HOPPING_POLICIES)
+    if wrong := [name for name in chosen if name not in HOPPING_POLICIES]:
+        raise UserError(f"--policies: {', '.join(wrong)} cannot run on partitioned data (--partitions); "
+                        f"choose from {', '.join(HOPPING_POLICIES)}")
+    return chosen
+
+
+def _partitioned(scenarios, parts: int):
+    """The scenarios with their epoch split into `parts` even partitions on the nodes."""
+
+    def split(gpus: int, seed: int) -> Scenario:
+        scenario = scenarios(gpus, seed)
+        nodes = math.ceil(gpus / scenario.rates.gpus_per_node)
+        try:
+            nodes_per_partition(parts, nodes)
+        except PartitionError as exc:
+            raise UserError(f"--partitions: on --gpus {gpus} ({nodes} nodes of {scenario.rates.gpus_per_node}): "
+                            f"{exc}") from None
+        return replace(scenario, partition_sizes=(scenario.rates.samples_per_epoch / parts,) * parts)
+
+    return split
 
 
 def _scenarios(args: argparse.Namespace, noise: float):
@@ -100,14 +141,17 @@ def _scenarios(args: argparse.Namespace, noise: float):
     return from_profile, f"{args.profile} (epochs from {source})"
 
 
-def _render(summary: list[dict], label: str, seeds: int, noise: float, chart: str | None) -> str:
+def _render(summary: list[dict], label: str, seeds: int, noise: float, chart: str | None,
+            hopping: bool = False) -> str:
+    versus = (["vs mop", "hops"], lambda s: [f"{s['speedup_mop']:.2f}x", f"{s['hops']:.0f}"]) if hopping else \
+        (["vs base", "vs homog"], lambda s: [f"{s['speedup_baseline']:.2f}x", f"{s['speedup_homogeneous']:.2f}x"])
     rows = [
-        [s["gpus"], s["policy"], format_duration(s["makespan_s"]), f"{s['speedup_baseline']:.2f}x",
-         f"{s['speedup_homogeneous']:.2f}x", f"{s['makespan_lb2']:.2f}", f"{s['makespan_lb1']:.2f}",
-         f"{s['rounds']:.1f}", format_duration(s["mean_gpu_wait_s"]), f"{s['decoded_vs_baseline']:.2f}"]
+        [s["gpus"], s["policy"], format_duration(s["makespan_s"]), *versus[1](s), f"{s['makespan_lb2']:.2f}",
+         f"{s['makespan_lb1']:.2f}", f"{s['rounds']:.1f}", format_duration(s["mean_gpu_wait_s"]),
+         f"{s['decoded_vs_baseline']:.2f}"]
         for s in summary
     ]
-    headers = ["gpus", "policy", "makespan", "vs base", "vs homog", "/LB2", "/LB1", "rounds", "gpu wait", "decoded"]
+    headers = ["gpus", "policy", "makespan", *versus[0], "/LB2", "/LB1", "rounds", "gpu wait", "decoded"]
     noise_note = f", epoch estimates x U({1 - noise:g},{1 + noise:g})" if noise else ""
     lines = [f"{label}; mean of {seeds} seed(s){noise_note}", format_table(headers, rows)]
     if chart:

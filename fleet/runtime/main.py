@@ -28,7 +28,8 @@ from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
-from fleet.runtime.control.setup import epoch_limits, plan_run, policy_for, prepare_run_dir, rates_decision, write_run
+from fleet.runtime.control.setup import (epoch_limits, plan_run, policy_for, prepare_run_dir, rates_decision, refuse_hopping,
+                                         write_run)
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
@@ -135,6 +136,7 @@ class SameOnEveryRank(UserError):
 def _start(world: Any, who: RankIdentity, options: TrainOptions):
     """Spec, topology and communicators; rank 0 prepares the run directory and the plan."""
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
+    refuse_hopping(spec)
     if options.device:
         spec = with_device(spec, options.device)
     env = read_job_env(os.environ)

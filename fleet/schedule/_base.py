@@ -44,6 +44,19 @@ What a decision may contain (the driver rejects anything else with :class:`Polic
     waiting to run is ``PENDING`` or ``PAUSED``; a policy must run both kinds (a ``PAUSED``
     model it did not checkpoint itself comes from a resumed run).
 
+Partitioned data (model hopping; `fleet.schedule.partitions`)
+    With ``view.partitions`` set, partition ``k`` lives on its own nodes' GPUs
+    (``partitions.of_gpu``). A stream trains its members for one *visit* each: one pass over
+    the partition its GPUs are on, all of them on that partition, each a model that has not
+    visited it in its current epoch (``ModelView.visited``). At the visit's end the model
+    *hops*: it leaves its GPUs through a checkpoint the driver takes by itself
+    (:class:`CheckpointCompleted` follows; :class:`EpochCompleted` first, with the model
+    already ``CHECKPOINTING``, when the visit was its epoch's last; :class:`ModelConverged`
+    instead when the stop rule ends it there). Visits are not preempted: a decision may not
+    ``checkpoint``, ``end_round`` or ``join``. Only a policy with ``hops = True`` plans them;
+    only the checkpoint signal cuts a visit short, and the visit is then trained again from
+    its start (the model goes back to the checkpoint of its last hop).
+
 What a policy may know
     The view holds the profiled :class:`~fleet.schedule.rates.RateTable` and, per model, an
     *estimate* of its epochs to converge (``epochs_estimate``: the profile's ``epochs`` or
@@ -67,6 +80,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Union
 
 from fleet.schedule.options import NoOptions, PolicyOptions
+from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
 
 
@@ -98,6 +112,7 @@ class ModelView:
         epochs_estimate: the estimate of epochs to converge the policy may plan with.
         gpus: GPUs it holds (``RUNNING`` or ``CHECKPOINTING``), else ``()``.
         stream: id of its stream while ``RUNNING``, else ``None``.
+        visited: with partitioned data, the partitions visited in its current epoch (sorted).
     """
 
     id: str
@@ -106,6 +121,7 @@ class ModelView:
     epochs_estimate: float
     gpus: tuple[int, ...] = ()
     stream: int | None = None
+    visited: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,8 @@ class ClusterView:
         free_gpus: GPUs no model holds, ascending.
         decode_rate: samples/s the run's preprocessors decode together, where the profile
             measured it; None: decoding is taken to keep up (the paper's assumption).
+        partitions: where the partitions of partitioned data live; None: every GPU reads
+            the whole data set.
     """
 
     time: float
@@ -149,6 +167,7 @@ class ClusterView:
     streams: tuple[StreamView, ...]
     free_gpus: tuple[int, ...]
     decode_rate: float | None = None
+    partitions: Partitions | None = None
 
     def ids_in(self, *states: ModelState) -> list[str]:
         """Ids of the models in any of ``states``, in rate-table order."""
@@ -161,6 +180,13 @@ class ClusterView:
     def model(self, model_id: str) -> ModelView:
         """The view of one model."""
         return self.models[self.rates.index(model_id)]
+
+    def to_visit(self, model_id: str) -> tuple[int, ...]:
+        """The partitions a model has left to visit in its current epoch (() without partitions)."""
+        if self.partitions is None:
+            return ()
+        visited = self.model(model_id).visited
+        return tuple(k for k in range(self.partitions.count) if k not in visited)
 
     @property
     def busy_gpus(self) -> int:
@@ -312,6 +338,9 @@ class Policy(abc.ABC):
     #: same view. The runtime then weighs measured rates only at those moments, and only when
     #: they change the plan about to be made.
     plans_only_when_drained: ClassVar[bool] = False
+    #: True where the policy plans visits of partitioned data (model hopping); only such a
+    #: policy runs on partitioned data, and it also runs on whole data (one partition).
+    hops: ClassVar[bool] = False
 
     @abc.abstractmethod
     def start(self, view: ClusterView) -> Decision:

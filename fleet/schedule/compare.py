@@ -1,7 +1,7 @@
 """Side-by-side comparison of policies on one ensemble: the numbers behind ``fleet simulate``.
 
 For each GPU count and seed, every policy is simulated on the same scenario; Baseline and
-Homogeneous are always run as references. Rows carry the raw numbers; :func:`summarize`
+Homogeneous are always run as references (`mop`, Cerebro's scheduler, on partitioned data). Rows carry the raw numbers; :func:`summarize`
 averages them over seeds (speedups are averaged per seed, as ratios of the same scenario).
 """
 
@@ -18,6 +18,12 @@ from fleet.schedule.planners import create_policy
 from fleet.schedule.simulator import GpuTime, Scenario, SimResult, simulate
 
 REFERENCES = ("baseline", "homogeneous")
+HOPPING_REFERENCES = ("mop",)
+
+
+def references(scenario: Scenario) -> tuple[str, ...]:
+    """The reference policies of a scenario: those that can run on its data."""
+    return HOPPING_REFERENCES if scenario.partition_sizes else REFERENCES
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,9 @@ class Row:
         plan_ms_max: longest planning call, milliseconds.
         checkpoints: model checkpoints taken.
         gpu_time: GPU-seconds by activity.
-        speedup_baseline, speedup_homogeneous: reference makespan / this makespan.
+        speedup_baseline, speedup_homogeneous, speedup_mop: reference makespan / this
+            makespan (NaN where the reference cannot run on the scenario's data).
+        hops: visits of partitioned data that ended with a hop.
     """
 
     gpus: int
@@ -55,6 +63,8 @@ class Row:
     gpu_time: GpuTime
     speedup_baseline: float = float("nan")
     speedup_homogeneous: float = float("nan")
+    speedup_mop: float = float("nan")
+    hops: int = 0
 
 
 ScenarioFactory = Callable[[int, int], Scenario]
@@ -70,13 +80,13 @@ def compare(
 ) -> list[Row]:
     """Simulate every policy (and the references) for every GPU count and seed."""
     rows: list[Row] = []
-    runs = list(dict.fromkeys([*policies, *REFERENCES]))
     for gpus in gpu_counts:
         for seed in seeds:
             scenario = scenarios(gpus, seed)
+            runs = list(dict.fromkeys([*policies, *references(scenario)]))
             bounds = lower_bounds(scenario.rates, scenario.true_epochs, gpus)
             results = {name: simulate(create_policy(name, seed=seed), scenario, overheads) for name in runs}
-            refs = {name: results[name].makespan for name in REFERENCES}
+            refs = {name: results[name].makespan for name in references(scenario)}
             for name in policies:
                 rows.append(_row(results[name], scenario, seed, bounds.lb1, bounds.lb2, refs))
     return rows
@@ -101,6 +111,8 @@ def summarize(rows: Sequence[Row]) -> list[dict]:
                 "makespan_s": mean(lambda r: r.makespan),
                 "speedup_baseline": mean(lambda r: r.speedup_baseline),
                 "speedup_homogeneous": mean(lambda r: r.speedup_homogeneous),
+                "speedup_mop": mean(lambda r: r.speedup_mop),
+                "hops": mean(lambda r: r.hops),
                 "makespan_lb2": mean(lambda r: r.makespan / r.lb2),
                 "makespan_lb2_max": max(r.makespan / r.lb2 for r in group),
                 "makespan_lb1": mean(lambda r: r.makespan / r.lb1),
@@ -137,6 +149,8 @@ def _row(result: SimResult, scenario: Scenario, seed: int, lb1: float, lb2: floa
         plan_ms_max=1000 * max(planning),
         checkpoints=result.checkpoints,
         gpu_time=result.gpu_time,
-        speedup_baseline=refs["baseline"] / result.makespan,
-        speedup_homogeneous=refs["homogeneous"] / result.makespan,
+        speedup_baseline=refs.get("baseline", float("nan")) / result.makespan,
+        speedup_homogeneous=refs.get("homogeneous", float("nan")) / result.makespan,
+        speedup_mop=refs.get("mop", float("nan")) / result.makespan,
+        hops=result.hops,
     )

@@ -9,7 +9,9 @@ the two is a `World`: it says what time it is and carries the decisions out.
 
 Calls from the world (one thread; each may call back into the world before it returns)
     ``start()`` once; then, as things happen, ``epoch_completed``, ``converged``,
-    ``checkpointed``; ``interrupt()`` on the checkpoint signal (every running model is
+    ``checkpointed``, and with partitioned data ``visit_completed`` (a visit ended: the world
+    hops the model by itself and reports ``checkpointed``, or ``converged`` instead of both
+    when the stop rule ended it there); ``interrupt()`` on the checkpoint signal (every running model is
     checkpointed, and the policy is not asked again). The books take each report in at once;
     a report made while a decision is being applied (a model whose last epoch ends just as
     it is checkpointed) reaches the policy right after that decision.
@@ -42,7 +44,8 @@ from fleet.schedule._base import (
     Policy,
     PolicyError,
 )
-from fleet.schedule.ledger import Ledger
+from fleet.schedule.ledger import Ledger, stream_partition
+from fleet.schedule.partitions import Partitions
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,13 @@ class Launch:
         stream: the stream's id (a new one, or the running stream joined).
         members: the models and their GPUs.
         join: True when the members join the running stream ``stream``.
+        partition: with partitioned data, the partition the members visit; else None.
     """
 
     stream: int
     members: tuple[Member, ...]
     join: bool
+    partition: int | None = None
 
 
 class World(Protocol):
@@ -75,7 +80,8 @@ class World(Protocol):
     def checkpoint(self, model: str) -> None:
         """Checkpoint a model the books now hold ``CHECKPOINTING`` and take it off its GPUs;
         report `Driver.checkpointed` when done (or `Driver.converged`, when its last epoch
-        ended at that very moment)."""
+        ended at that very moment). With partitioned data only the checkpoint signal asks
+        this: the visit in flight is dropped and the model goes back to its last hop."""
 
     def launch(self, launches: Sequence[Launch], new_round: bool, planning_s: float) -> None:
         """Start the decision's streams and joins; `planning_s`: the policy call's duration."""
@@ -92,6 +98,11 @@ class Driver:
 
     def __init__(self, policy: Policy, ledger: Ledger, world: World):
         self.policy, self.ledger, self.world = policy, ledger, world
+        if ledger.partitions is not None and not policy.hops:
+            raise PolicyError(f"{policy.name} does not plan visits of partitioned data (a hopping policy does)")
+        if ledger.partitions is None and policy.hops:  # whole data: one partition on every node
+            nodes = -(-ledger.total_gpus // ledger.gpus_per_node)
+            ledger.partitions = Partitions((float(ledger.rates.samples_per_epoch),), ledger.gpus_per_node, nodes)
         self.planning_s = 0.0
         self.interrupted = False
         self._deciding = False
@@ -123,6 +134,16 @@ class Driver:
         self.ledger.epoch_done(model, epochs)
         gpus = self.ledger.release(model, ModelState.CONVERGED)
         self._notify(ModelConverged(model, epochs, self.world.now(), gpus, samples_per_s))
+
+    def visit_completed(
+        self, model: str, partition: int, epochs: int, samples_per_s: float, metric: float | None = None
+    ) -> None:
+        """A running model finished its visit of `partition` and hops (the world checkpoints
+        it by itself and reports `checkpointed`); `epochs`: its epochs done after the visit,
+        one more when the visit ended an epoch (`metric` as in `epoch_completed`)."""
+        if self.ledger.visit_done(model, partition):
+            self.ledger.epoch_done(model, epochs)
+            self._notify(EpochCompleted(model, epochs, self.world.now(), samples_per_s, metric))
 
     def checkpointed(self, model: str, epochs: int) -> None:
         """A model's checkpoint is done: it is paused and its GPUs are free."""
@@ -184,6 +205,8 @@ class Driver:
             raise PolicyError(f"{self.name}: returned {decision!r}, not a Decision")
         if decision.end_round and (decision.launch or decision.checkpoint):
             raise PolicyError(f"{self.name}: end_round cannot be combined with other actions")
+        if self.ledger.partitions is not None and (decision.end_round or decision.checkpoint):
+            raise PolicyError(f"{self.name}: visits of partitioned data are not cut short (no checkpoint, no end_round)")
         for model in decision.checkpoint:
             state = self.ledger.model(model).state
             if state is not ModelState.RUNNING:
@@ -213,5 +236,6 @@ class Driver:
             stream = self.ledger.open_stream() if plan.join is None else plan.join
             for member in plan.members:
                 self.ledger.reserve(member.model, member.gpus, stream)
-            launches.append(Launch(stream, plan.members, plan.join is not None))
+            launches.append(Launch(stream, plan.members, plan.join is not None,
+                                   stream_partition(plan, self.ledger.partitions)))
         self.world.launch(launches, new_round, planning_s)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import replace
 
 from fleet.schedule._base import ClusterView, ModelState, ModelView, PolicyError, StreamPlan, StreamView
+from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
 
 
@@ -50,6 +51,33 @@ def check_launch(
                 seen.add(g)
 
 
+def check_visits(plans: Iterable[StreamPlan], policy: str, partitions: Partitions,
+                 visited: Callable[[str], tuple[int, ...]]) -> None:
+    """The protocol's rules for launches on partitioned data: each stream on one partition's
+    GPUs, no joins, each member a model that has not visited that partition in its epoch.
+
+    Raises:
+        PolicyError: a plan breaks one of them.
+    """
+    for plan in plans:
+        if plan.join is not None:
+            raise PolicyError(f"{policy}: no joins with partitioned data (a visit starts at its partition's start)")
+        where = {partitions.of_gpu(g) for member in plan.members for g in member.gpus}
+        if len(where) != 1:
+            raise PolicyError(f"{policy}: a stream spans partitions {sorted(where)}; it must stay on one")
+        (partition,) = where
+        for member in plan.members:
+            if partition in visited(member.model):
+                raise PolicyError(f"{policy}: {member.model} already visited partition {partition} this epoch")
+
+
+def stream_partition(plan: StreamPlan, partitions: Partitions | None) -> int | None:
+    """The partition a checked stream plan visits (None without partitions)."""
+    if partitions is None:
+        return None
+    return partitions.of_gpu(plan.members[0].gpus[0])
+
+
 class Ledger:
     """Mutable books of one run; see the module docstring."""
 
@@ -62,13 +90,16 @@ class Ledger:
         epochs_done: Mapping[str, int] | None = None,
         paused: Iterable[str] = (),
         decode_rate: float | None = None,
+        partitions: Partitions | None = None,
+        visited: Mapping[str, Iterable[int]] | None = None,
     ):
         self._rates, self.total_gpus, self.gpus_per_node = rates, total_gpus, gpus_per_node
-        self.decode_rate = decode_rate
-        done = epochs_done or {}
+        self.decode_rate, self.partitions = decode_rate, partitions
+        done, seen = epochs_done or {}, visited or {}
         paused = set(paused)
         self.views = [
-            ModelView(p.id, ModelState.PAUSED if p.id in paused else ModelState.PENDING, done.get(p.id, 0), float(e))
+            ModelView(p.id, ModelState.PAUSED if p.id in paused else ModelState.PENDING, done.get(p.id, 0), float(e),
+                      visited=tuple(sorted(set(seen.get(p.id, ())))))
             for p, e in zip(rates.models, epochs_estimate)
         ]
         self.owner = [""] * total_gpus
@@ -77,6 +108,7 @@ class Ledger:
         self.round = 0
         self.launches = 0
         self._cached: tuple[tuple[StreamView, ...], tuple[int, ...]] | None = None  # (streams, free GPUs)
+        self._stream_views: dict[int, StreamView] = {}  # of the streams unchanged since their view was built
 
     @property
     def rates(self) -> RateTable:
@@ -86,6 +118,7 @@ class Ledger:
     @rates.setter
     def rates(self, table: RateTable) -> None:
         self._rates, self._cached = table, None
+        self._stream_views.clear()
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -122,12 +155,15 @@ class Ledger:
 
     def view(self, now: float) -> ClusterView:
         if self._cached is None:
-            streams = tuple(StreamView(s, tuple(m), self.pace(s)) for s, m in self.streams.items())
+            for s, members in self.streams.items():
+                if s not in self._stream_views:
+                    self._stream_views[s] = StreamView(s, tuple(members), self.pace(s))
+            streams = tuple(self._stream_views[s] for s in self.streams)
             self._cached = (streams, self.free_gpus)
         streams, free = self._cached
         return ClusterView(
             now, self.total_gpus, self.gpus_per_node, self.round, self.rates, tuple(self.views), streams, free,
-            self.decode_rate,
+            self.decode_rate, self.partitions,
         )
 
     # -- decisions --------------------------------------------------------------------------
@@ -138,6 +174,8 @@ class Ledger:
             plans, policy, lambda model_id: self.model(model_id).state,
             lambda g: 0 <= g < self.total_gpus and not self.owner[g], set(self.streams),
         )
+        if self.partitions is not None:
+            check_visits(plans, policy, self.partitions, lambda model_id: self.model(model_id).visited)
 
     def begin_launch(self) -> bool:
         """Count the launch; True when it starts a new round (a launch on a drained cluster)."""
@@ -159,6 +197,7 @@ class Ledger:
         for g in gpus:
             self.owner[g] = model_id
         self.streams[stream].append(model_id)
+        self._stream_views.pop(stream, None)
         self._set(model_id, state=ModelState.RUNNING, gpus=tuple(gpus), stream=stream)
 
     def move(self, model_id: str, stream: int) -> None:
@@ -170,6 +209,20 @@ class Ledger:
 
     def epoch_done(self, model_id: str, epochs: int) -> None:
         self._set(model_id, epochs_done=epochs)
+
+    def visit_done(self, model_id: str, partition: int) -> bool:
+        """A running model finished its visit of `partition` and starts its hop (it is
+        CHECKPOINTING from now on). Returns True when the visit ended its epoch (every
+        partition visited; the visits start again)."""
+        if self.partitions is None or not 0 <= partition < self.partitions.count:
+            raise PolicyError(f"{model_id}: a visit of partition {partition}, which this run does not have")
+        visited = self.model(model_id).visited
+        if partition in visited:
+            raise PolicyError(f"{model_id}: visited partition {partition} twice in one epoch")
+        self.start_checkpoint(model_id)
+        ended = len(visited) + 1 == self.partitions.count
+        self._set(model_id, visited=() if ended else tuple(sorted((*visited, partition))))
+        return ended
 
     def start_checkpoint(self, model_id: str) -> None:
         view = self.model(model_id)
@@ -194,6 +247,7 @@ class Ledger:
             return
         members = self.streams[stream]
         members.remove(model_id)
+        self._stream_views.pop(stream, None)
         self._cached = None
         if not members:
             del self.streams[stream]

@@ -22,6 +22,15 @@ Model of a run
       these overheads. Costs common to every policy (first model build, data loading) are
       left out.
 
+Partitioned data (model hopping)
+    With `Scenario.partition_sizes` (or a hopping policy on whole data: one partition), a
+    stream trains each member for one visit of the partition its GPUs are on: its members all
+    start together and leave when the stream has moved that partition's samples. Each then
+    hops: a checkpoint (``checkpoint_s``, GPUs held), and a restore where it lands next
+    (``restore_s``), unless that visit ended its last epoch. With a `decode_rate`, each
+    partition's nodes decode their own partition at ``decode_rate / p``. The checkpoint signal
+    drops the visits in flight: the models go back to their last hop.
+
 Interrupts and resumes
     ``simulate(..., interrupt_at=t)`` does what the runtime does on the checkpoint signal:
     at ``t`` every running model is checkpointed, nothing new starts, and the run ends when
@@ -49,6 +58,7 @@ from fleet.schedule._base import Event, ModelState, Policy, PolicyError
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
 from fleet.schedule.ledger import Ledger
+from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
 
 _EPS = 1e-9
@@ -107,6 +117,10 @@ class Scenario:
         curves: per model, the validation metric (lower is better) after each of its epochs,
             at least ``true_epochs`` of them, reported with every epoch (the stop-rule noise
             model); empty: epochs report no metric.
+        partition_sizes: training samples of each partition of partitioned data (they add up
+            to the rate table's ``samples_per_epoch``); empty: whole data.
+        visited: for a resumed run of partitioned data, per model the partitions visited in
+            its current epoch; empty: none.
     """
 
     rates: RateTable
@@ -117,9 +131,16 @@ class Scenario:
     decode_rate: float | None = None
     resumed: tuple[float | None, ...] = ()
     curves: tuple[tuple[float, ...], ...] = ()
+    partition_sizes: tuple[float, ...] = ()
+    visited: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)
+        if self.partition_sizes and abs(sum(self.partition_sizes) - self.rates.samples_per_epoch) > 1e-6 * max(
+                1.0, self.rates.samples_per_epoch):
+            raise ValueError("partition_sizes must add up to the rate table's samples_per_epoch")
+        if self.visited and len(self.visited) != n:
+            raise ValueError("visited needs one entry per model (or none)")
         if self.planning_rates is not None and self.planning_rates.ids != self.rates.ids:
             raise ValueError("planning_rates must hold the same models as rates, in the same order")
         if len(self.true_epochs) != n or len(self.epochs_estimate) != n:
@@ -142,6 +163,7 @@ class Outcome(enum.Enum):
 
     CONVERGED = "converged"
     CHECKPOINTED = "checkpointed"
+    HOPPED = "hopped"  # a visit of partitioned data ended and the model left for the next
 
 
 @dataclass(frozen=True)
@@ -235,11 +257,15 @@ class SimResult:
         gpu_time: :class:`GpuTime` breakdown.
         idle_per_gpu: seconds each GPU held no model.
         planning_s: duration of each policy call that launched something.
-        checkpoints: number of model checkpoints taken.
+        checkpoints: number of model checkpoints taken (hops included).
         timeline: the :class:`Timeline`.
         interrupted: the run was stopped by ``interrupt_at`` before every model converged.
         epochs_trained: per model, the (fractional) epochs it had trained at the end, those
             of the scenario's ``resumed`` included.
+        hops: visits of partitioned data that ended with a hop (a checkpoint and, later, a
+            restore on the next partition's nodes).
+        visited: per model, the partitions visited in its current epoch at the end (an
+            interrupted run of partitioned data); empty without partitions.
     """
 
     policy: str
@@ -254,6 +280,8 @@ class SimResult:
     timeline: Timeline
     interrupted: bool = False
     epochs_trained: tuple[float, ...] = ()
+    hops: int = 0
+    visited: tuple[tuple[int, ...], ...] = ()
 
     @property
     def mean_gpu_wait(self) -> float:
@@ -294,6 +322,7 @@ def resumed_scenario(scenario: Scenario, result: SimResult) -> Scenario | None:
         true_epochs=tuple(scenario.true_epochs[i] for i in keep),
         epochs_estimate=tuple(scenario.epochs_estimate[i] for i in keep), resumed=resumed,
         curves=tuple(scenario.curves[i] for i in keep) if scenario.curves else (),
+        visited=tuple(result.visited[i] for i in keep) if result.visited else (),
     )
 
 
@@ -305,7 +334,8 @@ class _Model:
 
     __slots__ = (
         "index", "id", "state", "true_epochs", "epochs_done", "samples", "gpus", "stream",
-        "own_rate", "generation", "join_pos", "launched", "start", "epochs_start", "param_bytes",
+        "own_rate", "generation", "join_pos", "launched", "start", "epochs_start", "param_bytes", "visited",
+        "visit_start",
     )
 
     def __init__(self, index: int, model_id: str, true_epochs: int, param_bytes: int | None):
@@ -321,6 +351,8 @@ class _Model:
         self.launched = self.start = 0.0
         self.epochs_start = 0.0
         self.param_bytes = param_bytes
+        self.visited: set[int] = set()  # partitions visited in the current epoch
+        self.visit_start = 0.0  # `samples` when its visit in flight began
 
 
 class _Stream:
@@ -328,11 +360,11 @@ class _Stream:
 
     __slots__ = (
         "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
-        "boundaries", "version", "start", "end", "all_members",
+        "boundaries", "version", "start", "end", "all_members", "partition",
     )
 
-    def __init__(self, stream_id: int, round_index: int):
-        self.id, self.round = stream_id, round_index
+    def __init__(self, stream_id: int, round_index: int, partition: int | None = None):
+        self.id, self.round, self.partition = stream_id, round_index, partition
         self.active: dict[int, _Model] = {}
         self.waiting: dict[int, _Model] = {}
         self.pos = 0.0
@@ -374,6 +406,10 @@ class _Stream:
         pos = model.join_pos + target - model.samples
         heapq.heappush(self.boundaries, (pos, model.index, model.generation, model.epochs_done + 1))
 
+    def push_visit_end(self, model: _Model, partition_samples: float) -> None:
+        """Queue where `model`'s visit of this stream's partition ends."""
+        heapq.heappush(self.boundaries, (model.join_pos + partition_samples, model.index, model.generation, -1))
+
     def drop_stale(self, models: Sequence[_Model]) -> None:
         """Drop queued boundaries of members that left (or came back as another generation)."""
         while self.boundaries:
@@ -384,7 +420,104 @@ class _Stream:
             heapq.heappop(self.boundaries)
 
 
-class _Run:
+class _StreamPhysics:
+    """How streams move in virtual time: members wait for their start, streams move at their
+    slowest member's pace (or their share of decoding), members leave. A base of `_Run`, which
+    sets the state these methods use (`clock`, `queue`, `streams`, `models`, the records)."""
+
+    def _push(self, when: float, kind: int, payload: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (when, kind, self.seq, payload))
+
+    def _new_stream(self, stream_id: int, partition: int | None) -> _Stream:
+        stream = _Stream(stream_id, self.driver.ledger.round, partition)
+        stream.synced_at = self.clock
+        self.streams[stream.id] = stream
+        return stream
+
+    def _wait(self, stream: _Stream, ready: list[tuple[_Model, float]], when: float) -> None:
+        for model, _ in ready:
+            model.stream = stream
+            stream.waiting[model.index] = model
+        self._push(when, _START, (stream.id, tuple((m.index, m.generation) for m, _ in ready)))
+
+    def _start_members(self, stream_id: int, members: tuple[tuple[int, int], ...]) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        stream.sync(self.clock)
+        for index, generation in members:
+            model = self.models[index]
+            if model.generation != generation or model.state is not ModelState.RUNNING:
+                continue
+            del stream.waiting[index]
+            stream.active[index] = model
+            stream.all_members.append(model.id)
+            model.join_pos = stream.pos
+            model.start = self.clock
+            model.epochs_start = model.samples / self.n
+            if stream.partition is None:
+                stream.push_boundary(model, self.n)
+            else:
+                stream.push_visit_end(model, self.partitions.sizes[stream.partition])
+        if stream.start is None and stream.active:
+            stream.start = self.clock
+        self._repace(stream)
+
+    def _repace(self, stream: _Stream) -> None:
+        """New pace for `stream` after a change; with a decode limit, for every running stream
+        (their shares of decoding move together)."""
+        if self.scenario.decode_rate is None:
+            self._repace_one(stream, math.inf)
+            return
+        sharing = [s for s in self.streams.values() if s.active and s.partition == stream.partition]
+        capacity = self.scenario.decode_rate / (1 if stream.partition is None else self.partitions.count)
+        shares = decode_shares({s.id: s.demand for s in sharing}, capacity)
+        self._repace_one(stream, shares.get(stream.id, math.inf))
+        for other in sharing:
+            if other is not stream:
+                self._repace_one(other, shares[other.id])
+
+    def _repace_one(self, stream: _Stream, decode_share: float) -> None:
+        stream.sync(self.clock)
+        stream.repace(decode_share)
+        stream.version += 1
+        stream.drop_stale(self.models)
+        if stream.active and stream.boundaries:
+            pos = stream.boundaries[0][0]
+            when = self.clock + max(0.0, pos - stream.pos) / stream.pace
+            self._push(when, _BOUNDARY, (stream.id, stream.version))
+
+    def _leave(self, stream: _Stream, model: _Model, outcome: Outcome, released: float) -> None:
+        stream.sync(self.clock)
+        progress = stream.progress(model)
+        if outcome is Outcome.CONVERGED:
+            progress = model.true_epochs * self.n
+        self.members.append(
+            MemberRecord(
+                model.id, stream.id, stream.round, model.gpus, model.launched, model.start,
+                self.clock, released, outcome, model.epochs_start, progress / self.n,
+            )
+        )
+        model.samples = progress
+        model.join_pos = None
+        del stream.active[model.index]
+        self._repace(stream)
+        self._close_if_empty(stream)
+
+    def _close_if_empty(self, stream: _Stream) -> None:
+        if stream.active or stream.waiting:
+            return
+        stream.end = self.clock
+        self.finished_streams.append(self.streams.pop(stream.id))
+
+    def _release(self, model: _Model) -> None:
+        model.gpus = ()
+        model.stream = None
+        self.last_release = self.clock
+
+
+class _Run(_StreamPhysics):
     """One simulated run: the `World` its `Driver` runs the policy in; :meth:`run` is the
     event loop. It supplies virtual time and the physics of streams; the driver does the rest."""
 
@@ -405,8 +538,12 @@ class _Run:
             shown, scenario.epochs_estimate, self.cluster.total_gpus, self.cluster.gpus_per_node,
             epochs_done={m.id: m.epochs_done for m in self.models},
             paused=[m.id for m in self.models if m.state is ModelState.PAUSED], decode_rate=scenario.decode_rate,
+            partitions=self._partitions(scenario), visited=dict(zip(shown.ids, scenario.visited)),
         )
+        for model, seen in zip(self.models, scenario.visited):
+            model.visited = set(seen)
         self.driver = Driver(policy, ledger, self)
+        self.partitions = ledger.partitions  # the driver gives a hopping policy one on whole data
         self.clock = 0.0
         self.round_start = 0.0
         self.queue: list[tuple] = []  # (time, kind, seq, payload)
@@ -419,6 +556,12 @@ class _Run:
         self.checkpoints = 0
         self.converged = 0
         self.last_release = 0.0
+        self.hops = 0
+
+    def _partitions(self, scenario: Scenario) -> Partitions | None:
+        if not scenario.partition_sizes:
+            return None
+        return Partitions(tuple(scenario.partition_sizes), self.cluster.gpus_per_node, self.cluster.nodes)
 
     # -- the loop --------------------------------------------------------------------
 
@@ -434,7 +577,7 @@ class _Run:
             when, kind, _, payload = heapq.heappop(self.queue)
             self.clock = max(self.clock, when)
             self._dispatch(kind, payload)
-            if self.checkpoints > 100 * len(self.models):
+            if self.checkpoints - self.hops > 100 * len(self.models):  # hops are the plan, not churn
                 raise PolicyError(f"{self.driver.name}: more than {100 * len(self.models)} checkpoints")
         return _summarize(self)
 
@@ -447,10 +590,6 @@ class _Run:
             self._stream_boundary(*payload)
         else:
             self.driver.interrupt()
-
-    def _push(self, when: float, kind: int, payload: tuple) -> None:
-        self.seq += 1
-        heapq.heappush(self.queue, (when, kind, self.seq, payload))
 
     # -- the World the driver calls ------------------------------------------------------
 
@@ -482,6 +621,12 @@ class _Run:
             )
             stream.waiting.pop(model.index, None)
             self._close_if_empty(stream)
+        if stream.partition is not None:  # the checkpoint signal: the visit in flight is dropped
+            model.samples = model.visit_start
+        self._hop_away(model, done)
+
+    def _hop_away(self, model: _Model, done: float) -> None:
+        """The model left its stream and is checkpointed until `done`."""
         model.state = ModelState.CHECKPOINTING
         model.stream = None
         model.generation += 1
@@ -498,14 +643,12 @@ class _Run:
         for launch in launches:
             ready = [self._reserve(member.model, member.gpus, delay) for member in launch.members]
             if not launch.join:
-                stream = self._new_stream(launch.stream)
+                stream = self._new_stream(launch.stream, launch.partition)
                 self._wait(stream, ready, max(r for _, r in ready))
             else:
                 stream = self.streams[launch.stream]
                 for model, when in ready:
                     self._wait(stream, [(model, when)], when)
-
-    # -- decisions -------------------------------------------------------------------
 
     def _reserve(self, model_id: str, gpus: tuple[int, ...], delay: float) -> tuple[_Model, float]:
         model = self._model(model_id)
@@ -514,64 +657,11 @@ class _Run:
         model.state = ModelState.RUNNING
         model.generation += 1
         model.launched = self.clock
+        model.visit_start = model.samples
         model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
         return model, self.clock + delay + restore + self.costs.start_s
 
-    def _new_stream(self, stream_id: int) -> _Stream:
-        stream = _Stream(stream_id, self.driver.ledger.round)
-        stream.synced_at = self.clock
-        self.streams[stream.id] = stream
-        return stream
-
-    def _wait(self, stream: _Stream, ready: list[tuple[_Model, float]], when: float) -> None:
-        for model, _ in ready:
-            model.stream = stream
-            stream.waiting[model.index] = model
-        self._push(when, _START, (stream.id, tuple((m.index, m.generation) for m, _ in ready)))
-
     # -- event handlers --------------------------------------------------------------
-
-    def _start_members(self, stream_id: int, members: tuple[tuple[int, int], ...]) -> None:
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            return
-        stream.sync(self.clock)
-        for index, generation in members:
-            model = self.models[index]
-            if model.generation != generation or model.state is not ModelState.RUNNING:
-                continue
-            del stream.waiting[index]
-            stream.active[index] = model
-            stream.all_members.append(model.id)
-            model.join_pos = stream.pos
-            model.start = self.clock
-            model.epochs_start = model.samples / self.n
-            stream.push_boundary(model, self.n)
-        if stream.start is None and stream.active:
-            stream.start = self.clock
-        self._repace(stream)
-
-    def _repace(self, stream: _Stream) -> None:
-        """New pace for `stream` after a change; with a decode limit, for every running stream
-        (their shares of decoding move together)."""
-        if self.scenario.decode_rate is None:
-            self._repace_one(stream, math.inf)
-            return
-        shares = decode_shares({s.id: s.demand for s in self.streams.values() if s.active}, self.scenario.decode_rate)
-        self._repace_one(stream, shares.get(stream.id, math.inf))
-        for other in self.streams.values():
-            if other is not stream and other.active:
-                self._repace_one(other, shares[other.id])
-
-    def _repace_one(self, stream: _Stream, decode_share: float) -> None:
-        stream.sync(self.clock)
-        stream.repace(decode_share)
-        stream.version += 1
-        stream.drop_stale(self.models)
-        if stream.active and stream.boundaries:
-            pos = stream.boundaries[0][0]
-            when = self.clock + max(0.0, pos - stream.pos) / stream.pace
-            self._push(when, _BOUNDARY, (stream.id, stream.version))
 
     def _stream_boundary(self, stream_id: int, version: int) -> None:
         stream = self.streams.get(stream_id)
@@ -581,6 +671,9 @@ class _Run:
         pos, index, _, epoch = heapq.heappop(stream.boundaries)
         stream.pos = max(stream.pos, pos)
         model = self.models[index]
+        if stream.partition is not None:
+            self._visit_end(stream, model)
+            return
         model.epochs_done = epoch
         if epoch >= model.true_epochs:
             self._converge(stream, model)
@@ -588,6 +681,25 @@ class _Run:
         stream.push_boundary(model, self.n)
         self._repace(stream)
         self.driver.epoch_completed(model.id, epoch, model.own_rate, _metric(self.scenario, index, epoch))
+
+    def _visit_end(self, stream: _Stream, model: _Model) -> None:
+        """`model` passed over its stream's partition: its epoch may end; it converges or hops."""
+        model.visited.add(stream.partition)
+        ended = len(model.visited) == self.partitions.count
+        if ended:
+            model.epochs_done += 1
+            model.visited.clear()
+            if model.epochs_done >= model.true_epochs:
+                self._converge(stream, model)
+                return
+        rate = model.own_rate
+        done = self.clock + self.costs.checkpoint_s(model.param_bytes)
+        self._leave(stream, model, Outcome.HOPPED, released=done)
+        model.samples = model.visit_start + self.partitions.sizes[stream.partition]
+        self._hop_away(model, done)
+        self.hops += 1
+        metric = _metric(self.scenario, model.index, model.epochs_done) if ended else None
+        self.driver.visit_completed(model.id, stream.partition, model.epochs_done, rate, metric)
 
     def _converge(self, stream: _Stream, model: _Model) -> None:
         rate = model.own_rate
@@ -603,34 +715,6 @@ class _Run:
         model.state = ModelState.PAUSED
         self._release(model)
         self.driver.checkpointed(model.id, model.epochs_done)
-
-    def _leave(self, stream: _Stream, model: _Model, outcome: Outcome, released: float) -> None:
-        stream.sync(self.clock)
-        progress = stream.progress(model)
-        if outcome is Outcome.CONVERGED:
-            progress = model.true_epochs * self.n
-        self.members.append(
-            MemberRecord(
-                model.id, stream.id, stream.round, model.gpus, model.launched, model.start,
-                self.clock, released, outcome, model.epochs_start, progress / self.n,
-            )
-        )
-        model.samples = progress
-        model.join_pos = None
-        del stream.active[model.index]
-        self._repace(stream)
-        self._close_if_empty(stream)
-
-    def _close_if_empty(self, stream: _Stream) -> None:
-        if stream.active or stream.waiting:
-            return
-        stream.end = self.clock
-        self.finished_streams.append(self.streams.pop(stream.id))
-
-    def _release(self, model: _Model) -> None:
-        model.gpus = ()
-        model.stream = None
-        self.last_release = self.clock
 
     def _model(self, model_id: str) -> _Model:
         return self.models[self.driver.ledger.rates.index(model_id)]
@@ -657,7 +741,8 @@ def _summarize(run: _Run) -> SimResult:
         run.driver.name, run.cluster.total_gpus, makespan, len(run.rounds),
         float(sum(s.pos for s in streams)), gpu_time, idle, tuple(run.planning),
         run.checkpoints, Timeline(tuple(run.rounds), records, members),
-        run.converged < len(run.models), tuple(m.samples / run.n for m in run.models),
+        run.converged < len(run.models), tuple(m.samples / run.n for m in run.models), run.hops,
+        tuple(tuple(sorted(m.visited)) for m in run.models) if run.partitions is not None else (),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.spec._base import SpecError
 from fleet.spec.search import ModelSpec
 from fleet.spec.sections import (
@@ -20,6 +21,7 @@ from fleet.spec.sections import (
     RandomCropOp,
     ResizeOp,
     Source,
+    SchedulerSpec,
     TrainSpec,
 )
 
@@ -129,3 +131,10 @@ def check_models(data: DataSpec, train: TrainSpec, models: tuple[ModelSpec, ...]
         if model.train.batch_size != train.batch_size:
             _check_batch(model.train, f"models[{entry}].train", data)
         _check_kernel(model, f"models[{entry}]", data)
+
+
+def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
+    """Partitioned data needs a policy that plans visits of it (model hopping), or auto."""
+    if data.partitioned and scheduler.policy != "auto" and scheduler.policy not in HOPPING_POLICIES:
+        raise SpecError(f"scheduler.policy: {scheduler.policy!r} trains on whole data; partitioned data "
+                        f"(data.partitioned) needs a hopping policy: {', '.join(HOPPING_POLICIES)}")

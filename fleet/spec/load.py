@@ -10,7 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from fleet.spec._base import KEYED_ERRORS, Section, SpecError, shown, valid_keys, yaml_path
-from fleet.spec.checks import check_data, check_data_path, check_models, check_pipeline, check_run_dir
+from fleet.spec.checks import check_data, check_data_path, check_hopping, check_models, check_pipeline, check_run_dir
 from fleet.spec.families import FAMILIES, family_error, is_user_family
 from fleet.engines.registry import DEFAULT_FRAMEWORK
 from fleet.spec.search import (
@@ -235,6 +235,8 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     train = validate(TrainSpec, raw.train, ("train",))
     models, entries = expand_models(raw.models, train, raw.seed, raw.framework)
     check_models(data, train, models, entries)
+    scheduler = validate(SchedulerSpec, raw.scheduler, ("scheduler",))
+    check_hopping(data, scheduler)
     return Spec(
         name=raw.name,
         seed=raw.seed,
@@ -244,7 +246,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
         preprocess=ops,
         models=models,
         train=train,
-        scheduler=validate(SchedulerSpec, raw.scheduler, ("scheduler",)),
+        scheduler=scheduler,
         cluster=validate(ClusterSpec, raw.cluster, ("cluster",)),
         runtime=validate(RuntimeSpec, raw.runtime, ("runtime",)),
         entries=entries,

@@ -26,6 +26,7 @@ from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, choose_policy
 from fleet.schedule.ledger import Ledger
+from fleet.schedule.planners import policy_class
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec, parse_spec
 
@@ -139,6 +140,17 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
 
     flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
     return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops)), "estimated from FLOPs"
+
+
+def refuse_hopping(spec: Spec) -> None:
+    """The MPI runtime does not run model hopping yet: a one-line error before any rank starts.
+
+    Raises:
+        UserError: the spec names a hopping policy.
+    """
+    if spec.scheduler.policy != AUTO and policy_class(spec.scheduler.policy).hops:
+        raise UserError(f"scheduler.policy: {spec.scheduler.policy!r} plans model hopping, which the runtime "
+                        "does not run yet; the simulator predicts it (fleet simulate --partitions P)")
 
 
 def policy_for(spec: Spec, name: str | None = None) -> Policy:

@@ -11,6 +11,7 @@ from fleet.schedule.planners.adaptive import FleetAdaptive
 from fleet.schedule.planners.baseline import Baseline
 from fleet.schedule.planners.fleet_global import FleetGlobal
 from fleet.schedule.planners.fleet_local import FleetLocal
+from fleet.schedule.planners.hopping import FleetHop, ModelHopper
 from fleet.schedule.planners.homogeneous import Homogeneous
 
 POLICIES: dict[str, type[Policy]] = {
@@ -19,12 +20,17 @@ POLICIES: dict[str, type[Policy]] = {
     "baseline": Baseline,
     "homogeneous": Homogeneous,
     "fleet-adaptive": FleetAdaptive,
+    "mop": ModelHopper,
+    "fleet-hop": FleetHop,
 }
 """Policy classes by registry name: the one list of valid names (the spec's and the CLI's).
 Every class takes its ``Options`` instance first and ``seed=`` as a keyword."""
 
 PAPER_POLICIES = ("baseline", "homogeneous", "fleet-l", "fleet-g")
 """The four policies of the FLEET paper's evaluation."""
+
+HOPPING_POLICIES = tuple(name for name, policy in POLICIES.items() if policy.hops)
+"""The policies that plan visits of partitioned data (model hopping)."""
 
 
 def policy_class(name: str) -> type[Policy]:
@@ -66,5 +72,5 @@ def create_policy(name: str, seed: int = 0, **options: Any) -> Policy:
     return policy_class(name)(policy_options(name, options), seed=seed)
 
 
-__all__ = ["POLICIES", "PAPER_POLICIES", "create_policy", "policy_class", "policy_options", "Baseline",
+__all__ = ["POLICIES", "PAPER_POLICIES", "HOPPING_POLICIES", "FleetHop", "ModelHopper", "create_policy", "policy_class", "policy_options", "Baseline",
            "FleetAdaptive", "FleetGlobal", "FleetLocal", "Homogeneous"]

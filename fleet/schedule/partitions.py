@@ -1,0 +1,90 @@
+"""Data partitioned across nodes (model hopping, Cerebro's MOP): which GPUs see which partition.
+
+A data set written by ``fleet data partition`` has ``p`` partitions; a job of ``N`` nodes
+keeps partition ``k`` on the ``N / p`` consecutive nodes ``k * N / p ... (k + 1) * N / p - 1``
+(a node group), and its samples never leave them. A model trains a *visit* (a sub-epoch: one
+pass over one partition) on GPUs of that partition's nodes, then *hops*: its checkpoint goes
+to the next partition's nodes through the run directory. It has trained an epoch when it has
+visited every partition once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class PartitionError(ValueError):
+    """The partitions do not fit the job (the message is one line for the user)."""
+
+
+def nodes_per_partition(partitions: int, nodes: int) -> int:
+    """How many nodes hold each partition.
+
+    Raises:
+        PartitionError: `nodes` is not a multiple of `partitions` (or either is below 1).
+    """
+    if partitions < 1 or nodes < 1:
+        raise PartitionError(f"{partitions} partitions on {nodes} nodes: both must be at least 1")
+    if nodes % partitions:
+        fits = ", ".join(str(d) for d in range(1, nodes + 1) if nodes % d == 0)
+        raise PartitionError(
+            f"{partitions} partitions do not fit {nodes} nodes: each partition needs the same number of "
+            f"whole nodes (partitions that fit {nodes} nodes: {fits}; make them with: "
+            f"fleet data partition --parts N)"
+        )
+    return nodes // partitions
+
+
+@dataclass(frozen=True)
+class Partitions:
+    """The partitions of one job and where they live.
+
+    Attributes:
+        sizes: training samples of each partition (a visit passes over them once).
+        gpus_per_node: GPUs of each node.
+        nodes: nodes of the job (a multiple of the partition count).
+    """
+
+    sizes: tuple[float, ...]
+    gpus_per_node: int
+    nodes: int
+
+    def __post_init__(self) -> None:
+        if not self.sizes or any(not s > 0 for s in self.sizes):
+            raise PartitionError(f"every partition needs training samples, got sizes {list(self.sizes)}")
+        if self.gpus_per_node < 1:
+            raise PartitionError(f"gpus_per_node must be at least 1, got {self.gpus_per_node}")
+        nodes_per_partition(len(self.sizes), self.nodes)
+
+    @classmethod
+    def even(cls, count: int, samples: float, total_gpus: int, gpus_per_node: int) -> "Partitions":
+        """`count` partitions of equal size splitting `samples` on a job of `total_gpus`."""
+        return cls((samples / count,) * count, gpus_per_node, math.ceil(total_gpus / gpus_per_node))
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def samples(self) -> float:
+        """Training samples of an epoch (every partition once)."""
+        return float(sum(self.sizes))
+
+    @property
+    def nodes_each(self) -> int:
+        """Nodes holding one partition."""
+        return self.nodes // self.count
+
+    def of_node(self, node: int) -> int:
+        """The partition node `node` holds."""
+        return node // self.nodes_each
+
+    def of_gpu(self, gpu: int) -> int:
+        """The partition GPU `gpu` (a global index) can read."""
+        return self.of_node(gpu // self.gpus_per_node)
+
+    def gpus(self, partition: int, total_gpus: int) -> range:
+        """The global GPU indices on `partition`'s nodes, of a job with `total_gpus`."""
+        per = self.nodes_each * self.gpus_per_node
+        return range(partition * per, min((partition + 1) * per, total_gpus))
