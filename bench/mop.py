@@ -9,20 +9,37 @@ reaches 1.0), the hops, and the bytes the hops move between nodes (a checkpoint 
 samples decoded relative to one decode per model-epoch. Costs: the simulator's defaults
 (``Overheads``: 5 s + 3 x parameter bytes at 1 GB/s per checkpoint and per restore).
 
-The runtime part of issue 24's bench (4 virtual nodes on the emulated device, against the
-simulator's prediction) comes with the runtime's partitioned data.
+``--runtime``: the MPI runtime instead, on the emulated device (a training step sleeps for the
+time the profile's rates predict; the ranks, streams, checkpoints and hops are real): 8 CNNs
+on 4 virtual nodes x 2 trainer slots + 1 preprocessor (12 ranks), a synthetic HDF5 data set in
+4 partitions (one per node). For `mop` and `fleet-hop`, in one invocation: the measured
+makespan against the simulator's prediction on the same rates and partitions, with the
+checkpoint costs of these tiny emulated models (0.1 s a checkpoint or restore, as the FLEET-G
+emulated check uses) and with the dry run's costs for real models (0.5 s + 3 x parameter bytes
+at 1 GB/s); the bytes the hops moved between nodes (the emulated checkpoints, and what the
+same CNNs' real parameters and SGD momentum would weigh) against the data a replicated-data
+design (every model reading every sample of every epoch from shared storage) would move; and
+the samples decoded.
 
 Usage:
     python bench/mop.py [--seeds 3] [--jobs 2] [--nodes 8,16,32,64]
+    python bench/mop.py --runtime [--work /tmp/mop-runtime]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
+import subprocess
 import sys
+import time
 from dataclasses import replace
 from multiprocessing import Pool
+from pathlib import Path
+
+import yaml
 
 from fleet.schedule import Overheads, create_policy, lower_bounds, noisy_estimates, paper100, simulate
 from fleet.schedule.simulator import Outcome
@@ -30,6 +47,7 @@ from fleet.schedule.simulator import Outcome
 NODES = (8, 16, 32, 64)
 ESTIMATES = {"exact": 0.0, "x U(0.7, 1.3)": 0.3}
 COSTS = Overheads()
+EMULATED_COSTS = Overheads(latency_s=0.1, bandwidth=float("inf"), planning_s=0.0)  # tiny emulated checkpoints
 
 
 def _run(task):
@@ -75,12 +93,107 @@ def table(nodes, seeds: int, jobs: int) -> str:
     return "\n".join(lines)
 
 
+RUNTIME_MODELS = {  # name: (channels, hidden, single-slot rate in samples/s, epochs)
+    "c0": ([8], 0, 700.0, 3), "c1": ([8, 16], 32, 520.0, 2), "c2": ([16, 32], 64, 380.0, 3),
+    "c3": ([16], 32, 640.0, 2), "c4": ([8, 16, 32], 64, 300.0, 3), "c5": ([32], 0, 450.0, 2),
+    "c6": ([8, 8], 16, 820.0, 3), "c7": ([16, 16], 32, 560.0, 2),
+}
+
+
+def fleet(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "fleet", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"fleet {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return done
+
+
+def runtime_spec(work: Path, policy: str) -> Path:
+    doc = {
+        "name": "mop-runtime", "seed": 5,
+        "data": {"source": "hdf5", "path": str(work / "parts"), "partitioned": True, "image_size": 16},
+        "models": [{"family": "cnn", "name": n, "params": {"channels": c, "hidden": h}}
+                   for n, (c, h, _, _) in RUNTIME_MODELS.items()],
+        "train": {"batch_size": 32, "max_epochs": 10},
+        "scheduler": {"policy": policy, "profile": False},
+        "cluster": {"nodes": 4, "gpus_per_node": 2, "preprocessors_per_node": 1, "virtual_nodes": True,
+                    "device": "emulated"},
+        "runtime": {"timeout_s": 120},
+    }
+    path = work / f"{policy}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def runtime_profile(run_dir: Path, samples: int, params: dict[str, int]) -> None:
+    """The emulated rates: r(2) = 1.8 r(1); epochs as listed (the emulated device converges there)."""
+    run_dir.mkdir(parents=True)
+    models = [{"id": n, "rates": {"1": r, "2": 1.8 * r}, "epochs": e, "param_bytes": 4 * params[n]}
+              for n, (_, _, r, e) in RUNTIME_MODELS.items()]
+    doc = {"schema": 1, "gpus_per_node": 2, "samples_per_epoch": samples, "models": models}
+    (run_dir / "profile.json").write_text(json.dumps(doc))
+
+
+def runtime_table(work: Path) -> str:
+    from fleet.inspect import describe_ensemble
+    from fleet.schedule import whole_epochs
+    from fleet.schedule_io import load_profile, profile_scenario
+    from fleet.spec import load_spec
+    from preprocess.partition import job_partitions
+    from profiler.report import predicted_makespans, with_partitions
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    fleet("data", "make", "synthetic", "--format", "hdf5", "--out", str(work / "all.h5"), "--samples", "4000",
+          "--image-size", "16", "--classes", "10", "--quiet")
+    fleet("data", "partition", "--in", str(work / "all.h5"), "--parts", "4", "--out", str(work / "parts"), "--quiet")
+    lines = ["| policy | measured makespan | predicted (emulated costs) | measured / predicted | predicted (dry run's "
+             "costs) | visits | multi-slot visits | moved by hops: emulated / real CNN state | a replicated-data "
+             "design would read | decoded samples |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for policy in ("mop", "fleet-hop"):
+        spec_path = runtime_spec(work, policy)
+        spec = load_spec(spec_path)
+        params = {row.id: row.stats.parameters for row in describe_ensemble(spec).rows}
+        samples = int(job_partitions(spec.data, 4, 2).samples)
+        run_dir = work / policy
+        runtime_profile(run_dir, samples, params)
+        rates = load_profile(run_dir / "profile.json")
+        dry_run = predicted_makespans(spec, rates, (policy,))[policy]
+        epochs = [float(e) for (_, _, _, e) in RUNTIME_MODELS.values()]
+        scenario = with_partitions(profile_scenario(rates, whole_epochs(epochs), tuple(epochs), 8), spec)
+        predicted = simulate(create_policy(policy, seed=spec.seed), scenario, EMULATED_COSTS).makespan
+        began = time.monotonic()
+        fleet("run", str(spec_path), "--run-dir", str(run_dir), "--quiet")
+        wall = time.monotonic() - began
+        res = json.loads((run_dir / "results.json").read_text())
+        visits = [json.loads(line) for line in (run_dir / "visits.jsonl").read_text().splitlines()]
+        sizes = {p.parent.name: json.loads(p.read_text())["bytes"] for p in (run_dir / "checkpoints").glob("*/latest.json")}
+        epochs = {m["id"]: m["epochs"] for m in res["models"]}
+        hops = {m: sum(1 for v in visits if v["model"] == m) - 1 for m in epochs}  # no hop after the last visit
+        moved = sum(sizes[m] * hops[m] for m in hops)
+        real = sum(2 * 4 * params[m] * hops[m] for m in hops)  # float32 parameters and their momentum
+        replicated = sum(epochs.values()) * samples * 16 * 16 * 3  # uint8 images, every model-epoch
+        wide = sum(1 for v in visits if len(v["gpus"]) > 1)
+        makespan = res["makespan_s"]
+        lines.append(f"| {policy} | {makespan:.1f} s (wall {wall:.0f} s) | {predicted:.1f} s | {makespan / predicted:.2f} "
+                     f"| {dry_run:.1f} s | {len(visits)} | {wide} | {moved / 1e6:.2f} / {real / 1e6:.1f} MB "
+                     f"| {replicated / 1e6:.1f} MB | {res['samples_decoded']:,} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--nodes", default=",".join(map(str, NODES)))
+    parser.add_argument("--runtime", action="store_true", help="the MPI runtime on the emulated device instead")
+    parser.add_argument("--work", default="/tmp/mop-runtime")
     args = parser.parse_args(argv)
+    if args.runtime:
+        print("8 CNNs (emulated), 4 virtual nodes x 2 trainer slots + 1 preprocessor, 4 partitions of 4,000 "
+              "16x16 images")
+        print(runtime_table(Path(args.work)))
+        return 0
     nodes = [int(k) for k in args.nodes.split(",")]
     print(f"paper100, one partition per node, {args.seeds} seeds, costs {COSTS}")
     print(table(nodes, args.seeds, args.jobs))

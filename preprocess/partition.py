@@ -13,11 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from fleet.errors import UserError
+from fleet.schedule.partitions import PartitionError, Partitions
+from fleet.spec.sections import DataSpec
 from preprocess.h5write import ShardWriter
 from preprocess.layout import MANIFEST_NAME, PartitionManifest, part_name
 from preprocess.output import progress_bar, staged_output
+from preprocess.readers import partition_manifest
 from preprocess.readers.hdf5 import HDF5Reader, shard_files
 from preprocess.seeding import rng_for
+from preprocess.split import train_count
 
 _PARTITION_TAG = 0x9A27
 BATCH = 1024
@@ -95,3 +99,22 @@ def partition_dataset(
                 _write_part(reader, indices, staging / part_name(k), attrs, bar)
         (staging / MANIFEST_NAME).write_text(manifest.to_json() + "\n")
     return manifest
+
+
+def job_partitions(data: DataSpec, nodes: int, gpus_per_node: int) -> Partitions | None:
+    """Where the partitions of `data` live on a job of `nodes` nodes, with each partition's
+    training samples (from its manifest's class counts and `data.val_fraction`); None for
+    whole data.
+
+    Raises:
+        UserError: the manifest is missing or malformed, or its partitions do not fit the nodes.
+    """
+    if not data.partitioned:
+        return None
+    manifest = partition_manifest(data)
+    sizes = tuple(float(train_count(counts, data.val_fraction)) for counts in manifest.class_counts)
+    try:
+        return Partitions(sizes, gpus_per_node, nodes)
+    except PartitionError as exc:
+        raise UserError(f"data.path: {data.path} holds {manifest.count} partitions for a job of {nodes} nodes: "
+                        f"{exc}") from None

@@ -25,6 +25,13 @@ def _val_counts(class_sizes: np.ndarray, val_fraction: float) -> np.ndarray:
     return counts
 
 
+def train_count(class_sizes, val_fraction: float) -> int:
+    """Training samples `split_indices` leaves of a data set with `class_sizes` samples per
+    class (known from a partition manifest without reading the data)."""
+    sizes = np.asarray([s for s in class_sizes if s > 0], dtype=np.int64)
+    return int(sizes.sum() - _val_counts(sizes, val_fraction).sum())
+
+
 def split_indices(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Split sample indices into training and validation sets, stratified by label.
 
@@ -48,6 +55,21 @@ def split_indices(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[n
     is_val = np.zeros(len(labels), dtype=bool)
     is_val[val_idx] = True
     return np.flatnonzero(~is_val).astype(np.int64), val_idx.astype(np.int64)
+
+
+def split_blocks(labels: np.ndarray, sizes, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`split_indices` of each block of consecutive samples (`sizes`: their lengths) on its own,
+    as indices into the whole: the partitions of partitioned data read as one data set split
+    exactly as each node splits its own partition."""
+    train, val, start = [], [], 0
+    for size in sizes:
+        block_train, block_val = split_indices(labels[start:start + size], val_fraction, seed)
+        train.append(block_train + start)
+        val.append(block_val + start)
+        start += size
+    if start != len(labels):
+        raise ValueError(f"blocks of {sum(sizes)} samples for {len(labels)} labels")
+    return np.concatenate(train), np.concatenate(val)
 
 
 def epoch_order(train_idx: np.ndarray, seed: int, epoch: int) -> np.ndarray:

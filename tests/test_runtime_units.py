@@ -721,7 +721,7 @@ class ScriptedTraining:
 
     def __init__(self, batches):
         self.batches, self.is_master, self.size, self.stop_requested = list(batches), True, 1, False
-        self.steps, self.epochs_closed = [], 0
+        self.steps, self.epochs_closed, self.visit = [], 0, None
 
     def _poll_commands(self):
         pass  # the checkpoint command has not been polled when the leave arrives

@@ -15,10 +15,12 @@ from pathlib import Path
 from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
 from fleet.report.plan_text import render_plan
 from fleet.schedule import POLICIES, Overheads, Policy, create_policy, lower_bounds, simulate, whole_epochs
-from fleet.schedule.choice import AUTO, choose_policy
+from fleet.errors import UserError
+from fleet.schedule.choice import AUTO, CANDIDATES, choose_policy
+from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
 from fleet.spec import load_spec
-from profiler.report import decode_limit_line
+from profiler.report import candidates_for, decode_limit_line, with_partitions
 
 DEFAULT_POLICY = "fleet-g"
 
@@ -53,9 +55,15 @@ def run(args: argparse.Namespace) -> int:
     estimates, source = epochs_from_profile(rates, args.max_epochs, args.profile)
     truth = whole_epochs(estimates)
     scenario = profile_scenario(rates, truth, estimates, gpus)
+    if make_policy.spec is not None:
+        scenario = with_partitions(scenario, make_policy.spec)
     name = args.policy or make_policy.spec_policy
+    if scenario.partition_sizes and not policy_class(name if name != AUTO else "mop").hops:
+        raise UserError(f"--policy: {name} cannot run on the spec's partitioned data; choose from "
+                        f"{', '.join(HOPPING_POLICIES)}")
     if name == AUTO:
-        choice = choose_policy(make_policy, scenario, Overheads())
+        choice = choose_policy(make_policy, scenario, Overheads(),
+                               candidates=candidates_for(make_policy.spec) if make_policy.spec else CANDIDATES)
         print(f"policy auto: {choice.describe()}")
         name = choice.name
     result = simulate(make_policy(name), scenario, Overheads())

@@ -14,7 +14,7 @@ from fleet.errors import UserError
 from fleet.report.results import leaderboard_rows, write_results
 from fleet.report.table import format_table
 from fleet.runlock import RunLock
-from fleet.runtime.control.setup import refuse_hopping
+from fleet.runtime.control.setup import check_partitions
 from fleet.runtime.events import EventLog
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
@@ -40,7 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, run_dir=args.run_dir)
-    refuse_hopping(spec)
+    check_partitions(spec)
     RunLock(spec.run_dir, "fleet run").check_free()
     if args.local:
         return run_local(spec, args)

@@ -11,7 +11,7 @@ from fleet.atomic import atomic_write_text
 from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
 from fleet.batch.submit import check_partition, require_submitter, submit
 from fleet.commands._args import one_of, positive_int
-from fleet.runtime.control.setup import check_same_ensemble, refuse_hopping
+from fleet.runtime.control.setup import check_partitions, check_same_ensemble
 from fleet.schedule_io import load_profile
 from fleet.spec import load_spec
 from profiler.report import preprocessors_for
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         require_submitter(system)
     spec = load_spec(args.spec, run_dir=args.run_dir)
-    refuse_hopping(spec)
+    check_partitions(spec)
     preprocessors = args.preprocessors
     if preprocessors is None and spec.cluster.preprocessors_per_node == "auto":
         preprocessors = _profiled_preprocessors(spec)

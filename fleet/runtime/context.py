@@ -43,20 +43,50 @@ class RunContext:
         return self.spec.runtime.timeout_s
 
     @cached_property
+    def partitions(self):
+        """Where the partitions of partitioned data live (a `Partitions`), else None."""
+        from preprocess.partition import job_partitions  # preprocess loads h5py and Pillow
+
+        return job_partitions(self.spec.data, self.spec.cluster.nodes, self.spec.cluster.gpus_per_node)
+
+    @cached_property
+    def partition(self) -> int | None:
+        """The partition this rank's node holds (partitioned data), else None."""
+        return None if self.partitions is None else self.partitions.of_node(self.topology.node_of(self.rank))
+
+    @cached_property
     def reader(self):
+        """The data this rank reads: its node's partition, or the whole data set."""
+        return self.open_part(self.partition)
+
+    def open_part(self, partition: int | None):
         from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
 
-        return open_reader(self.spec.data, seed=self.spec.seed)
+        return open_reader(self.spec.data, seed=self.spec.seed, partition=partition)
 
     @cached_property
     def split(self) -> tuple[np.ndarray, np.ndarray]:
+        """(train, validation) indices of this rank's data (its node's partition: its own split)."""
+        return self.split_of(self.reader)
+
+    def split_of(self, reader) -> tuple[np.ndarray, np.ndarray]:
         from preprocess.split import split_indices  # preprocess loads h5py and Pillow
 
-        return split_indices(self.reader.labels, self.spec.data.val_fraction, self.spec.seed)
+        return split_indices(reader.labels, self.spec.data.val_fraction, self.spec.seed)
 
     @property
     def train_idx(self) -> np.ndarray:
         return self.split[0]
+
+    @property
+    def epoch_samples(self) -> int:
+        """Training samples of an epoch: of every partition of partitioned data."""
+        return len(self.train_idx) if self.partitions is None else int(self.partitions.samples)
+
+    @property
+    def part_samples(self) -> int:
+        """Training samples of this rank's data: one pass (a visit of its node's partition)."""
+        return len(self.train_idx)
 
     @cached_property
     def num_classes(self) -> int:
@@ -85,9 +115,19 @@ class RunContext:
 
     @cached_property
     def validation(self) -> tuple[np.ndarray, np.ndarray]:
-        """The validation set, decoded once per process (eval transforms: no augmentation)."""
-        val_idx = np.sort(self.split[1])
-        raw = self.reader.read(val_idx)
+        """The validation set, decoded once per process (eval transforms: no augmentation); of
+        partitioned data, the validation samples of every partition (read by trainers only)."""
+        if self.partitions is None:
+            return self._decoded_validation(self.reader)
+        parts = []
+        for k in range(self.partitions.count):
+            with self.open_part(k) as reader:
+                parts.append(self._decoded_validation(reader))
+        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+    def _decoded_validation(self, reader) -> tuple[np.ndarray, np.ndarray]:
+        val_idx = np.sort(self.split_of(reader)[1])
+        raw = reader.read(val_idx)
         x = self.pipeline(raw, np.random.default_rng(self.spec.seed), train=False)
         self.extras["val_decoded"] = self.extras.get("val_decoded", 0) + len(val_idx)
         return x, raw.labels

@@ -28,8 +28,8 @@ from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
-from fleet.runtime.control.setup import (epoch_limits, plan_run, policy_for, prepare_run_dir, rates_decision, refuse_hopping,
-                                         write_run)
+from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for, prepare_run_dir,
+                                         rates_decision, write_run)
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
@@ -136,7 +136,7 @@ class SameOnEveryRank(UserError):
 def _start(world: Any, who: RankIdentity, options: TrainOptions):
     """Spec, topology and communicators; rank 0 prepares the run directory and the plan."""
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
-    refuse_hopping(spec)
+    check_partitions(spec)
     if options.device:
         spec = with_device(spec, options.device)
     env = read_job_env(os.environ)
@@ -319,7 +319,7 @@ def _visible_gpus(spec) -> int | None:
 def _rank0_setup(ctx) -> dict | str:
     """The plan on rank 0; a user error becomes its message for every rank."""
     try:
-        plan = plan_run(ctx.spec, Path(ctx.run_dir), len(ctx.train_idx))
+        plan = plan_run(ctx.spec, Path(ctx.run_dir), ctx.epoch_samples, ctx.partitions)
     except UserError as exc:
         return str(exc)
     ctx.extras["plan"] = plan

@@ -59,12 +59,14 @@ class StreamLayout:
 
 @dataclass(frozen=True)
 class StreamSource:
-    """What a stream decodes: the order of samples, the chunk size, the base epoch key."""
+    """What a stream decodes: the order of samples, the chunk size, the base epoch key, and
+    with partitioned data the partition it visits (its members train one pass over it)."""
 
     seed: int
     salt: int
     base_epoch: int
     chunk_samples: int
+    partition: int | None = None
 
 
 # ---------------------------------------------------------------- commands
@@ -184,6 +186,7 @@ class MemberLeft:
     parameters: int
     val_decoded: int = 0  # validation samples this rank decoded since its last report
     start_s: float = 0.0  # as in EpochReport, when no epoch report carried it
+    visited: int | None = None  # partitioned data: the partition whose visit ended with this leave (a hop)
 
 
 @dataclass(frozen=True)
@@ -205,3 +208,4 @@ class StreamDone:
     decoded: int
     shared: int = 0  # chunks its root master took from shared memory
     hollow: int = 0  # chunks sent as a header only, after every member had left
+    read_from: tuple[tuple[str, int], ...] = ()  # (file, samples) this rank read for the stream

@@ -219,7 +219,8 @@ class Ledger:
         visited = self.model(model_id).visited
         if partition in visited:
             raise PolicyError(f"{model_id}: visited partition {partition} twice in one epoch")
-        self.start_checkpoint(model_id)
+        if self.model(model_id).state is not ModelState.CHECKPOINTING:  # (the checkpoint signal came first)
+            self.start_checkpoint(model_id)
         ended = len(visited) + 1 == self.partitions.count
         self._set(model_id, visited=() if ended else tuple(sorted((*visited, partition))))
         return ended

@@ -25,7 +25,8 @@ from preprocess.readers.imagefolder import ImageFolderReader
 from preprocess.readers.synthetic import SyntheticReader
 
 __all__ = [
-    "READERS", "RawBatch", "Reader", "ReaderEntry", "class_notices", "open_reader", "partition_count", "reader_entry",
+    "READERS", "RawBatch", "Reader", "ReaderEntry", "class_notices", "open_reader", "partition_count",
+    "partition_manifest", "reader_entry",
 ]
 
 
@@ -94,10 +95,17 @@ def reader_entry(source: Source | str) -> ReaderEntry:
 
 def partition_count(data: DataSpec) -> int:
     """How many partitions `data` has: the manifest's count when partitioned, else 1."""
-    if not data.partitioned:
-        return 1
+    return partition_manifest(data).count if data.partitioned else 1
+
+
+def partition_manifest(data: DataSpec):
+    """The `PartitionManifest` of partitioned `data` (its source must read parts).
+
+    Raises:
+        UserError: the source cannot be partitioned, or the manifest is missing or malformed.
+    """
     _parts_opener(data)
-    return read_manifest(_path(data)).count
+    return read_manifest(_path(data))
 
 
 def _parts_opener(data: DataSpec) -> Callable[[DataSpec, list[Path], int], Reader]:

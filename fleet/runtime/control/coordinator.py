@@ -21,6 +21,7 @@ from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.tuning import RateTuner
+from fleet.runtime.control.visits import VisitLog
 from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
     EndNeeded,
@@ -55,6 +56,12 @@ class Coordinator:
         self.last_keepalive = time.monotonic()
         self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
         self.board: ScalarBoard | None = ScalarBoard(Path(ctx.run_dir) / "tensorboard")
+        self.visits = VisitLog(Path(ctx.run_dir)) if ledger.partitions is not None else None
+        if self.visits is not None:
+            paused = ledger.ids_in(ModelState.PAUSED)
+            self.visits.recover(ledger.partitions.count, {m: ledger.model(m).epochs_done for m in paused},
+                                {m: ledger.model(m).visited for m in paused})
+        self.epoch_metrics: dict[str, float | None] = {}  # a visit's epoch report waits for its hop
 
     # -- what results.json reports --------------------------------------------------------------
 
@@ -143,6 +150,9 @@ class Coordinator:
         self._board_epoch(report)
         if group_size:
             self.tuner.observe(report.model, group_size, report.samples_per_s)
+        if report.stop_reason is None and self.visits is not None:
+            self.epoch_metrics[report.model] = self._stop_metric(report)  # the epoch ends with the hop
+            return
         if report.stop_reason is None:
             self.driver.epoch_completed(report.model, report.epoch, report.samples_per_s, self._stop_metric(report))
             return
@@ -172,12 +182,30 @@ class Coordinator:
         self.membership.on_left(report)
         self.account.left(report)
         self.log.write("member_left", **report.__dict__)
+        if self.visits is not None and report.visited is not None:
+            self._visit_ended(report)
+        elif self.visits is not None:
+            self.visits.dropped(report.model)
         if report.converged:
             return
         self.account.count_checkpoint(report.checkpoint_s, len(self.ledger.model(report.model).gpus))
         self.log.write("checkpoint", model=report.model, epochs=report.epochs, epoch_samples=report.epoch_samples)
-        self.console.left(report.model, f"checkpointed at epoch {report.epochs} + {report.epoch_samples} samples")
+        where = f"epoch {report.epochs} + {report.epoch_samples} samples"
+        self.console.left(report.model, f"checkpointed at {where}" if report.visited is None else
+                          f"visited partition {report.visited} ({where}): hops")
         self.driver.checkpointed(report.model, report.epochs)
+
+    def _visit_ended(self, report: MemberLeft) -> None:
+        """A visit of partitioned data ended: in the visit log, and (unless the model converged
+        there) to the driver, which counts it and lets the model hop."""
+        epoch = report.epochs if report.epoch_samples == 0 else report.epochs + 1
+        partition = self.visits.ended(report.model, epoch, self.now())
+        if report.converged:
+            return
+        self.membership.leave(report.stream, report.model)  # its stream ends with its pass: out of it
+        metric = self.epoch_metrics.pop(report.model, None)
+        rate = self.ledger.rates.rate(report.model, max(1, len(self.ledger.model(report.model).gpus)))
+        self.driver.visit_completed(report.model, partition, report.epochs, rate, metric)
 
     # -- the World the driver calls ----------------------------------------------------------------
 
@@ -202,7 +230,9 @@ class Coordinator:
         new_streams = sum(not launch.join for launch in launches)
         for launch in launches:
             members = [(m.model, m.gpus) for m in launch.members]
+            for model, gpus in members if self.visits is not None else ():
+                self.visits.started(model, launch.partition, list(gpus), self.now())
             if launch.join:
                 self.membership.join(launch.stream, members)
             else:
-                self.membership.start_stream(launch.stream, members, new_streams)
+                self.membership.start_stream(launch.stream, members, new_streams, launch.partition)

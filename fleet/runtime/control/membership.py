@@ -75,6 +75,7 @@ class LiveStream:
     decoded: int = 0
     shared: int = 0  # chunks its root masters took from shared memory
     hollow: int = 0  # chunks sent without samples after its last members left
+    read_from: dict[int, dict[str, int]] = field(default_factory=dict)  # preprocessor rank -> samples per file
 
     @property
     def ended(self) -> bool:
@@ -132,12 +133,14 @@ class Membership:
 
     # -- what the policy decided ------------------------------------------------------------
 
-    def start_stream(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]], launching: int) -> None:
-        """A new stream of `members` ((model, GPUs)); `launching`: new streams in this decision."""
+    def start_stream(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]], launching: int,
+                     partition: int | None = None) -> None:
+        """A new stream of `members` ((model, GPUs)); `launching`: new streams in this decision;
+        `partition`: the partition its members visit (partitioned data)."""
         groups = [self._group(model, gpus) for model, gpus in members]
         for group in groups:
             self.account.record_member(group.model, group.gpus, stream_id)
-        self._open_stream(stream_id, groups, launching)
+        self._open_stream(stream_id, groups, launching, partition)
 
     def join(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]]) -> None:
         """`members` join running stream `stream_id` at its next regroup."""
@@ -187,17 +190,19 @@ class Membership:
         ranks = tuple(self.topology.trainer_rank(g) for g in gpus)
         return Group(model, ranks, tuple(gpus), self.groups_started)
 
-    def _open_stream(self, stream_id: int, groups: list[Group], launching: int) -> None:
+    def _open_stream(self, stream_id: int, groups: list[Group], launching: int, partition: int | None = None) -> None:
         staying = [s.layout.preprocessors for s in self.streams.values() if s.staying]
-        preprocessors = pick_preprocessors(self.topology, staying, [g.ranks[0] for g in groups], launching)
-        source = self._source([g.model for g in groups])
+        nodes = None if partition is None else self._nodes_of(partition)
+        preprocessors = pick_preprocessors(self.topology, staying, [g.ranks[0] for g in groups], launching, nodes)
+        source = self._source([g.model for g in groups], partition)
         end = max(self._member_end(g.model, 0, source) for g in groups)
         layout = StreamLayout(stream_id, 0, preprocessors, tuple(g.ranks[0] for g in groups), end)
         live = LiveStream(layout, source, self.ledger.round)
         self.streams[stream_id] = live
         need = preprocessors_needed(self.ledger.rates, [(g.model, len(g.gpus)) for g in groups])
         self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
-                       preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need, end=end)
+                       preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need, end=end,
+                       partition=partition)
         if need is not None and need > len(preprocessors):
             self.console.banner(f"stream {stream_id} needs about {need} preprocessor(s) to keep its pace and has "
                                 f"{len(preprocessors)}: its members may wait for data")
@@ -223,16 +228,24 @@ class Membership:
     def _member_end(self, model: str, first_chunk: int, source: StreamSource) -> int:
         """The stream chunk after the one where `model`, taking the stream from `first_chunk`,
         ends its last epoch (`max_epochs`, or the emulated device's limit), counted from the
-        checkpoint it resumes from: the same count as its master's `MemberClock`."""
+        checkpoint it resumes from: the same count as its master's `MemberClock`. A visit of a
+        partition ends after one pass over it."""
+        if source.partition is not None:
+            visited = int(self.ctx.partitions.sizes[source.partition])
+            return resumed_end_chunk(first_chunk, 1, 0, 0, visited, source.chunk_samples)
         info = self.store.latest_info(model)
         epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
         limit = self.ctx.extras.get("epoch_limits", {}).get(model) or self.ctx.spec.model(model).train.max_epochs
         return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx), source.chunk_samples)
 
-    def _source(self, models: list[str]) -> StreamSource:
+    def _source(self, models: list[str], partition: int | None = None) -> StreamSource:
         base = min(self.ledger.model(m).epochs_done for m in models)
         salt = zlib.crc32(",".join(sorted(models)).encode()) & 0x7FFFFFFF
-        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples)
+        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples, partition)
+
+    def _nodes_of(self, partition: int) -> list[int]:
+        per = self.ctx.partitions.nodes_each
+        return list(range(partition * per, (partition + 1) * per))
 
     # -- membership changes (pause -> regroup) ------------------------------------------------
 
@@ -323,10 +336,12 @@ class Membership:
         live.decoded += report.decoded
         live.shared += report.shared
         live.hollow += report.hollow
+        live.read_from[report.rank] = dict(report.read_from)
         if live.ended:
             self.finished.append(self.streams.pop(report.stream))
             self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared,
-                           hollow_chunks=live.hollow)
+                           hollow_chunks=live.hollow, partition=live.source.partition,
+                           read_from={str(rank): files for rank, files in live.read_from.items()})
 
     def on_left(self, report: MemberLeft) -> None:
         self.groups_open -= 1

@@ -10,7 +10,7 @@ from fleet.schedule.rates import RateTable
 
 
 def pick_preprocessors(topology, busy: Iterable[tuple[int, ...]], master_ranks: Sequence[int],
-                       launching: int) -> tuple[int, ...]:
+                       launching: int, nodes: Iterable[int] | None = None) -> tuple[int, ...]:
     """Least-loaded preprocessors, node-local first; a fair share of all of them.
 
     Args:
@@ -18,9 +18,12 @@ def pick_preprocessors(topology, busy: Iterable[tuple[int, ...]], master_ranks: 
         busy: the preprocessors of each stream that still has (or gets) members.
         master_ranks: the new stream's group masters (their nodes are preferred).
         launching: how many new streams this decision starts (they share what is free).
+        nodes: only preprocessors of these nodes (a partition's, for a visit of partitioned
+            data); None: any.
     """
-    busy = list(busy)
-    load = {rank: sum(rank in used for used in busy) for rank in topology.preprocessor_ranks()}
+    allowed = [r for r in topology.preprocessor_ranks() if nodes is None or topology.node_of(r) in set(nodes)]
+    busy = [used for used in busy if set(used) & set(allowed)]
+    load = {rank: sum(rank in used for used in busy) for rank in allowed}
     share = max(1, len(load) // max(1, len(busy) + launching))
     nodes = {topology.node_of(rank) for rank in master_ranks}
     ranked = sorted(load, key=lambda r: (load[r], topology.node_of(r) not in nodes, r))

@@ -26,7 +26,8 @@ from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, choose_policy
 from fleet.schedule.ledger import Ledger
-from fleet.schedule.planners import policy_class
+from fleet.schedule.partitions import Partitions
+from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec, parse_spec
 
@@ -142,15 +143,15 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
     return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops)), "estimated from FLOPs"
 
 
-def refuse_hopping(spec: Spec) -> None:
-    """The MPI runtime does not run model hopping yet: a one-line error before any rank starts.
+def check_partitions(spec: Spec) -> None:
+    """Partitioned data must fit the job's nodes (one line, exit 2, before any work).
 
     Raises:
-        UserError: the spec names a hopping policy.
+        UserError: its manifest is missing or malformed, or its partitions do not fit.
     """
-    if spec.scheduler.policy != AUTO and policy_class(spec.scheduler.policy).hops:
-        raise UserError(f"scheduler.policy: {spec.scheduler.policy!r} plans model hopping, which the runtime "
-                        "does not run yet; the simulator predicts it (fleet simulate --partitions P)")
+    from preprocess.partition import job_partitions  # preprocess loads h5py and Pillow
+
+    job_partitions(spec.data, spec.cluster.nodes, spec.cluster.gpus_per_node)
 
 
 def policy_for(spec: Spec, name: str | None = None) -> Policy:
@@ -160,22 +161,36 @@ def policy_for(spec: Spec, name: str | None = None) -> Policy:
 
 
 def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
-                  epochs_done: dict[str, int]) -> tuple[Policy, PolicyChoice | None]:
+                  epochs_done: dict[str, int], ledger: Ledger) -> tuple[Policy, PolicyChoice | None]:
     """The policy to run and, for `policy: auto`, the choice: the candidate predicted to finish
-    the models still to train first (from where the checkpointed ones stand)."""
+    the models still to train first (from where the checkpointed ones stand); on partitioned
+    data, among the hopping policies."""
+    candidates = CANDIDATES if ledger.partitions is None else HOPPING_POLICIES
     if spec.scheduler.policy != AUTO:
         return policy_for(spec), None
     if not todo.models:
-        return policy_for(spec, CANDIDATES[0]), None
+        return policy_for(spec, candidates[0]), None
+    parts = ledger.partitions
     scenario = Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(spec.cluster.gpus, todo.gpus_per_node),
-                        decode_rate=decode_rate,
-                        resumed=tuple(float(epochs_done[p.id]) if p.id in epochs_done else None for p in todo.models))
-    choice = choose_policy(lambda name: policy_for(spec, name), scenario)
+                        decode_rate=decode_rate, partition_sizes=parts.sizes if parts else (),
+                        visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
+                        resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
+    choice = choose_policy(lambda name: policy_for(spec, name), scenario, candidates=candidates)
     return policy_for(spec, choice.name), choice
 
 
-def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
-    """Rates, policy and books for the models still to train."""
+def _resumed_epochs(ledger: Ledger, model: str, epochs_done: dict[str, int]) -> float | None:
+    """Epochs a resumed model trained (with the partitions it visited in its epoch), or None."""
+    if model not in epochs_done:
+        return None
+    parts = ledger.partitions
+    seen = sum(parts.sizes[k] for k in ledger.model(model).visited) / parts.samples if parts else 0.0
+    return float(epochs_done[model]) + seen
+
+
+def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Partitions | None = None) -> RunPlan:
+    """Rates, policy and books for the models still to train (`partitions`: where partitioned
+    data lives; each resumed model's checkpoint says which it visited in its epoch)."""
     rates, source = rate_table(spec, run_dir, samples_per_epoch)
     store = CheckpointStore(run_dir)
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
@@ -185,6 +200,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
     resumed = [p.id for p in remaining if infos.get(p.id)]
     epochs_done = {i: int(infos[i]["epochs"]) for i in resumed}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
+    visited: dict[str, tuple[int, ...]] = {}
     for failure in rates.extra.get("failures", []):
         if failure.get("id") in records and failure["id"] not in set(rates.ids):
             records[failure["id"]].stop_reason = f"not trained: profiling failed ({failure.get('reason')})"
@@ -194,13 +210,15 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int) -> RunPlan:
         record.epochs, record.history = checkpoint.epochs, list(checkpoint.history)
         record.converged, record.stop_reason = checkpoint.converged, checkpoint.stop_reason
         record.gpu_seconds = checkpoint.gpu_seconds
+        visited[model_id] = tuple(int(k) for k in checkpoint.meta.get("visited", ()))
 
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
     estimates = epochs_estimate(todo, spec)
     ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node,
-                    epochs_done, paused=resumed, decode_rate=decode_rate)
-    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done)
-    name = choice.name if choice else (CANDIDATES[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
+                    epochs_done, paused=resumed, decode_rate=decode_rate, partitions=partitions, visited=visited)
+    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger)
+    candidates = HOPPING_POLICIES if partitions is not None else CANDIDATES
+    name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
     return RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name)
 
 

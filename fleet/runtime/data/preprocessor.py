@@ -27,7 +27,7 @@ the preprocessors' time goes to the next round's streams.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,7 @@ class StreamProducer:
     shared: int = 0  # chunks whose root took them from shared memory
     hollow: int = 0  # chunks sent without their samples (see `ending`)
     last_progress: float = field(default_factory=time.monotonic)
+    read_from: Counter = field(default_factory=Counter)  # samples read per file (the reader's names)
 
     def __post_init__(self) -> None:
         self.j = self.layout_at(0).preprocessors.index(self.ctx.rank)
@@ -140,6 +141,7 @@ class StreamProducer:
         indices = self.order.indices(chunk)
         count = len(indices)
         raw = self.ctx.reader.read(indices)
+        self.read_from.update(name.rpartition("[")[0] or name for name in raw.names)
         self.ctx.pipeline(raw, self.order.rng(chunk), train=True, out=self.chunks.images(buffer)[:count])
         self.chunks.labels(buffer)[:count] = raw.labels
         write_header(self.chunks.header(buffer), chunk, self.order.epoch_of(chunk), count, regroup=self._notice(chunk))
@@ -240,6 +242,9 @@ class PreprocessorLoop:
         return self.streams[stream]
 
     def _producer(self, command: StartStream) -> StreamProducer:
+        if command.source.partition != self.ctx.partition:
+            raise RuntimeError(f"stream {command.layout.stream} visits partition {command.source.partition}, and this "
+                               f"preprocessor's node holds partition {self.ctx.partition}")
         order = StreamOrder(self.ctx.train_idx, command.source)
         chunks = ChunkLayout(command.source.chunk_samples, self.ctx.input_shape)
         window = max(1, min(self.window_total // max(1, len(self.streams) + 1),  # this rank's Qp, shared
@@ -257,7 +262,8 @@ class PreprocessorLoop:
             if producer.finished:
                 del self.streams[stream_id]
                 self.decoded += producer.decoded
-                done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared, producer.hollow)
+                done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared, producer.hollow,
+                                  tuple(sorted(producer.read_from.items())))
                 send_object(self.ctx.ctrl, done, 0, Tag.REPORT, "the coordinator to take a stream report", self.ctx.timeout_s)
                 moved = True
         return moved

@@ -196,6 +196,8 @@ class CheckpointStore:
             "converged": bool(ckpt.converged),
             "time": round(time.time(), 3),
         }
+        if "visited" in ckpt.meta:  # partitioned data: the partitions visited in the current epoch
+            entry["visited"] = [int(k) for k in ckpt.meta["visited"]]
         previous = kept[: self.keep - 1]
         atomic_write_json(
             directory / LATEST, {"schema": LATEST_SCHEMA, "model_id": ckpt.model_id, **entry, "previous": previous}

@@ -34,15 +34,17 @@ class LocalData:
     """The data set, split and preprocessed in this process."""
 
     def __init__(self, spec: Spec):
-        from preprocess.readers import class_notices, open_reader  # preprocess loads h5py and Pillow
-        from preprocess.split import split_indices  # preprocess loads h5py and Pillow
+        from preprocess.readers import class_notices, open_reader, partition_manifest  # loads h5py and Pillow
+        from preprocess.split import split_blocks  # preprocess loads h5py and Pillow
         from preprocess.transforms import Pipeline  # preprocess loads h5py and Pillow
 
         self.spec = spec
         self.reader = open_reader(spec.data, seed=spec.seed)
         self.notices = class_notices(self.reader)  # "note: ..."/"warning: ..." lines for the user
         self.pipeline = Pipeline(spec.preprocess, spec.data)
-        self.train_idx, self.val_idx = split_indices(self.reader.labels, spec.data.val_fraction, spec.seed)
+        labels = self.reader.labels  # partitioned data: its parts one after another, each split as its node does
+        blocks = partition_manifest(spec.data).sizes if spec.data.partitioned else [len(labels)]
+        self.train_idx, self.val_idx = split_blocks(labels, blocks, spec.data.val_fraction, spec.seed)
         self.samples_decoded = 0
         self.val_x, self.val_y = self.decode(self.val_idx, np.random.default_rng(spec.seed), train=False)
 

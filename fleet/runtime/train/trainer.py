@@ -110,8 +110,51 @@ class MemberCosts:
         return seconds
 
 
+@dataclass
+class Visit:
+    """A member's visit of one partition of partitioned data: one pass over it, then a hop.
+
+    Attributes:
+        partition: the partition visited (its node's data).
+        partitions: how many the data has.
+        visited: partitions the model visited earlier in its epoch (from its checkpoint).
+        ended: the pass is over (a visit cut short by the checkpoint signal never ends).
+    """
+
+    partition: int
+    partitions: int
+    visited: tuple[int, ...] = ()
+    ended: bool = False
+
+    def end(self) -> bool:
+        """The pass is over; True when it ends the model's epoch (every partition visited)."""
+        self.ended = True
+        self.visited = (*self.visited, self.partition)
+        if len(self.visited) < self.partitions:
+            return False
+        self.visited = ()
+        return True
+
+    @property
+    def saves_at_leave(self) -> bool:
+        """A leave keeps where the model stands, but a visit cut short is dropped (its last hop
+        stays the model's state), and one that ended the epoch saved there already."""
+        return self.ended and bool(self.visited)
+
+
+def resumed_totals(epoch_samples: int, is_master: bool, sums: tuple[float, float], size: int) -> EpochTotals:
+    """The epoch a checkpoint stopped in: its position, and (on the master, which saved them)
+    the loss sum and compute time so far (`sums`), so that the epoch's loss and rate cover all
+    of it. The epoch's sums are allreduced over the `size` trainers, so workers start at zero."""
+    if not epoch_samples or not is_master:
+        return EpochTotals(samples=epoch_samples, resumed=epoch_samples)
+    loss_sum, compute_s = sums
+    return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * size, resumed=epoch_samples)
+
+
 class GroupTraining:
-    """One model trained by one group until it converges or is asked to leave."""
+    """One model trained by one group until it converges or is asked to leave; on partitioned
+    data, for one visit (`Visit`)."""
 
     def __init__(self, ctx: RunContext, start: StartMember, group_comm: Any):
         self.costs = MemberCosts()
@@ -127,9 +170,11 @@ class GroupTraining:
         self.gpu_seconds = 0.0
         self.resumed_totals = (0.0, 0.0)
         self._epoch_sums = (0.0, 0.0)  # saved with a checkpoint taken mid-epoch
+        partition = start.source.partition
+        self.visit = None if partition is None else Visit(partition, ctx.partitions.count)
         epoch_samples = self._resume()
         self.collective.broadcast_engine(self.engine)
-        self.totals = self._resumed_epoch(epoch_samples)
+        self.totals = resumed_totals(epoch_samples, self.is_master, self.resumed_totals, self.size)
         self.stop_requested = False
         self.last_progress = time.monotonic()
 
@@ -149,17 +194,9 @@ class GroupTraining:
         self.gpu_seconds = checkpoint.gpu_seconds
         self.resumed_totals = (float(checkpoint.meta.get("epoch_loss_sum", 0.0)),
                                float(checkpoint.meta.get("epoch_compute_s", 0.0)))
+        if self.visit is not None:
+            self.visit.visited = tuple(int(k) for k in checkpoint.meta.get("visited", ()))
         return checkpoint.epoch_samples
-
-    def _resumed_epoch(self, epoch_samples: int) -> EpochTotals:
-        """The epoch a checkpoint stopped in: its position, and (on the master, which saved
-        them) the loss sum and compute time so far, so that the epoch's loss and rate cover
-        all of it. The epoch's sums are allreduced, so workers start them at zero."""
-        if not epoch_samples or not self.is_master:
-            return EpochTotals(samples=epoch_samples, resumed=epoch_samples)
-        loss_sum, compute_s = self.resumed_totals
-        return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * self.size,
-                           resumed=epoch_samples)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -167,8 +204,8 @@ class GroupTraining:
         began = time.monotonic()
         qt = SampleQueue(self.ctx.spec.runtime.qt_samples, f"Qt of {self.model.id}")
         share_comm = self.group_comm.Dup()
-        if self.is_master:
-            clock = MemberClock(len(self.ctx.train_idx), self.totals.samples)
+        if self.is_master:  # a visit passes once over its partition, from its start
+            clock = MemberClock(len(self.ctx.train_idx), 0 if self.visit else self.totals.samples)
             stream: StreamThread = MasterStream(self.ctx, self.start, share_comm, qt, clock)
         else:
             stream = WorkerShares(self.ctx, self.start, share_comm, qt)
@@ -183,7 +220,7 @@ class GroupTraining:
             stream.request_leave()
             batcher.stop()
         self.gpu_seconds += (time.monotonic() - began) * self.size
-        if not converged:
+        if not converged and (self.visit is None or self.visit.saves_at_leave):
             self._epoch_sums = self._group_epoch_sums()
             self._save_checkpoint()
         self.ctx.extras.setdefault("draining", []).append(stream)
@@ -191,13 +228,14 @@ class GroupTraining:
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
             self.totals.samples, self.gpu_seconds, self.costs.take_checkpoint_s(), self.engine.num_parameters,
             self.ctx.extras.pop("val_decoded", 0), self.costs.take_start_s(),
+            self.visit.partition if self.visit and self.visit.ended else None,
         )
 
     def _claim_stream_end(self) -> None:
         """Ask for the stream past its end when this member needs it: the coordinator computed
         the end from the newest checkpoint, and loading fell back to an older one."""
         end = self.start.layout.end
-        if end is None:
+        if end is None or self.visit is not None:  # a visit's end is one pass, whatever it resumed from
             return
         need = resumed_end_chunk(self.start.first_chunk, self.tracker.max_epochs, self.tracker.epochs,
                                  self.totals.samples, len(self.ctx.train_idx), self.start.source.chunk_samples)
@@ -226,6 +264,8 @@ class GroupTraining:
             if total > 0:
                 self._step(batch, count, total)
             done_this_epoch = done_this_epoch or not has_more
+            if more == 0 and self.visit is not None:
+                return bool(self.visit.end() and self._end_epoch())  # the model leaves (hops) unless it converged
             if more == 0:
                 if self._end_epoch():
                     return True
@@ -337,7 +377,8 @@ class GroupTraining:
             gpu_seconds=self.gpu_seconds, converged=reason is not None,
             stop_reason=reason.value if reason else None,
             meta={"round": self.start.round, "stream": self.start.layout.stream, "gpus": self.size,
-                  "epoch_loss_sum": self._epoch_sums[0], "epoch_compute_s": self._epoch_sums[1]},
+                  "epoch_loss_sum": self._epoch_sums[0], "epoch_compute_s": self._epoch_sums[1],
+                  **({"visited": list(self.visit.visited)} if self.visit else {})},
         )
         self.store.save(checkpoint)
         self.costs.saved(time.monotonic() - started)

@@ -108,6 +108,9 @@ class FleetHop(_Hopper):
 
     name = "fleet-hop"
     Options = FleetHopOptions
+    # the runtime's weighing simulates the rest of the run once per report, which here is once per
+    # hop; until the weighing knows partitions, fleet-hop plans on the profiled rates
+    uses_refined_rates = False
 
     def __init__(self, options: FleetHopOptions = FleetHopOptions(), seed: int = 0):
         self.delta = options.delta

@@ -1,0 +1,73 @@
+"""The visit log of partitioned data: ``visits.jsonl`` in the run directory.
+
+One line per visit that ended (a model's pass over one partition): ``model``, ``epoch`` (the
+model's epoch the visit belongs to, from 1), ``partition``, ``gpus``, ``start`` and ``end``
+(seconds on the job's clock), ``job`` (which start of the run: 0, then one more per resume).
+Lines are appended as visits end and survive a kill. The checkpoint a visit ends with is the
+truth about what a model visited (a resumed job continues from it); a visit whose checkpoint
+was saved but whose line was lost to a kill is written on resume with ``"recovered": true``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+VISITS = "visits.jsonl"
+
+
+def read_visits(run_dir: str | Path) -> list[dict]:
+    """The visit log's lines, oldest first (none when there is no log)."""
+    path = Path(run_dir) / VISITS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class VisitLog:
+    """Appends the visits of one job to the run directory's log.
+
+    Args:
+        run_dir: the run directory.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / VISITS
+        lines = read_visits(run_dir)
+        self.job = 1 + max((line.get("job", 0) for line in lines), default=-1)
+        self.logged = {(line["model"], line["epoch"], line["partition"]) for line in lines}
+        self.open: dict[str, tuple[int, list[int], float]] = {}  # model -> (partition, gpus, start)
+
+    def started(self, model: str, partition: int, gpus: list[int], at: float) -> None:
+        self.open[model] = (partition, gpus, at)
+
+    def ended(self, model: str, epoch: int, at: float) -> int:
+        """Log the visit `model` had started; returns its partition."""
+        partition, gpus, start = self.open.pop(model)
+        self._write({"model": model, "epoch": epoch, "partition": partition, "gpus": gpus,
+                     "start": round(start, 3), "end": round(at, 3), "job": self.job})
+        return partition
+
+    def dropped(self, model: str) -> None:
+        """The model's visit was cut short (the checkpoint signal): no visit."""
+        self.open.pop(model, None)
+
+    def recover(self, partitions: int, epochs_done: Mapping[str, int], visited: Mapping[str, tuple[int, ...]]) -> None:
+        """Write the visits the checkpoints hold and the log lacks (a kill between the two): those
+        of each model's current epoch, and the last one of the epoch its checkpoint ended."""
+        for model, done in epochs_done.items():
+            current = [(done + 1, k) for k in visited.get(model, ())]
+            logged_last = {k for (m, e, k) in self.logged if m == model and e == done}
+            last = [(done, k) for k in range(partitions) if k not in logged_last] if done and len(logged_last) == \
+                partitions - 1 else []
+            for epoch, partition in current + last:
+                if (model, epoch, partition) not in self.logged:
+                    self._write({"model": model, "epoch": epoch, "partition": partition, "job": self.job,
+                                 "recovered": True})
+
+    def _write(self, line: dict) -> None:
+        self.logged.add((line["model"], line["epoch"], line["partition"]))
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
