@@ -97,7 +97,9 @@ def test_partitioned_data_needs_a_hopping_policy():
     assert str(err.value) == ("scheduler.policy: 'fleet-g' trains on whole data; partitioned data (data.partitioned) "
                               "needs a hopping policy: mop, fleet-hop")
     assert parse_spec(doc(data=data, scheduler={"policy": "fleet-hop", "delta": 0.2}), check_paths=False)
-    assert parse_spec(doc(scheduler={"policy": "mop"})).scheduler.policy == "mop"  # whole data: one partition
+    with pytest.raises(SpecError, match="'mop' moves models between partitions of the data, and data.partitioned is "
+                                         "false"):
+        parse_spec(doc(scheduler={"policy": "mop"}))
 
 
 def test_errors_are_single_lines():

@@ -134,7 +134,12 @@ def check_models(data: DataSpec, train: TrainSpec, models: tuple[ModelSpec, ...]
 
 
 def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
-    """Partitioned data needs a policy that plans visits of it (model hopping), or auto."""
+    """Partitioned data needs a policy that plans visits of it (model hopping), or auto; a
+    hopping policy needs partitioned data."""
     if data.partitioned and scheduler.policy != "auto" and scheduler.policy not in HOPPING_POLICIES:
         raise SpecError(f"scheduler.policy: {scheduler.policy!r} trains on whole data; partitioned data "
                         f"(data.partitioned) needs a hopping policy: {', '.join(HOPPING_POLICIES)}")
+    if not data.partitioned and scheduler.policy in HOPPING_POLICIES:
+        raise SpecError(f"scheduler.policy: {scheduler.policy!r} moves models between partitions of the data, and "
+                        "data.partitioned is false (split the data with: fleet data partition; or choose another "
+                        "policy)")
