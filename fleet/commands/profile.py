@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fleet.commands._args import positive_int, positive_int_list
 from fleet.commands._watch import finish, start_timeout
+from fleet.runtime.control.setup import check_partitions
 from fleet.runtime.launch.jobenv import read_job_env
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, start_here
 from fleet.runtime.main import TrainOptions, train_entry
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, run_dir=args.run_dir)
+    check_partitions(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
     command[command.index("train")] = "profile"
     if args.gpus:
