@@ -86,3 +86,18 @@ def test_the_visit_log_appends_and_recovers_what_a_kill_lost(tmp_path):
     (lost / "visits.jsonl").write_text(json.dumps({"model": "x", "epoch": 1, "partition": 0, "job": 0}) + "\n")
     VisitLog(lost).recover(2, {"x": 1}, {"x": ()})
     assert [(v["epoch"], v["partition"]) for v in read_visits(lost)] == [(1, 0), (1, 1)]
+
+
+def test_a_visits_preprocessors_are_on_its_partitions_nodes():
+    from fleet.runtime.control.preprocessors import pick_preprocessors
+    from fleet.runtime.launch.topology import assign_roles
+    from fleet.spec.sections import ClusterSpec
+
+    cluster = ClusterSpec(nodes=4, gpus_per_node=1, preprocessors_per_node=2)
+    topology = assign_roles([n for n in range(4) for _ in range(3)], cluster)
+    on = {node: topology.preprocessor_ranks(node) for node in range(4)}
+    picked = pick_preprocessors(topology, [], [topology.trainer_rank(0)], 1, nodes=[2, 3])
+    assert set(picked) == set(on[2] + on[3])
+    busy = [tuple(on[2])]  # a stream on node 2's preprocessors already: the new one takes the idle ones first
+    assert set(pick_preprocessors(topology, busy, [topology.trainer_rank(3)], 1, nodes=[2, 3])) <= set(on[2] + on[3])
+    assert set(pick_preprocessors(topology, [], [topology.trainer_rank(0)], 1)) == {r for rs in on.values() for r in rs}
