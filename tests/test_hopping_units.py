@@ -101,3 +101,11 @@ def test_a_visits_preprocessors_are_on_its_partitions_nodes():
     busy = [tuple(on[2])]  # a stream on node 2's preprocessors already: the new one takes the idle ones first
     assert set(pick_preprocessors(topology, busy, [topology.trainer_rank(3)], 1, nodes=[2, 3])) <= set(on[2] + on[3])
     assert set(pick_preprocessors(topology, [], [topology.trainer_rank(0)], 1)) == {r for rs in on.values() for r in rs}
+
+
+def test_a_line_torn_by_a_kill_is_skipped_and_the_next_starts_on_its_own(tmp_path):
+    (tmp_path / "visits.jsonl").write_text(json.dumps({"model": "a", "epoch": 1, "partition": 0, "job": 0}) +
+                                           '\n{"model": "a", "epo')
+    log = VisitLog(tmp_path)
+    log.recover(3, {"a": 0}, {"a": (0, 1)})
+    assert [(v["epoch"], v["partition"]) for v in read_visits(tmp_path)] == [(1, 0), (1, 1)]

@@ -18,11 +18,20 @@ VISITS = "visits.jsonl"
 
 
 def read_visits(run_dir: str | Path) -> list[dict]:
-    """The visit log's lines, oldest first (none when there is no log)."""
+    """The visit log's lines, oldest first (none when there is no log; a line torn by a kill
+    is skipped: its visit's checkpoint says it happened, and `VisitLog.recover` rewrites it)."""
     path = Path(run_dir) / VISITS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = []
+    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and {"model", "epoch", "partition"} <= line.keys():
+            lines.append(line)
+    return lines
 
 
 class VisitLog:
@@ -34,6 +43,9 @@ class VisitLog:
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / VISITS
+        if self.path.is_file() and not self.path.read_bytes().endswith(b"\n") and self.path.stat().st_size:
+            with open(self.path, "a", encoding="utf-8") as out:  # a line torn by a kill: the next starts afresh
+                out.write("\n")
         lines = read_visits(run_dir)
         self.job = 1 + max((line.get("job", 0) for line in lines), default=-1)
         self.logged = {(line["model"], line["epoch"], line["partition"]) for line in lines}
