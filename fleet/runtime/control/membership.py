@@ -339,9 +339,11 @@ class Membership:
         live.read_from[report.rank] = dict(report.read_from)
         if live.ended:
             self.finished.append(self.streams.pop(report.stream))
+            visit = {} if live.source.partition is None else {  # partitioned data: where its samples came from
+                "partition": live.source.partition,
+                "read_from": {str(rank): files for rank, files in live.read_from.items()}}
             self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared,
-                           hollow_chunks=live.hollow, partition=live.source.partition,
-                           read_from={str(rank): files for rank, files in live.read_from.items()})
+                           hollow_chunks=live.hollow, **visit)
 
     def on_left(self, report: MemberLeft) -> None:
         self.groups_open -= 1

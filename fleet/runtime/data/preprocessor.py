@@ -69,7 +69,7 @@ class StreamProducer:
     shared: int = 0  # chunks whose root took them from shared memory
     hollow: int = 0  # chunks sent without their samples (see `ending`)
     last_progress: float = field(default_factory=time.monotonic)
-    read_from: Counter = field(default_factory=Counter)  # samples read per file (the reader's names)
+    read_from: Counter = field(default_factory=Counter)  # partitioned data: samples read per part file
 
     def __post_init__(self) -> None:
         self.j = self.layout_at(0).preprocessors.index(self.ctx.rank)
@@ -141,7 +141,8 @@ class StreamProducer:
         indices = self.order.indices(chunk)
         count = len(indices)
         raw = self.ctx.reader.read(indices)
-        self.read_from.update(name.rpartition("[")[0] or name for name in raw.names)
+        if self.ctx.partition is not None:  # partitioned data: which part files this node read (HDF5 names)
+            self.read_from.update(name.rpartition("[")[0] or name for name in raw.names)
         self.ctx.pipeline(raw, self.order.rng(chunk), train=True, out=self.chunks.images(buffer)[:count])
         self.chunks.labels(buffer)[:count] = raw.labels
         write_header(self.chunks.header(buffer), chunk, self.order.epoch_of(chunk), count, regroup=self._notice(chunk))
