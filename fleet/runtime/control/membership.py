@@ -95,6 +95,15 @@ class LiveStream:
         return in_it or any(g.model == model for g in self.joining)
 
 
+def visit_reads(live: LiveStream) -> dict:
+    """What a visit of partitioned data read, for its `stream_end` event: its partition and the
+    samples each preprocessor read from each file (nothing for whole data)."""
+    if live.source.partition is None:
+        return {}
+    return {"partition": live.source.partition,
+            "read_from": {str(rank): files for rank, files in live.read_from.items()}}
+
+
 class Membership:
     """Streams and their groups, as commands to the ranks; see the module docstring.
 
@@ -339,11 +348,8 @@ class Membership:
         live.read_from[report.rank] = dict(report.read_from)
         if live.ended:
             self.finished.append(self.streams.pop(report.stream))
-            visit = {} if live.source.partition is None else {  # partitioned data: where its samples came from
-                "partition": live.source.partition,
-                "read_from": {str(rank): files for rank, files in live.read_from.items()}}
             self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared,
-                           hollow_chunks=live.hollow, **visit)
+                           hollow_chunks=live.hollow, **visit_reads(live))
 
     def on_left(self, report: MemberLeft) -> None:
         self.groups_open -= 1
