@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -110,11 +111,20 @@ class Session:
         return out
 
 
+def _stop(process: subprocess.Popen) -> None:
+    """Kill chromium and its helper processes (its whole session), then reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
 def _start(binary: str, profile: str) -> tuple[subprocess.Popen, int]:
     process = subprocess.Popen(
         [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
          "--allow-file-access-from-files", f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
     assert process.stderr is not None
     while time.monotonic() < deadline:
@@ -124,7 +134,7 @@ def _start(binary: str, profile: str) -> tuple[subprocess.Popen, int]:
             return process, int(found.group(1))
         if not line and process.poll() is not None:
             break
-    process.kill()
+    _stop(process)
     raise AssertionError("chromium did not start its DevTools endpoint")
 
 
@@ -132,7 +142,8 @@ def open_page(path: Path, expressions: tuple[str, ...] = ()) -> PageCheck:
     """Load `path` in headless chromium, survey it once loaded, then evaluate `expressions`
     in the page one by one."""
     binary = require_browser()
-    with tempfile.TemporaryDirectory() as profile:
+    # chromium's helper processes may still write to the profile as it goes: cleaning it up is best effort
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         process, port = _start(binary, profile)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
@@ -146,5 +157,4 @@ def open_page(path: Path, expressions: tuple[str, ...] = ()) -> PageCheck:
             values = [session.evaluate(e) for e in expressions]
             return PageCheck(**survey, errors=session.errors(), values=values)
         finally:
-            process.kill()
-            process.wait()
+            _stop(process)
