@@ -41,8 +41,13 @@ from pathlib import Path
 
 import yaml
 
-from fleet.schedule import Overheads, create_policy, lower_bounds, noisy_estimates, paper100, simulate
+from fleet.inspect import describe_ensemble
+from fleet.schedule import Overheads, create_policy, lower_bounds, noisy_estimates, paper100, simulate, whole_epochs
 from fleet.schedule.simulator import Outcome
+from fleet.schedule_io import load_profile, profile_scenario
+from fleet.spec import load_spec
+from preprocess.partition import job_partitions
+from profiler.report import predicted_makespans, with_partitions
 
 NODES = (8, 16, 32, 64)
 ESTIMATES = {"exact": 0.0, "x U(0.7, 1.3)": 0.3}
@@ -134,13 +139,6 @@ def runtime_profile(run_dir: Path, samples: int, params: dict[str, int]) -> None
 
 
 def runtime_table(work: Path) -> str:
-    from fleet.inspect import describe_ensemble
-    from fleet.schedule import whole_epochs
-    from fleet.schedule_io import load_profile, profile_scenario
-    from fleet.spec import load_spec
-    from preprocess.partition import job_partitions
-    from profiler.report import predicted_makespans, with_partitions
-
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     fleet("data", "make", "synthetic", "--format", "hdf5", "--out", str(work / "all.h5"), "--samples", "4000",

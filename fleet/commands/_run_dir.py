@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from fleet.errors import UserError
@@ -19,19 +18,6 @@ def run_spec(run_dir: Path):
     return load_spec(spec_file, check_paths=False)
 
 
-def read_events(path: Path) -> list[dict]:
-    """The log's records; a line cut off by a job that is writing it is left out."""
-    if not path.exists():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            events.append(record)
-    return events
 
 
 def running_holder(run_dir: Path):

@@ -7,7 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
-from fleet.commands._run_dir import read_events, run_spec, running_holder
+from fleet.commands._run_dir import run_spec, running_holder
+from fleet.runtime.events import read_events
 from fleet.errors import UserError
 from fleet.report.results import leaderboard_rows
 from fleet.report.run_report import Prediction, Report, write_report

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from fleet.commands._args import positive_int
-from fleet.commands._run_dir import read_events, run_spec, running_holder
+from fleet.commands._run_dir import run_spec, running_holder
+from fleet.runtime.events import read_events
 from fleet.report.status import JobStatus, render, replay, time_left
 from fleet.runtime.control.console import SLOT_NAMES
 

@@ -36,11 +36,18 @@ class EventLog:
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
-    """All events of a log; a torn last line (a crash mid-write) is ignored."""
+    """The records of a JSON-lines log (``events.jsonl``, ``visits.jsonl``); none when it does
+    not exist. A line torn by a crash mid-write, or cut off by a job still writing it, is left
+    out."""
+    path = Path(path)
+    if not path.exists():
+        return []
     events = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            events.append(record)
     return events

@@ -71,6 +71,10 @@ class Partitions:
         """Training samples of an epoch (every partition once)."""
         return float(sum(self.sizes))
 
+    def share(self, partitions) -> float:
+        """The fraction of an epoch's samples that `partitions` (some of them) hold."""
+        return sum(self.sizes[k] for k in partitions) / self.samples
+
     @property
     def nodes_each(self) -> int:
         """Nodes holding one partition."""

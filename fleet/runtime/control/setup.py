@@ -184,7 +184,7 @@ def _resumed_epochs(ledger: Ledger, model: str, epochs_done: dict[str, int]) -> 
     if model not in epochs_done:
         return None
     parts = ledger.partitions
-    seen = sum(parts.sizes[k] for k in ledger.model(model).visited) / parts.samples if parts else 0.0
+    seen = parts.share(ledger.model(model).visited) if parts else 0.0
     return float(epochs_done[model]) + seen
 
 
@@ -280,7 +280,10 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
     store = CheckpointStore(run_dir)
     kept = {m.id: (store.latest_info(m.id) or {}).get("epochs", 0) for m in spec.models}
     policy = spec.scheduler.policy
-    for event in read_events(run_dir / "events.jsonl"):
+    log = run_dir / "events.jsonl"
+    if not log.exists():  # a job that ended before it logged anything leaves no results either
+        raise FileNotFoundError(f"{log}: no such file (the job logged nothing)")
+    for event in read_events(log):
         policy = event.get("policy", policy) if event.get("event") == "run_start" else policy  # auto's choice
         record = records.get(event.get("model"))
         if record is None:

@@ -14,24 +14,15 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from fleet.runtime.events import read_events
+
 VISITS = "visits.jsonl"
 
 
 def read_visits(run_dir: str | Path) -> list[dict]:
     """The visit log's lines, oldest first (none when there is no log; a line torn by a kill
     is skipped: its visit's checkpoint says it happened, and `VisitLog.recover` rewrites it)."""
-    path = Path(run_dir) / VISITS
-    if not path.is_file():
-        return []
-    lines = []
-    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(line, dict) and {"model", "epoch", "partition"} <= line.keys():
-            lines.append(line)
-    return lines
+    return [line for line in read_events(Path(run_dir) / VISITS) if {"model", "epoch", "partition"} <= line.keys()]
 
 
 class VisitLog:

@@ -138,7 +138,7 @@ def remaining_work(view: ClusterView, model_id: str) -> float:
     it visited in its current epoch (at least the rest of this epoch)."""
     model = view.model(model_id)
     partitions = view.partitions
-    seen = sum(partitions.sizes[k] for k in model.visited) / partitions.samples
+    seen = partitions.share(model.visited)
     left = max(model.epochs_estimate - model.epochs_done - seen, 1.0 - seen)
     return left * partitions.samples / view.rates.rate(model_id, 1)
 
