@@ -13,7 +13,10 @@ drift on a shared machine hits all alike; each figure is the median of `--repeat
 after `--warmup` untimed ones, as algorithm bandwidth (bytes of the array / seconds). A call
 is timed on every rank from a barrier to its return, and the slowest rank counts.
 
-Usage: .venv/bin/python bench/collectives.py [--groups 2 4] [--sizes 1 16 64] [--repeats 15]
+Waits poll as fleet's runtime polls (`--poll`, like `runtime.poll`): ``auto`` polls without
+sleeping where every rank (and Horovod's background thread) has a core, else with short sleeps.
+
+Usage: .venv/bin/python bench/collectives.py [--groups 2 4] [--sizes 1 16 64] [--repeats 15] [--poll auto]
 Prints a table per group size with each backend's ratio to the raw allreduce (target for
 Horovod: >= 0.9x). Oversubscribed (more ranks than cores) the figures vary 1.5-2x between
 runs with how the OS schedules the ranks: run nothing else meanwhile.
@@ -66,17 +69,21 @@ def timed_call(comm, coll, buf, raw_comm) -> float:
     return raw_comm.allreduce(seconds, op=MPI.MAX)
 
 
-def worker(sizes_mb: list[float], repeats: int, warmup: int, out: str) -> None:
+def worker(sizes_mb: list[float], repeats: int, warmup: int, poll_mode: str, out: str) -> None:
     """Under mpiexec: every backend, every size; rank 0 writes the medians to `out`."""
     import numpy as np
     import torch
     from mpi4py import MPI
 
+    from fleet.runtime.waiting import busy_polling_fits, use_busy_polling
+
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
+    busy = busy_polling_fits(2 * world.size) if poll_mode == "auto" else poll_mode == "busy"
+    use_busy_polling(busy)  # before Horovod starts: its waits read the choice
     raw_comm = world.Dup()
     made = backends(world)
-    result = {"ranks": world.size, "sizes_mb": sizes_mb, "gbps": {}}
+    result = {"ranks": world.size, "sizes_mb": sizes_mb, "poll": "busy" if busy else "sleep", "gbps": {}}
     for size_mb in sizes_mb:
         buf = np.ones(int(size_mb * MB) // 4, np.float32)
         times: dict[str, list[float]] = {name: [] for name in made}
@@ -103,8 +110,9 @@ def run_group(ranks: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-coll-") as tmp:
         out = os.path.join(tmp, "result.json")
         command = [find_mpiexec(), "-n", str(ranks), sys.executable, __file__, "--worker", out,
-                   "--sizes", *map(str, args.sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-        done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=args.timeout)
+                   "--sizes", *map(str, args.sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                   "--poll", args.poll]
+        done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}, timeout=args.timeout)
         if done.returncode != 0:
             raise SystemExit(f"collectives: mpiexec -n {ranks} failed (exit {done.returncode})")
         return json.loads(Path(out).read_text())
@@ -112,7 +120,7 @@ def run_group(ranks: int, args: argparse.Namespace) -> dict:
 
 def print_table(result: dict) -> None:
     raw = result["gbps"]["raw MPI_Allreduce"]
-    print(f"\n{result['ranks']} ranks: allreduce of float32 arrays, algorithm bandwidth GB/s (x raw MPI_Allreduce)")
+    print(f"\n{result['ranks']} ranks, {result['poll']} polling: allreduce of float32 arrays, algorithm bandwidth GB/s (x raw MPI_Allreduce)")
     print(f"{'backend':<20}" + "".join(f"{size + ' MB':>22}" for size in raw))
     for name, figures in result["gbps"].items():
         cells = "".join(f"{gbps:>12.3f} ({gbps / raw[size]:>5.2f}x)" for size, gbps in figures.items())
@@ -126,11 +134,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--poll", choices=["auto", "busy", "sleep"], default="auto", help="how waits poll (as runtime.poll)")
     parser.add_argument("--json", help="also write every figure to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.sizes, args.repeats, args.warmup, args.worker)
+        worker(args.sizes, args.repeats, args.warmup, args.poll, args.worker)
         return
     print(f"collectives: {os.cpu_count()} cores; {args.repeats} timed calls per figure (median), backends interleaved")
     results = [run_group(ranks, args) for ranks in args.groups]

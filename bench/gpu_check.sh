@@ -3,7 +3,9 @@
 # the packages of this workplace's GPU image (torch, mpi4py on Open MPI, h5py, ...); wheels of
 # what it lacks (pydantic) may lie in .whl/. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR [STEP...]]   (steps 1-5 by default; step 4 uses step 2's spec)
-# Step 6 (asked for by number only) is the 32-model sweep; it keeps its work in runs/e2e-sweep
+# Step 7 (by number only) builds Horovod with NCCL (the sdist and, where the image lacks Python's
+# headers, a libpython3.X-dev .deb, in .gpu/), checks it on CUDA and runs its CPU tests and
+# bench/collectives.py on this host's cores. Step 6 (asked for by number only) is the 32-model sweep; it keeps its work in runs/e2e-sweep
 # and goes on from there when run again, so it can finish over several 10-minute commands.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/fleet-gpu}}
@@ -91,4 +93,51 @@ if want 6; then
 echo "== 6. a 32-model sweep on 16 cores (8 architectures x 4 learning rates), where the simulator predicts FLEET-G >= 1.5x Baseline; run again to go on"
 python3 bench/e2e_cpu.py --trainers 8 --preprocessors 3 --source-size 256 --image-size 24 --sweep 4 \
     --policies fleet-g,baseline,homogeneous --timeout 540 --wait-timeout 120 --keep runs/e2e-sweep 2>&1 | tee "$out/e2e-sweep.log" | tail -12
+fi
+
+if want 7; then
+echo "== 7. Horovod with NCCL: built against this image's torch, CUDA, NCCL and MPI, then checked"
+inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+if [ ! -f "$inc/Python.h" ]; then  # the image's Python has no headers: its distribution's -dev package
+    deb=$(ls .gpu/libpython3*-dev_*_amd64.deb | head -1)
+    rm -rf /tmp/pydev && dpkg -x "$deb" /tmp/pydev && cp -rn /tmp/pydev/usr/include/. /usr/include/
+    echo "Python headers from $(basename "$deb"): $(ls "$inc/Python.h")"
+fi
+nccl_h=$(ls /usr/include/nccl.h /usr/local/cuda/include/nccl.h 2>/dev/null | head -1)
+[ -n "$nccl_h" ] || nccl_h=$(find $(python3 -c 'import nvidia; print(*nvidia.__path__)') -name nccl.h 2>/dev/null | head -1)
+nccl_so=$(find "$(dirname "$(dirname "$nccl_h")")" /usr/lib/x86_64-linux-gnu -name 'libnccl.so*' 2>/dev/null | head -1)
+mkdir -p /tmp/nccl-lib && ln -sf "$nccl_so" /tmp/nccl-lib/libnccl.so
+echo "NCCL: $nccl_h, $nccl_so; nvcc: $(command -v nvcc); mpicxx: $(command -v mpicxx)"
+export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE=$(dirname "$nccl_h") HOROVOD_NCCL_LIB=/tmp/nccl-lib \
+    HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-90} \
+    HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-/usr/local/cuda} HOROVOD_SDIST=$(ls .gpu/horovod-*.tar.gz | head -1)
+export LD_LIBRARY_PATH=$(dirname "$nccl_so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+start=$(date +%s)
+if bash tools/build-horovod.sh "$(command -v python3)"; then
+    echo "build: $(( $(date +%s) - start )) s"
+    FLEET_REQUIRE_HOROVOD=1 python3 -m pytest -q -p no:cacheprovider tests/test_collectives.py -k "cuda_engine" 2>&1 | tail -4
+    echo "-- the two tests that assumed no Horovod with NCCL / no PYTHONPATH of the machine's own"
+    FLEET_REQUIRE_HOROVOD=1 python3 -m pytest -q -p no:cacheprovider tests/test_collectives.py \
+        -k "without_nccl or where_it_is_not_built" 2>&1 | tail -2
+    echo "-- two ranks of one group on the one GPU, gradients on the device (NCCL refuses a GPU shared by two ranks: what a user sees)"
+    timeout 90 python3 - <<'PY'
+import subprocess, sys
+code = ("from mpi4py import MPI; import torch\n"
+        "from fleet.runtime.train.collectives.horovod import HorovodCollective\n"
+        "class E:\n"
+        "    g = torch.ones(1 << 20, device='cuda:0')\n"
+        "    def gradient_buffer(self): return self.g\n"
+        "    def load_flat_gradients(self, g): pass\n"
+        "c = HorovodCollective(MPI.COMM_WORLD, 'cuda:0', 30.0)\n"
+        "e = E(); c.allreduce_gradients(e); print('sum', e.g[0].item())\n")
+p = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-c", code], capture_output=True, text=True, timeout=80)
+print("exit", p.returncode); print("\n".join((p.stdout + p.stderr).strip().splitlines()[-6:]))
+PY
+    for poll in auto sleep; do
+        echo "-- bench/collectives.py on $(nproc) cores, --poll $poll"
+        timeout 120 python3 bench/collectives.py --repeats 9 --poll $poll --json "$out/collectives-16core-$poll.json" 2>&1 | tail -12
+    done
+else
+    cp /tmp/build-horovod-*.log "$out/" 2>/dev/null; echo "build failed after $(( $(date +%s) - start )) s"
+fi
 fi

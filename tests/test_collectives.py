@@ -31,7 +31,7 @@ MPI_DIR = REPO / "tests" / "mpi"
 sys.path.append(str(MPI_DIR))  # collective_cases, also the home of the user model `plain_cnn`
 
 import collective_cases as cases  # noqa: E402
-from conftest import mpi_env, mpi_launcher  # noqa: E402
+from conftest import mpi_env, mpi_launcher, quiet_mpi_launcher  # noqa: E402
 
 TOL = {"float32": 1e-5, "float64": 1e-12}
 EQUIVALENCE_RTOL = 1e-5
@@ -47,6 +47,7 @@ def check_sums(result: dict, size: int) -> None:
             assert result[f"{key}/sum_err"] < TOL[dtype] * size, key
             assert result[f"{key}/exact"], key
             assert result[f"{key}/bcast"], key
+            assert result[f"{key}/large_exact"] and result[f"{key}/large_bcast"], key
     assert result["mpi/name"] == "mpi"
     assert result["torch-gloo/name"] == "torch-gloo"
     assert result["agree/float32"] < TOL["float32"] * size
@@ -136,8 +137,8 @@ def test_the_package_imports_no_torch():
 
 
 def test_torch_on_cuda_without_nccl_is_a_user_error():
-    if "torch-nccl" in available_backends():
-        assert resolve_backend("auto", "cuda:0") == "torch-nccl"
+    if "torch-nccl" in available_backends():  # auto takes Horovod first where it is built with NCCL
+        assert resolve_backend("auto", "cuda:0") == ("horovod-nccl" if "horovod-nccl" in available_backends() else "torch-nccl")
         return
     assert resolve_backend("auto", "cuda:0") == "mpi"
     with pytest.raises(UserError, match="no nccl backend"):
@@ -210,19 +211,34 @@ def test_torch_collective_refuses_an_unknown_store():
         TorchCollective(MPI.COMM_SELF, "cpu", 5.0, store="nfs")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kind", ["mpi", "torch"])
-def test_cuda_engine_in_a_group_of_one(kind):
-    """The CUDA paths on one rank: host copies for mpi, NCCL on the device for torch."""
+def cuda_collective(kind: str):
+    """`kind`'s collective on cuda:0 over COMM_SELF (skips Horovod where it lacks NCCL)."""
+    from fleet.runtime.train.collectives.horovod import HorovodCollective
     from fleet.runtime.train.collectives.torch_dist import TorchCollective
 
-    coll = MPICollective(MPI.COMM_SELF, 60.0) if kind == "mpi" else TorchCollective(MPI.COMM_SELF, "cuda:0", 60.0)
-    assert coll.name == ("mpi" if kind == "mpi" else "torch-nccl")
+    if kind == "mpi":
+        return MPICollective(MPI.COMM_SELF, 60.0)
+    if kind == "torch":
+        return TorchCollective(MPI.COMM_SELF, "cuda:0", 60.0)
+    why = HorovodCollective.unavailable("cuda:0")
+    if why is not None and os.environ.get("FLEET_REQUIRE_HOROVOD") != "1":
+        pytest.skip(why)
+    return HorovodCollective(MPI.COMM_SELF, "cuda:0", 60.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["mpi", "torch", "horovod"])
+def test_cuda_engine_in_a_group_of_one(kind):
+    """The CUDA paths on one rank: host copies for mpi, NCCL on the device for torch and
+    Horovod (built with HOROVOD_GPU_OPERATIONS=NCCL); arrays of both sizes Horovod treats apart."""
+    coll = cuda_collective(kind)
+    assert coll.name == {"mpi": "mpi", "torch": "torch-nccl", "horovod": "horovod-nccl"}[kind]
     with coll:
-        buf = np.arange(5, dtype=np.float32)
-        coll.allreduce_sum(buf)
-        coll.broadcast(buf)
-        assert np.array_equal(buf, np.arange(5))
+        for size in (5, 1 << 20):  # a control vector, and an array past Horovod's SMALL_BYTES
+            buf = np.arange(size, dtype=np.float32)
+            coll.allreduce_sum(buf)
+            coll.broadcast(buf)
+            assert np.array_equal(buf, np.arange(size))
         batches = cases.global_batches(3, 16)
         losses, params = cases.group_run(coll, "mlp", batches, (16,), device="cuda:0")
     ref_losses, ref_params = cases.reference_run("mlp", batches, device="cuda:0")
@@ -248,11 +264,15 @@ def run_ranks(size: int, suite: str, timeout: float = 150) -> tuple[list[dict], 
     return sorted(results, key=lambda r: r["rank"]), proc
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4], ids=["n2", "n3", "n4"])
+@pytest.fixture(scope="module", params=[(2, "checks"), (3, "checks"), (4, "checks"), (2, "checks-busy")],
+                ids=["n2", "n3", "n4", "n2-busy"])
 def world_checks(request):
-    results, proc = run_ranks(request.param, "checks")
+    """Every backend's checks on 2-4 ranks, and on 2 ranks polling busily (large arrays then
+    move in blocking calls: the MPI backend's after a polled barrier, Horovod's inside it)."""
+    size, suite = request.param
+    results, proc = run_ranks(size, suite)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return request.param, results
+    return size, results
 
 
 @pytest.mark.openmpi
@@ -308,6 +328,7 @@ def test_a_rank_that_never_joins_gives_a_wait_timeout_naming_the_operation():
         assert results[1][name] == {"released_by": name}
 
 
+@pytest.mark.openmpi
 @pytest.mark.mpi
 def test_a_spec_asking_for_horovod_where_it_is_not_built_stops_with_one_line(tmp_path):
     """`fleet run` before starting any rank, and `fleet train` under mpiexec (as a batch script
@@ -318,11 +339,11 @@ def test_a_spec_asking_for_horovod_where_it_is_not_built_stops_with_one_line(tmp
     spec.write_text(yaml.safe_dump({
         "name": "h", "data": {"source": "digits"}, "models": [{"family": "mlp"}], "runtime": {"collective": "horovod"},
         "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"}}))
-    hidden = os.pathsep.join([str(REPO / "tests" / "shims" / "no-horovod"), str(REPO)])
+    hidden = os.pathsep.join([str(REPO / "tests" / "shims" / "no-horovod"), str(REPO), os.environ.get("PYTHONPATH", "")])
     env = mpi_env({"PYTHONPATH": hidden})
     fleet = [sys.executable, "-m", "fleet"]
     commands = {"run": [*fleet, "run", str(spec), "--run-dir", str(tmp_path / "a")],
-                "train": [*mpi_launcher(), "-n", "3", *fleet, "train", str(spec), "--run-dir", str(tmp_path / "b")]}
+                "train": [*quiet_mpi_launcher(), "-n", "3", *fleet, "train", str(spec), "--run-dir", str(tmp_path / "b")]}
     for name, command in commands.items():
         done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
         lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]

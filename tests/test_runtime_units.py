@@ -1,5 +1,6 @@
 """The runtime's pure pieces, without processes: chunks, stream order, queues, books, regroups, launch."""
 
+import os
 import shutil
 from collections import deque
 from types import SimpleNamespace
@@ -17,7 +18,8 @@ from fleet.runtime.protocol import Paused, Regroup, StartMember, StreamLayout, S
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.data.stream import GroupSends, MemberClock, SlotClaims, own_rows
 from fleet.runtime.train.trainer import GroupTraining, MemberCosts
-from fleet.runtime.waiting import Backoff, WaitTimeout, poll
+from fleet.runtime import waiting
+from fleet.runtime.waiting import Backoff, WaitTimeout, busy_polling_fits, poll, use_busy_polling
 from fleet.schedule import Member, ModelState, Overheads, PolicyError, RateTable, StreamPlan, create_policy
 from fleet.schedule.ledger import Ledger
 from fleet.spec import parse_spec
@@ -203,6 +205,30 @@ def test_poll_returns_the_first_truthy_value_and_times_out_with_the_reason():
     assert poll(lambda: next(calls), "x", timeout_s=1, backoff=Backoff(1e-5, 1e-4)) == 0
     with pytest.raises(WaitTimeout, match="waiting for the moon"):
         poll(lambda: None, "the moon", timeout_s=0.02, backoff=Backoff(1e-3, 1e-3))
+
+
+@pytest.mark.parametrize("affinity, cpus, node_threads, rank_threads, fits", [
+    (16, 16, 12, 2, True),    # unbound, the node's threads fit its cores
+    (16, 16, 20, 2, False),   # unbound, ranks outnumber cores
+    (2, 2, 7, 2, False),      # a 2-core machine with 3 trainers and a preprocessor: no binding to see
+    (1, 16, 4, 2, False),     # bound to one core: the rank's two threads share it
+    (4, 16, 40, 2, True),     # bound to 4 cores of its own: the node's count no longer matters
+])
+def test_busy_polling_fits_the_node_or_the_cores_a_rank_is_bound_to(monkeypatch, affinity, cpus, node_threads,
+                                                                     rank_threads, fits):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert busy_polling_fits(node_threads, rank_threads) is fits
+
+
+def test_the_polling_choice_reaches_horovods_waits(monkeypatch):
+    """tools/horovod-nospin.h reads FLEET_MPI_WAIT: busy keeps Horovod's blocking MPI calls."""
+    monkeypatch.setattr(waiting, "HOT", waiting.HOT)
+    monkeypatch.setenv("FLEET_MPI_WAIT", "")
+    use_busy_polling(True)
+    assert os.environ["FLEET_MPI_WAIT"] == "busy" and waiting.HOT is waiting.BUSY
+    use_busy_polling(False)
+    assert os.environ["FLEET_MPI_WAIT"] == "sleep" and waiting.HOT is waiting.SHARING
 
 
 def rates3() -> RateTable:

@@ -73,7 +73,13 @@ say "building with ${frameworks[*]} against $(command -v mpicxx) ($MAKEFLAGS); a
     grep -B2 -A12 -e "CMake Error" -e "error:" "$kept" | grep -v "^ *File \"" | head -60 >&2
     fail "the build failed: its errors are above, its whole log in $kept"
 }
-"$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi  # what horovod itself requires
+# what Horovod's Python side imports (cffi, also in its requirements, is for MXNet): only the
+# missing ones, so that a machine without PyPI that has them goes on
+missing=()
+for pair in cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging; do
+    has "${pair%%:*}" || missing+=("${pair#*:}")
+done
+[ ${#missing[@]} -eq 0 ] || "$PY" -m pip install --quiet "${missing[@]}" || fail "could not install ${missing[*]}, which Horovod imports"
 
 for framework in "${frameworks[@]}"; do
     "$PY" - "$framework" <<'EOF' || fail "the build imports, but not as expected (see above)"

@@ -56,17 +56,23 @@ HOT = SHARING  # the data plane's schedule; `use_busy_polling` switches it for t
 
 def use_busy_polling(busy: bool) -> None:
     """Choose how this process waits for data: `BUSY` where it has cores to itself (MPI's
-    large transfers then move at full speed), `SHARING` where ranks outnumber cores."""
+    large transfers then move at full speed), `SHARING` where ranks outnumber cores. Horovod's
+    waits follow (``FLEET_MPI_WAIT``, read by the patch of tools/horovod-nospin.h)."""
     global HOT
     HOT = BUSY if busy else SHARING
+    os.environ["FLEET_MPI_WAIT"] = "busy" if busy else "sleep"
 
 
-def busy_polling_fits(threads_on_node: int) -> bool:
-    """True when this node has a core for every thread that would poll."""
+def busy_polling_fits(threads_on_node: int, threads_of_rank: int | None = None) -> bool:
+    """True when this node has a core for every thread that would poll. A rank that the
+    launcher bound to some of the node's cores (Open MPI binds each of 2 ranks to one core;
+    srun --cpu-bind) has those to itself: then its own `threads_of_rank` must fit them."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    if threads_of_rank is not None and cores < (os.cpu_count() or cores):
+        return threads_of_rank <= cores
     return threads_on_node <= cores
 
 

@@ -71,6 +71,9 @@ def crc(array: np.ndarray) -> int:
 # -- sums and broadcasts ------------------------------------------------------------------------
 
 
+LARGE = 40_000  # elements: 160 KB of float32, past Horovod's and the busy MPI path's 64 KiB
+
+
 def rank_values(rank: int, dtype, n: int = 1001) -> np.ndarray:
     return np.random.default_rng(100 + rank).standard_normal(n).astype(dtype)
 
@@ -97,6 +100,12 @@ def sums_and_broadcasts(comm) -> dict:
                 data = np.arange(5, dtype=dtype) * (coll.rank + 1)
                 coll.broadcast(data, root=root)
                 out[f"{name}/{dtype}/bcast"] = bool(np.all(data == np.arange(5) * (root + 1)))
+                large = np.full(LARGE, coll.rank + 1, dtype)  # past the backends' small-array paths
+                coll.allreduce_sum(large)
+                out[f"{name}/{dtype}/large_exact"] = bool(np.all(large == coll.size * (coll.size + 1) / 2))
+                large[:] = np.arange(LARGE) * (coll.rank + 1)
+                coll.broadcast(large, root=root)
+                out[f"{name}/{dtype}/large_bcast"] = bool(np.all(large == np.arange(LARGE) * (root + 1)))
                 out[f"{name}/{dtype}/crc"] = crc(buf)
             out[f"{name}/name"] = coll.name
     for dtype in ("float32", "float64"):

@@ -23,7 +23,9 @@ does not. So arrays up to `SMALL_BYTES` (the trainers' per-step control vector, 
 decisions and sums) go over the group's own communicator with MPI, and gradients, weights
 and every larger array through Horovod. Its negotiation is made of blocking MPI calls, which
 spin a core under MPICH; `make horovod` builds it with those calls waiting in sleeps instead
-(tools/horovod-nospin.h: an idle member costs about 3% of a core, not 56-73%).
+(tools/horovod-nospin.h: an idle member costs about 3% of a core, not 56-73%) where ranks share
+cores; where each has cores to itself (`fleet.runtime.waiting.use_busy_polling`), they poll
+without sleeping, or large arrays would move one shared-memory piece per sleep.
 
 On CUDA, Horovod must be built with NCCL (``HOROVOD_GPU_OPERATIONS=NCCL``): it reduces a torch
 engine's gradient buffer on the device (host arrays, like the control vector, stay on the host).
@@ -40,6 +42,7 @@ import numpy as np
 
 from fleet.runtime.train.collectives._base import Collective, CollectiveError, check_host_array, comm_label
 from fleet.runtime.train.collectives._comm import barrier, dup_comm
+from fleet.runtime import waiting
 from fleet.runtime.waiting import Backoff, poll, wait_request
 
 try:  # an optional dependency, built by `make horovod`
@@ -169,7 +172,7 @@ class HorovodCollective(Collective):
         what = self._what(op)
         try:
             handle = start(f"fleet.{key}")
-            poll(lambda: hvd.poll(handle), what, self.timeout_s, WAIT)
+            poll(lambda: hvd.poll(handle), what, self.timeout_s, waiting.BUSY if waiting.HOT is waiting.BUSY else WAIT)
             hvd.synchronize(handle)
         except (HorovodInternalError, RuntimeError, ValueError) as exc:
             raise CollectiveError(f"{what} failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
