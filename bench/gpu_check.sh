@@ -25,7 +25,7 @@ python3 - <<'PY'
 import torch, mpi4py
 from mpi4py import MPI
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0))
-print("mpi4py", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])
+print("mpi4py", mpi4py.__version__, MPI.Get_library_version().splitlines()[0].strip("\x00"))
 PY
 
 if want 1; then

@@ -9,13 +9,21 @@ seeded with the model's seed, so both start from the same weights), the raw data
 reader's file bytes or pixels and labels), the train/validation split
 (`preprocess.split.split_indices`), the stop rule (`StopTracker`) and the rule that a
 one-sample batch is skipped (fleet's `Batcher` drops it; BatchNorm cannot train on it).
+
+Run as a script, it trains one model of a spec in this process and writes its result as JSON,
+what one task of a job array would do (`bench/peers.py` starts one process per model):
+
+Usage: .venv/bin/python bench/plain_loop.py SPEC --model INDEX --seed S [--threads T] --json OUT
 """
 
 from __future__ import annotations
 
+import argparse
 import io
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -253,3 +261,38 @@ def worker_init(spec_path: str, threads: int) -> None:
 def worker_train(index: int, seed: int) -> dict:
     """Train the spec's model `index` in this worker (see `worker_init`)."""
     return train_model(_WORKER["spec"].models[index], _WORKER["data"], seed)
+
+
+# ----------------------------------------------------------------------------- one model per process
+
+
+def samples_decoded(data: PlainData, epochs: int) -> int:
+    """JPEGs one process decodes: the training set every epoch (the Dataset decodes a sample
+    each time it is drawn) and the validation set once (`PlainData.open` keeps its tensors)."""
+    return len(data.train) * epochs + len(data.val_y)
+
+
+def train_one(spec_path: str, index: int, seed: int, threads: int) -> dict:
+    """Open the spec's data in this process and train its model `index`; the result of
+    `train_model` with the samples this process decoded."""
+    torch.set_num_threads(threads)
+    spec = load_spec(spec_path)
+    data = PlainData.open(spec)
+    result = train_model(spec.models[index], data, seed)
+    return {**result, "samples_decoded": samples_decoded(data, result["epochs"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Train one model of SPEC with the plain loop; its result as JSON.")
+    parser.add_argument("spec", help="the fleet spec (YAML) whose data, transforms and models to use")
+    parser.add_argument("--model", type=int, required=True, metavar="INDEX", help="index of the model in the spec")
+    parser.add_argument("--seed", type=int, required=True, help="seed of data order, augmentation and dropout")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--json", required=True, metavar="OUT", help="file to write the result to")
+    args = parser.parse_args()
+    result = train_one(args.spec, args.model, args.seed, args.threads)
+    Path(args.json).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

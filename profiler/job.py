@@ -15,14 +15,13 @@ from typing import Any
 
 from fleet.engines import get_framework
 from fleet.profiling.document import build_document
-from fleet.profiling.plan import Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
+from fleet.profiling.plan import DECODE_SECONDS, Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
 from fleet.runtime.train.trainer import create_group_comm
 from fleet.runtime.waiting import bcast_object, recv_object, send_object
 from fleet.spec.sections import Device
 from profiler.measure import time_decoding, time_training
 
 RESULT_TAG = 91
-DECODE_SECONDS = 1.0
 
 
 def run_profiling(ctx, say=print) -> dict | None:

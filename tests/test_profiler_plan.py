@@ -6,7 +6,9 @@ from hypothesis import strategies as st
 
 from fleet.spec import parse_spec
 from fleet.profiling.document import build_document, model_rates, reuse_verdict, stream_demand
-from fleet.profiling.plan import decode_capacity, needed_preprocessors, preprocessor_counts, threshold_gpus, timed_as, waves
+from fleet.profiling.plan import (DECODE_SECONDS, JOB_OVERHEAD_S, PROFILE_SHARE, decode_capacity, needed_preprocessors,
+                                  predicted_profiling_s, preprocessor_counts, profiling_verdict, threshold_gpus, timed_as,
+                                  waves)
 
 
 def test_threshold_is_the_rate_spread_or_two_nodes_capped_by_the_gpus():
@@ -225,3 +227,46 @@ def test_the_gantt_chart_names_its_gpu_rows():
     assert positions == list(range(0, 160, 4)) and labels[:2] == ["node 0", "node 1"]
     positions, labels = gpu_ticks(1000, 8)  # 125 nodes: every 3rd
     assert len(positions) <= MAX_TICKS and positions[:2] == [0, 24] and labels[1] == "node 3"
+
+
+def test_predicted_profiling_time_is_its_waves_and_its_decoding():
+    """Two architectures (four models: two learning rates each) on 1 node x 2 trainers, one
+    preprocessor: a@1 and b@1 share a wave, then a@2 and b@2 one each (M_t = 2)."""
+    doc = {"name": "p", "data": {"source": "digits"}, "train": {"batch_size": 10},
+           "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1},
+           "models": [{"family": "mlp", "name": "a", "params": {"hidden": [8]}},
+                      {"family": "mlp", "name": "a2", "params": {"hidden": [8]}, "train": {"lr": 0.5}},
+                      {"family": "mlp", "name": "b", "params": {"hidden": [64]}},
+                      {"family": "mlp", "name": "b2", "params": {"hidden": [64]}, "train": {"lr": 0.5}}]}
+    spec = parse_spec(doc)
+    rates = {("a", 1): 100.0, ("b", 1): 50.0, ("a", 2): 200.0, ("b", 2): 50.0}
+    seconds, pairs = predicted_profiling_s(spec.models, lambda model, m: rates[model, m], 10, 2, 2, 1)
+    overhead = JOB_OVERHEAD_S
+    waves_s = (overhead + 100 / 50) + (overhead + 200 / 200) + (overhead + 200 / 50)
+    assert pairs == 4 and seconds == pytest.approx(waves_s + DECODE_SECONDS)
+
+
+def test_profiling_is_worth_it_only_when_it_costs_little_beside_the_training():
+    worth, why = profiling_verdict(50.0, 32, 3600.0)
+    assert worth and why.startswith("profiling first: measuring 32 (model, trainer count) pair(s) would take about 50 s, 1%")
+    worth, why = profiling_verdict(77.0, 32, 63.0)
+    assert not worth and why.startswith("not profiling: measuring 32") and "122% of the 63 s" in why
+    assert "scheduler.profile: true measures first" in why
+    assert profiling_verdict(PROFILE_SHARE * 100, 1, 100.0)[0]
+
+
+def test_a_run_without_profile_json_profiles_as_scheduler_profile_says(tmp_path):
+    """auto (the default) weighs profiling against the training; true always profiles; false never."""
+    from fleet.runtime.control.setup import rates_decision
+
+    doc = {"name": "p", "data": {"source": "digits"}, "models": [{"family": "mlp"}], "train": {"max_epochs": 1},
+           "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"}}
+    auto = rates_decision(parse_spec(doc), tmp_path, False, 1400)
+    assert (auto.measure, auto.emulated_rates) == (False, None) and auto.note.startswith("not profiling: measuring 2 ")
+    doc["train"]["max_epochs"] = 50_000  # training for hours on estimated rates: profiling is a rounding error
+    long = rates_decision(parse_spec(doc), tmp_path, False, 1400)
+    assert long.measure and long.note.startswith("profiling first: measuring 2 ")
+    doc["scheduler"] = {"profile": True}
+    assert rates_decision(parse_spec(doc), tmp_path, False, 1400).note == "profiling first: no profile.json"
+    doc["scheduler"] = {"profile": False}
+    assert not rates_decision(parse_spec(doc), tmp_path, False, 1400).measure

@@ -89,7 +89,7 @@ def test_another_policy_by_name_takes_its_own_defaults():
 def test_the_resolved_spec_writes_options_beside_the_policy_and_reads_back():
     spec = parse_spec(doc(policy="fleet-l", delta=3))
     written = yaml.safe_load(spec.to_yaml())["scheduler"]
-    assert written == {"policy": "fleet-l", "delta": 3.0, "profile": True, "profile_batches": 48, "profile_timed": 20}
+    assert written == {"policy": "fleet-l", "delta": 3.0, "profile": "auto", "profile_batches": 48, "profile_timed": 20}
     assert parse_spec(yaml.safe_load(spec.to_yaml())) == spec
 
 
@@ -121,3 +121,13 @@ def test_a_run_directory_written_by_an_older_fleet_resumes_with_any_policy(tmp_p
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(other))
     with pytest.raises(UserError, match="different ensemble"):
         check_same_ensemble(tmp_path, spec)
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), (True, True), (False, False)])
+def test_profile_is_true_false_or_auto(value, expected):
+    assert parse_spec(doc(profile=value)).scheduler.profile == expected
+
+
+def test_profile_of_another_value_is_one_line_naming_the_choices():
+    with pytest.raises(SpecError, match=r"^scheduler.profile: expected true, false or auto, got 'sometimes'$"):
+        parse_spec(doc(profile="sometimes"))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
+import time
 from pathlib import Path
 
-from fleet.atomic import atomic_write_text
+from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.commands._watch import finish, start_timeout
 from fleet.commands.report import report_run_dir
 from fleet.errors import UserError
@@ -15,7 +17,7 @@ from fleet.report.results import leaderboard_rows, write_results
 from fleet.report.table import format_table
 from fleet.runlock import RunLock
 from fleet.runtime.control.setup import check_partitions
-from fleet.runtime.events import EventLog
+from fleet.runtime.events import EventLog, read_events
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.train.collectives.factory import resolve_backend
@@ -47,12 +49,34 @@ def run(args: argparse.Namespace) -> int:
     check_collective(spec, args.device)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
+    launched = time.time()
     code = finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
+    ended = time.time()
     if code == 0:
         print_leaderboard_top(Path(spec.run_dir))
     if code in (0, EXIT_CHECKPOINTED):
+        record_time_outside_the_ranks(Path(spec.run_dir), launched, ended)
         write_run_report(Path(spec.run_dir))
+        record_time_outside_the_ranks(Path(spec.run_dir), launched, ended, report_s=time.time() - ended)
     return code
+
+
+def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float, report_s: float | None = None) -> None:
+    """Add to results.json's ``overhead_s`` what the ranks' own clocks miss: ``launch`` (from
+    `fleet run` starting mpiexec to the ranks' start-up clock: mpiexec, interpreters, imports,
+    MPI_Init), ``shutdown`` (from the last model's end to every rank's exit) and, once it is
+    written, ``report`` (leaderboard and report.html)."""
+    path = run_dir / "results.json"
+    events = {e["event"]: e for e in read_events(run_dir / "events.jsonl") if e["event"] in ("run_start", "run_end")}
+    if not path.exists() or set(events) != {"run_start", "run_end"}:
+        return
+    results = json.loads(path.read_text(encoding="utf-8"))
+    overhead = results.setdefault("overhead_s", {})
+    overhead["launch"] = round(max(0.0, events["run_start"]["time"] - events["run_start"]["startup_s"] - launched), 3)
+    overhead["shutdown"] = round(max(0.0, ended - events["run_end"]["time"]), 3)
+    if report_s is not None:
+        overhead["report"] = round(report_s, 3)
+    atomic_write_json(path, results)
 
 
 def write_run_report(run_dir: Path) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -152,3 +152,44 @@ def decode_capacity(decode_rates: Mapping[int, float], per_node: int, nodes: int
     below = [k for k in decode_rates if k < per_node]
     k = max(below) if below else min(decode_rates)
     return decode_rates[k] / k * per_node * nodes
+
+
+# -- is profiling worth its time? ----------------------------------------------------------------
+
+DECODE_SECONDS = 1.0  # the profiler times decoding this long for each preprocessor count
+JOB_OVERHEAD_S = 1.0  # a measurement besides its batches: building the engine and the group, warming
+#                       up, closing (0.86-0.93 s measured on the 2-core VM, groups under Horovod)
+PROFILE_SHARE = 0.10  # profile when it costs at most this share of the training it plans
+
+
+def predicted_profiling_s(models: Sequence, rate: Callable[[str, int], float], batches: int, gpus_per_node: int,
+                          total_gpus: int, preprocessors: int) -> tuple[float, int]:
+    """Seconds the profiler would take and the (model, m) pairs it would time, for `models`
+    (spec `ModelSpec`s) whose rates (samples/s on m trainers) `rate(id, m)` guesses: its waves
+    (each as long as its slowest measurement: `batches` steps of m x batch_size samples, plus
+    `JOB_OVERHEAD_S`) and its decoding phase (`preprocessors` in the job)."""
+    timed = sorted(set(timed_as(models).values()))
+    by_id = {model.id: model for model in models}
+    m_t = threshold_gpus({model: rate(model, 1) for model in timed}, gpus_per_node, total_gpus)
+    jobs = [(model, m) for m in range(1, m_t + 1) for model in timed]
+
+    def seconds(job: Measurement) -> float:
+        samples = batches * job.m * by_id[job.model].train.batch_size
+        return JOB_OVERHEAD_S + samples / max(rate(job.model, job.m), 1e-9)
+
+    total = sum(max(map(seconds, wave)) for wave in waves(jobs, gpus_per_node, total_gpus))
+    return total + DECODE_SECONDS * len(preprocessor_counts(preprocessors)), len(jobs)
+
+
+def profiling_verdict(profiling_s: float, pairs: int, training_s: float) -> tuple[bool, str]:
+    """Whether to profile before training that is predicted to take `training_s`, and why.
+    Measured rates make a better plan than FLOPs estimates, which training refines from its
+    first steps anyway (the 32-model CPU sweep: 9% shorter makespan, for profiling that took
+    longer than the training); so profile when it costs at most `PROFILE_SHARE` of it."""
+    share = profiling_s / max(training_s, 1e-9)
+    cost = (f"measuring {pairs} (model, trainer count) pair(s) would take about {profiling_s:,.0f} s, "
+            f"{share:.0%} of the {training_s:,.0f} s predicted for training with estimated rates")
+    if share <= PROFILE_SHARE:
+        return True, f"profiling first: {cost}"
+    return False, (f"not profiling: {cost}; planning with rates estimated from FLOPs, refined from the "
+                   f"steps measured while training (scheduler.profile: true measures first)")

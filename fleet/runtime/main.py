@@ -223,7 +223,7 @@ def _rank0_rates(ctx) -> dict | str:
         _lock_run_dir(ctx)
         run_dir = prepare_run_dir(ctx.spec)
         _write_ranks(ctx, run_dir)
-        decision = rates_decision(ctx.spec, run_dir, ctx.extras.get("profile_only", False))
+        decision = rates_decision(ctx.spec, run_dir, ctx.extras.get("profile_only", False), ctx.epoch_samples)
     except UserError as exc:
         return str(exc)
     if decision.note:

@@ -245,9 +245,18 @@ class SchedulerSpec(Section):
 
     policy: str = AUTO  # auto, or a name in the policies' registry (checked below, so a new entry counts)
     options: dict[str, Any] = {}
-    profile: bool = True  # measure rates first when the run directory has no matching profile.json
+    # measure rates first when the run directory has no matching profile.json: true, always; auto,
+    # when that costs little beside the training it plans (fleet.profiling.plan.profiling_verdict)
+    profile: bool | Literal["auto"] = "auto"
     profile_batches: PositiveInt = 48
     profile_timed: PositiveInt = 20
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _profile_choice(cls, value: Any) -> Any:
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise ValueError(f"expected true, false or auto, got {value!r}")
 
     @model_validator(mode="before")
     @classmethod

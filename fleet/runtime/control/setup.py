@@ -18,6 +18,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.inspect import describe_ensemble
 from fleet.profiling.document import decode_limit, reuse_verdict
+from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
 from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
@@ -92,9 +93,10 @@ class RatesDecision:
     note: str = ""
 
 
-def rates_decision(spec: Spec, run_dir: Path, profile_only: bool) -> RatesDecision:
+def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_epoch: int) -> RatesDecision:
     """Profile when asked to (`fleet profile`) or when the run directory has no profile.json
-    that matches the spec (unless `scheduler.profile` is false)."""
+    that matches the spec: with `scheduler.profile` true, always; with auto (the default),
+    when profiling is predicted to cost little beside the training it plans (`profiling_worth`)."""
     path = run_dir / "profile.json"
     document = _read_json(path) if path.exists() else None
     emulated = None
@@ -114,7 +116,25 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool) -> RatesDecisi
     reuse, why = reuse_verdict(document, spec)
     if reuse:
         return RatesDecision(False, emulated, f"rates from {path}: {why}")
+    if spec.scheduler.profile == AUTO and emulated is None and not spec.data.partitioned:
+        worth, why = profiling_worth(spec, samples_per_epoch)
+        return RatesDecision(worth, emulated, why)
     return RatesDecision(True, emulated, f"profiling first: {why}")
+
+
+def profiling_worth(spec: Spec, samples_per_epoch: int) -> tuple[bool, str]:
+    """Whether profiling pays for itself, and why: its predicted seconds against the training's
+    predicted makespan, both from rates estimated from FLOPs (`profiling_verdict`)."""
+    flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
+    rates = RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops))
+    cluster = spec.cluster
+    profiling_s, pairs = predicted_profiling_s(spec.models, rates.rate, spec.scheduler.profile_batches,
+                                               cluster.gpus_per_node, cluster.gpus,
+                                               cluster.nodes * cluster.preprocessors_per_node)
+    estimates = epochs_estimate(rates, spec)
+    scenario = Scenario(rates, whole_epochs(estimates), tuple(estimates), Cluster(cluster.gpus, rates.gpus_per_node))
+    choice = choose_policy(lambda name: policy_for(spec, name), scenario)
+    return profiling_verdict(profiling_s, pairs, choice.predicted_s[choice.name])
 
 
 _NO_EMULATED_RATES = "cluster.device: emulated needs {path} with rates for every model (or cluster.emulated_profile)"
