@@ -148,7 +148,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     processes = gather_node_names(world, f"{socket.gethostname()} {os.getpid()}", spec.runtime.timeout_s)
 
     who.error_log = str(Path(spec.run_dir) / "fleet-errors.log")
-    _choose_polling(spec, topology, placement)
+    _choose_polling(spec, topology, placement.node)
     ctrl, data_parent, group_parent = world.Dup(), world.Dup(), world.Dup()
     device = "emulated" if spec.cluster.device.value == "emulated" else bind_device(
         placement, spec.cluster, env, _visible_gpus(spec)
@@ -297,15 +297,13 @@ def _warm_up(ctx, role: str) -> None:
     resolve_backend(ctx.spec.runtime.collective, ctx.device)  # imports it
 
 
-def _choose_polling(spec, topology, placement) -> None:
-    """Busy polling where the node (or the cores this rank is bound to) has a core for each
-    polling thread (a trainer's stream and training threads, a preprocessor's loop),
-    sleeping polls where ranks share cores."""
+def _choose_polling(spec, topology, node: int) -> None:
+    """Busy polling where the node has a core for each polling thread (a trainer's stream
+    and training threads, a preprocessor's loop), sleeping polls where ranks share cores."""
     mode = spec.runtime.poll
     if mode == "auto":
-        node = placement.node
         threads = 2 * len(topology.trainer_ranks(node)) + len(topology.preprocessor_ranks(node))
-        use_busy_polling(busy_polling_fits(threads, 2 if placement.role is Role.TRAINER else 1))
+        use_busy_polling(busy_polling_fits(threads))
     else:
         use_busy_polling(mode == "busy")
 

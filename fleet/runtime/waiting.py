@@ -63,16 +63,15 @@ def use_busy_polling(busy: bool) -> None:
     os.environ["FLEET_MPI_WAIT"] = "busy" if busy else "sleep"
 
 
-def busy_polling_fits(threads_on_node: int, threads_of_rank: int | None = None) -> bool:
-    """True when this node has a core for every thread that would poll. A rank that the
-    launcher bound to some of the node's cores (Open MPI binds each of 2 ranks to one core;
-    srun --cpu-bind) has those to itself: then its own `threads_of_rank` must fit them."""
+def busy_polling_fits(threads_on_node: int) -> bool:
+    """True when the cores this process may run on (its affinity: a Slurm job's cgroup, a
+    launcher's binding) number at least the node's polling threads. A rank bound to cores of
+    its own is not told apart from ranks sharing one cgroup of as many cores: both poll with
+    sleeps unless the node's threads fit (`runtime.poll: busy` overrides)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    if threads_of_rank is not None and cores < (os.cpu_count() or cores):
-        return threads_of_rank <= cores
     return threads_on_node <= cores
 
 
