@@ -75,7 +75,7 @@ def worker(sizes_mb: list[float], repeats: int, warmup: int, poll_mode: str, out
     import torch
     from mpi4py import MPI
 
-    from fleet.runtime.waiting import busy_polling_fits, use_busy_polling
+    from fleet.runtime.waiting import busy_polling_fits, use_busy_polling  # in the ranks only, as in `backends`
 
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD

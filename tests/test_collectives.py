@@ -23,6 +23,7 @@ from fleet.errors import UserError
 from fleet.runtime.train.collectives import AUTO_ORDER, COLLECTIVES, kinds
 from fleet.runtime.train.collectives._base import CollectiveError, CollectiveState
 from fleet.runtime.train.collectives.factory import available_backends, create_collective, resolve_backend
+from fleet.runtime.train.collectives.horovod import HorovodCollective
 from fleet.runtime.train.collectives.mpi import MPICollective
 from fleet.runtime.train.collectives.solo import SoloCollective
 
@@ -175,7 +176,6 @@ def test_horovod_is_built_where_it_is_required():
     """CI sets FLEET_REQUIRE_HOROVOD=1 after `make horovod`: its tests must run there, not skip."""
     if os.environ.get("FLEET_REQUIRE_HOROVOD") != "1":
         pytest.skip("FLEET_REQUIRE_HOROVOD is not set")
-    from fleet.runtime.train.collectives.horovod import HorovodCollective
 
     assert cases.HOROVOD, HorovodCollective.unavailable("cpu")
 
@@ -213,7 +213,6 @@ def test_torch_collective_refuses_an_unknown_store():
 
 def cuda_collective(kind: str):
     """`kind`'s collective on cuda:0 over COMM_SELF (skips Horovod where it lacks NCCL)."""
-    from fleet.runtime.train.collectives.horovod import HorovodCollective
     from fleet.runtime.train.collectives.torch_dist import TorchCollective
 
     if kind == "mpi":
@@ -359,7 +358,6 @@ def test_horovod_runs_only_while_its_group_is_open():
     can start its own; a second group while one is open is refused, naming why."""
     import horovod.torch as hvd
 
-    from fleet.runtime.train.collectives.horovod import HorovodCollective
 
     for _ in range(3):
         with HorovodCollective(MPI.COMM_SELF, "cpu", 30.0, "group 'one'") as coll:

@@ -257,7 +257,7 @@ def test_profiling_is_worth_it_only_when_it_costs_little_beside_the_training():
 
 def test_a_run_without_profile_json_profiles_as_scheduler_profile_says(tmp_path):
     """auto (the default) weighs profiling against the training; true always profiles; false never."""
-    from fleet.runtime.control.setup import rates_decision
+    from fleet.runtime.control.setup import rates_decision  # here: the module's other tests stay free of torch
 
     doc = {"name": "p", "data": {"source": "digits"}, "models": [{"family": "mlp"}], "train": {"max_epochs": 1},
            "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"}}

@@ -55,17 +55,16 @@ def run(args: argparse.Namespace) -> int:
     if code == 0:
         print_leaderboard_top(Path(spec.run_dir))
     if code in (0, EXIT_CHECKPOINTED):
-        record_time_outside_the_ranks(Path(spec.run_dir), launched, ended)
-        write_run_report(Path(spec.run_dir))
+        write_run_report(Path(spec.run_dir))  # it does not show these overheads: they follow it
         record_time_outside_the_ranks(Path(spec.run_dir), launched, ended, report_s=time.time() - ended)
     return code
 
 
-def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float, report_s: float | None = None) -> None:
+def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float, report_s: float) -> None:
     """Add to results.json's ``overhead_s`` what the ranks' own clocks miss: ``launch`` (from
     `fleet run` starting mpiexec to the ranks' start-up clock: mpiexec, interpreters, imports,
-    MPI_Init), ``shutdown`` (from the last model's end to every rank's exit) and, once it is
-    written, ``report`` (leaderboard and report.html)."""
+    MPI_Init), ``shutdown`` (from the last model's end to every rank's exit) and ``report``
+    (leaderboard and report.html)."""
     path = run_dir / "results.json"
     events = {e["event"]: e for e in read_events(run_dir / "events.jsonl") if e["event"] in ("run_start", "run_end")}
     if not path.exists() or set(events) != {"run_start", "run_end"}:
@@ -74,8 +73,7 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float, 
     overhead = results.setdefault("overhead_s", {})
     overhead["launch"] = round(max(0.0, events["run_start"]["time"] - events["run_start"]["startup_s"] - launched), 3)
     overhead["shutdown"] = round(max(0.0, ended - events["run_end"]["time"]), 3)
-    if report_s is not None:
-        overhead["report"] = round(report_s, 3)
+    overhead["report"] = round(report_s, 3)
     atomic_write_json(path, results)
 
 

@@ -125,8 +125,7 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_ep
 def profiling_worth(spec: Spec, samples_per_epoch: int) -> tuple[bool, str]:
     """Whether profiling pays for itself, and why: its predicted seconds against the training's
     predicted makespan, both from rates estimated from FLOPs (`profiling_verdict`)."""
-    flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
-    rates = RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops))
+    rates = estimated_rates(spec, samples_per_epoch)
     cluster = spec.cluster
     profiling_s, pairs = predicted_profiling_s(spec.models, rates.rate, spec.scheduler.profile_batches,
                                                cluster.gpus_per_node, cluster.gpus,
@@ -159,8 +158,13 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
             return load_profile(spec.cluster.emulated_profile), f"the emulated device's ({spec.cluster.emulated_profile})"
         raise UserError(_NO_EMULATED_RATES.format(path=run_dir / "profile.json"))
 
+    return estimated_rates(spec, samples_per_epoch), "estimated from FLOPs"
+
+
+def estimated_rates(spec: Spec, samples_per_epoch: int) -> RateTable:
+    """Every model's rates guessed from its FLOPs per sample (no profile.json)."""
     flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
-    return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops)), "estimated from FLOPs"
+    return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops))
 
 
 def check_partitions(spec: Spec) -> None:
