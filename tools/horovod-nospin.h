@@ -13,11 +13,12 @@
 //
 // A sleeping wait costs bandwidth: MPI moves a large message in shared-memory pieces and Open
 // MPI advances a non-blocking collective only inside MPI_Test, so each sleep passes one piece
-// (Open MPI 4.1 on 16 cores: 0.06-0.12 GB/s against 0.9-3.8 GB/s blocking). Where every rank
-// has cores to itself, fleet's runtime sets FLEET_MPI_WAIT=busy in the process before Horovod
-// starts (fleet.runtime.waiting: the data plane's choice), and these calls stay the blocking
-// ones Horovod was written with (on 16 cores, 4 ranks, the non-blocking forms moved 64 MB at
-// 0.06x a blocking MPI_Allreduce with sleeps and at 0.57-0.67x without).
+// (Open MPI 4.1 on 16 cores: 0.06-0.12 GB/s against 0.9-3.8 GB/s blocking). So an allreduce or
+// broadcast of more than LARGE_BYTES waits for every member in a sleeping Ibarrier and then
+// moves in the blocking call: it spins only while the data moves (and for one sleep of the
+// last member to see the barrier done). Where every rank has cores to itself, fleet's runtime
+// sets FLEET_MPI_WAIT=busy in the process before Horovod starts (fleet.runtime.waiting: the
+// data plane's choice), and all these calls stay the blocking ones Horovod was written with.
 #pragma once
 
 #include <chrono>
@@ -48,6 +49,15 @@ inline int wait(MPI_Request* request) {
   }
 }
 
+// Larger transfers wait for every member, then move in a blocking call (see the top).
+constexpr long long LARGE_BYTES = 64 << 10;
+
+inline bool large(int count, MPI_Datatype type) {
+  int size = 0;
+  MPI_Type_size(type, &size);
+  return static_cast<long long>(count) * size > LARGE_BYTES;
+}
+
 // Starts a non-blocking operation (`start(&request)`) and waits for it.
 template <typename Start>
 inline int nonblocking(Start start) {
@@ -56,8 +66,17 @@ inline int nonblocking(Start start) {
   return rc != MPI_SUCCESS ? rc : wait(&request);
 }
 
+// Every member of `comm` has called: a sleeping Ibarrier.
+inline int all_arrived(MPI_Comm comm) {
+  return nonblocking([&](MPI_Request* r) { return MPI_Ibarrier(comm, r); });
+}
+
 inline int Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
   if (busy()) return MPI_Allreduce(send, recv, count, type, op, comm);
+  if (large(count, type)) {
+    int rc = all_arrived(comm);
+    return rc != MPI_SUCCESS ? rc : MPI_Allreduce(send, recv, count, type, op, comm);
+  }
   return nonblocking([&](MPI_Request* r) { return MPI_Iallreduce(send, recv, count, type, op, comm, r); });
 }
 
@@ -87,6 +106,10 @@ inline int Gatherv(const void* send, int send_count, MPI_Datatype send_type, voi
 
 inline int Bcast(void* buffer, int count, MPI_Datatype type, int root, MPI_Comm comm) {
   if (busy()) return MPI_Bcast(buffer, count, type, root, comm);
+  if (large(count, type)) {
+    int rc = all_arrived(comm);
+    return rc != MPI_SUCCESS ? rc : MPI_Bcast(buffer, count, type, root, comm);
+  }
   return nonblocking([&](MPI_Request* r) { return MPI_Ibcast(buffer, count, type, root, comm, r); });
 }
 

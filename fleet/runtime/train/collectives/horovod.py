@@ -24,8 +24,10 @@ decisions and sums) go over the group's own communicator with MPI, and gradients
 and every larger array through Horovod. Its negotiation is made of blocking MPI calls, which
 spin a core under MPICH; `make horovod` builds it with those calls waiting in sleeps instead
 (tools/horovod-nospin.h: an idle member costs about 3% of a core, not 56-73%) where ranks share
-cores; where each has cores to itself (`fleet.runtime.waiting.use_busy_polling`), they poll
-without sleeping, or large arrays would move one shared-memory piece per sleep.
+cores, and its allreduces and broadcasts of more than 64 KiB waiting in a sleeping barrier for
+every member and then moving in the blocking call (a sleeping wait on the transfer itself
+would move one shared-memory piece per sleep); where each rank has cores to itself
+(`fleet.runtime.waiting.use_busy_polling`), every call stays blocking.
 
 On CUDA, Horovod must be built with NCCL (``HOROVOD_GPU_OPERATIONS=NCCL``): it reduces a torch
 engine's gradient buffer on the device (host arrays, like the control vector, stay on the host).

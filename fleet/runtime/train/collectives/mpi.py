@@ -8,21 +8,22 @@ import numpy as np
 
 from fleet.runtime.train.collectives._base import Collective, check_host_array, comm_label
 from fleet.runtime.train.collectives._comm import dup_comm
-from fleet.runtime import waiting
 from fleet.runtime.waiting import wait_request
 
-# Arrays past this size move in a blocking call once every member has arrived, where this process
-# polls busily (`fleet.runtime.waiting.use_busy_polling`): Open MPI advances a non-blocking
-# collective only inside MPI_Test, one shared-memory piece at a time, with its own slower
-# algorithms (16 cores, 4 ranks, 64 MB: Iallreduce polled without sleeping 0.57x a blocking
-# Allreduce, with sleeps 0.09x).
+# Arrays past this size wait for every member in a polled `Ibarrier` (polled as this process
+# polls: `fleet.runtime.waiting.use_busy_polling`) and then move in a blocking call, which spins
+# only while the data moves: Open MPI advances a non-blocking collective only inside MPI_Test,
+# one shared-memory piece at a time, with its own slower algorithms (16 cores, 4 ranks, 64 MB:
+# Iallreduce polled without sleeping 0.57x a blocking Allreduce, with sleeps 0.09x). Open MPI
+# binds each of 2 ranks to a core, Slurm binds tasks to their CPUs: ranks that poll with sleeps
+# are common, not only on oversubscribed nodes.
 BLOCKING_BYTES = 64 << 10
 
 
 class MPICollective(Collective):
-    """`Iallreduce` / `Ibcast` on a duplicate of the group's communicator, polled with sleeps;
-    where this process polls busily, large arrays wait for every member in a polled
-    `Ibarrier` and then move in a blocking `Allreduce` / `Bcast` (see `BLOCKING_BYTES`).
+    """`Iallreduce` / `Ibcast` on a duplicate of the group's communicator, polled; large
+    arrays wait for every member in a polled `Ibarrier` and then move in a blocking
+    `Allreduce` / `Bcast` (see `BLOCKING_BYTES`).
 
     Gradients go through the host (the base class's `allreduce_gradients`): on the CPU the
     engine's `flat_gradients()` is a view of the gradients and is reduced where it lies; on a
@@ -70,9 +71,9 @@ class MPICollective(Collective):
         wait_request(self._comm.Ibcast(buf, root=root), what, self.timeout_s)
 
     def _all_arrived(self, buf: np.ndarray, what: str) -> bool:
-        """For a large array in a busily polling process: wait (polled, bounded) until every
-        member has called, and say True, so that the transfer can block; else False."""
-        if buf.nbytes <= BLOCKING_BYTES or waiting.HOT is not waiting.BUSY:
+        """For a large array: wait (polled, bounded) until every member has called, and say
+        True, so that the transfer can block; else False."""
+        if buf.nbytes <= BLOCKING_BYTES:
             return False
         wait_request(self._comm.Ibarrier(), f"{what}: the other members to arrive", self.timeout_s)
         return True
