@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -10,6 +11,10 @@ from fleet.errors import UserCodeError, UserError
 from fleet.spec import FAMILIES, ModelSpec, Spec, TrainSpec
 
 GIB = 2**30
+
+# Each architecture's size and cost, counted once per process: a sweep's models often share
+# one (the same net at several learning rates), and a job's rank 0 asks twice (`describe_model`).
+_COUNTED: dict[str, ModelStats] = {}
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ def describe_model(spec: Spec, index: int, shape: tuple[int, int, int], classes:
     model = spec.models[index]
     try:
         _check_fits(model, shape, classes)
-        stats = get_framework(model.framework).zoo.describe(model.family, model.params, shape, classes)
+        stats = _counted(model, shape, classes)
     except UserCodeError as exc:
         raise UserError(f"{spec.entry(index)} ({model.id}, {model.family}): {exc.problem}") from None
     except UserError as exc:
@@ -122,6 +127,13 @@ def describe_model(spec: Spec, index: int, shape: tuple[int, int, int], classes:
             raise
         raise UserError(f"{spec.entry(index)} ({model.id}): out of memory while building it here") from None
     return ModelRow(model.id, model.family, key_params(model, spec.train), stats)
+
+
+def _counted(model: ModelSpec, shape: tuple[int, int, int], classes: int) -> ModelStats:
+    key = json.dumps([model.framework, model.family, model.params, shape, classes], sort_keys=True, default=repr)
+    if key not in _COUNTED:
+        _COUNTED[key] = get_framework(model.framework).zoo.describe(model.family, model.params, shape, classes)
+    return _COUNTED[key]
 
 
 def describe_ensemble(spec: Spec) -> EnsembleSummary:

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fleet.runtime.data",),                                           # preprocessors, streams, queues
     ("fleet.runtime.train",),                                          # trainers, checkpoints, collectives
     ("fleet.runtime.control",),                                        # the coordinator (rank 0)
-    ("profiler",),                                                     # measuring under MPI, the dry run
+    ("profiler", "fleet.runtime.finish"),                              # measuring under MPI, the dry run; a job's end
     ("fleet.runtime.main", "fleet.batch"),                             # per-rank entry; batch scripts
     ("fleet.commands",),                                               # the CLI's commands
     ("fleet.cli", "fleet.__main__"),

@@ -184,6 +184,21 @@ def test_chunks_read_in_shared_memory_train_exactly_as_chunks_sent_as_bytes(tmp_
         np.testing.assert_allclose(losses[True][model], losses[False][model], rtol=1e-6)
 
 
+def test_a_batch_job_ends_with_the_best_models_and_its_report(tmp_path):
+    """`fleet train` under mpiexec (a batch script) ends as `fleet run` does: rank 0 prints the
+    best models and writes report.html, after every rank has finalized MPI (so the others exit
+    meanwhile), and records the drawing's seconds in results.json."""
+    models = [{"family": "mlp", "name": n, "params": {"hidden": [h]}} for n, h in (("a", 16), ("b", 32))]
+    spec = write_spec(tmp_path / "s.yaml", models, {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1},
+                      "fleet-g", train={"batch_size": 32, "max_epochs": 1})
+    run_dir = tmp_path / "run"
+    done = train(3, spec, run_dir)
+    assert "fleet: the best 2 of 2 models" in done.stdout, done.stdout[-2000:]
+    assert f"fleet: report: {run_dir / 'report.html'}" in done.stdout, done.stdout[-2000:]
+    assert (run_dir / "report.html").stat().st_size > 0 and (run_dir / "report" / "gantt.png").is_file()
+    assert results(run_dir)["overhead_s"]["report"] > 0
+
+
 def test_a_node_without_room_in_dev_shm_sends_chunks_as_messages(tmp_path):
     """Where /dev/shm has less free than the chunk pool needs (here: none, as a patch of the
     check), the node says so once and its chunks go by MPI messages; the run completes."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -11,10 +10,7 @@ from pathlib import Path
 
 from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.commands._watch import finish, start_timeout
-from fleet.commands.report import report_run_dir
-from fleet.errors import UserError
 from fleet.report.results import leaderboard_rows, write_results
-from fleet.report.table import format_table
 from fleet.runlock import RunLock
 from fleet.runtime.control.setup import check_partitions
 from fleet.runtime.events import EventLog, read_events
@@ -51,20 +47,16 @@ def run(args: argparse.Namespace) -> int:
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
     launched = time.time()
     code = finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
-    ended = time.time()
-    if code == 0:
-        print_leaderboard_top(Path(spec.run_dir))
-    if code in (0, EXIT_CHECKPOINTED):
-        write_run_report(Path(spec.run_dir))  # it does not show these overheads: they follow it
-        record_time_outside_the_ranks(Path(spec.run_dir), launched, ended, report_s=time.time() - ended)
+    if code in (0, EXIT_CHECKPOINTED):  # rank 0 has printed the best models and drawn report.html
+        record_time_outside_the_ranks(Path(spec.run_dir), launched, time.time())
     return code
 
 
-def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float, report_s: float) -> None:
+def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float) -> None:
     """Add to results.json's ``overhead_s`` what the ranks' own clocks miss: ``launch`` (from
     `fleet run` starting mpiexec to the ranks' start-up clock: mpiexec, interpreters, imports,
-    MPI_Init), ``shutdown`` (from the last model's end to every rank's exit) and ``report``
-    (leaderboard and report.html)."""
+    MPI_Init) and ``shutdown`` (from the last model's end to every rank's exit; rank 0 draws
+    the report meanwhile, ``report`` of it)."""
     path = run_dir / "results.json"
     events = {e["event"]: e for e in read_events(run_dir / "events.jsonl") if e["event"] in ("run_start", "run_end")}
     if not path.exists() or set(events) != {"run_start", "run_end"}:
@@ -73,40 +65,14 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float, 
     overhead = results.setdefault("overhead_s", {})
     overhead["launch"] = round(max(0.0, events["run_start"]["time"] - events["run_start"]["startup_s"] - launched), 3)
     overhead["shutdown"] = round(max(0.0, ended - events["run_end"]["time"]), 3)
-    overhead["report"] = round(report_s, 3)
     atomic_write_json(path, results)
-
-
-def write_run_report(run_dir: Path) -> None:
-    """`fleet report`'s page of the job that just ended; a failure to draw it is a note, not
-    the run's failure."""
-    try:
-        report = report_run_dir(run_dir)
-    except UserError as exc:
-        print(f"fleet: note: no report.html: {exc}")
-        return
-    print(f"fleet: report: {report.path} (learning curves, what ran where, {len(report.figures)} charts)")
-
-
-def print_leaderboard_top(run_dir: Path, count: int = 5) -> None:
-    """The best `count` models of a finished run (from its leaderboard.csv), and where the rest is."""
-    path = run_dir / "leaderboard.csv"
-    try:
-        rows = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
-    except OSError:
-        return
-    if not rows:
-        return
-    shown = [(r["rank"], r["id"], r["family"], f"{r['metric']} {float(r['best_metric']):.4f}" if r["best_metric"] else "-",
-              r["best_epoch"], r["epochs"]) for r in rows[:count]]
-    print(f"fleet: the best {len(shown)} of {len(rows)} models (all of them: {path}; status: fleet status {run_dir})")
-    print(format_table(("rank", "model", "family", "best", "at epoch", "epochs"), shown))
 
 
 def check_collective(spec, device: str | None) -> None:
     """Stop before any rank starts when groups of several trainers could form and the spec's
-    collective cannot be used here (e.g. ``horovod`` not built); raises `UserError`."""
-    if spec.cluster.gpus > 1:
+    collective cannot be used here (e.g. ``horovod`` not built); raises `UserError`. ``auto``
+    always finds one, so it is left to the ranks (the check imports the framework: seconds)."""
+    if spec.cluster.gpus > 1 and spec.runtime.collective != "auto":
         resolve_backend(spec.runtime.collective, device or spec.cluster.device.value)
 
 

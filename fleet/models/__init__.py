@@ -92,13 +92,20 @@ def build_model(
         return _build(family, params, input_shape, num_classes)
 
 
+# A zoo model up to this size is counted on the CPU: on torch's meta device its forward pass
+# runs through torch's decompositions, whose first use loads its compiler stack (dynamo, sympy:
+# 1.2 s and 500 modules) for a count that takes milliseconds on the CPU.
+COUNT_ON_CPU_BYTES = 256 << 20
+
+
 def describe(family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int) -> ModelStats:
     """Parameters, parameter bytes and approximate forward FLOPs per sample of a model.
 
     FLOPs are 2 x multiply-adds of Conv2d, Linear and LSTM layers (four gates per step),
     counted with forward hooks on one dummy sample; batch norm, activations and pooling are
     neglected, so the figure is approximate. Leaves torch's global RNG untouched. A zoo
-    family is counted on torch's meta device (nothing allocated); a user model is built on
+    family is counted on the CPU, or past `COUNT_ON_CPU_BYTES` on torch's meta device
+    (nothing allocated); a user model is built on
     the CPU, run once and its output checked (`fleet.models.user.check_forward`).
 
     Raises:
@@ -108,6 +115,10 @@ def describe(family: str, params: Mapping[str, Any], input_shape: InputShape, nu
     shape = tuple(int(d) for d in input_shape)
     if not is_user_family(family):
         with torch.device("meta"):  # shapes and counts only: nothing is allocated, however large
+            model = _build(family, params, shape, num_classes)  # type: ignore[arg-type]
+            if sum(p.numel() * p.element_size() for p in model.parameters()) > COUNT_ON_CPU_BYTES:
+                return model_stats(model, shape)  # type: ignore[arg-type]
+        with torch.random.fork_rng(devices=[]):
             return model_stats(_build(family, params, shape, num_classes), shape)  # type: ignore[arg-type]
     model = build_model(family, params, shape, num_classes, seed=0)  # type: ignore[arg-type]
     user.check_forward(family, model, shape, num_classes)  # type: ignore[arg-type]

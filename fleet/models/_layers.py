@@ -54,7 +54,11 @@ def pooled_size(size: int, kernel: int) -> int:
 
 
 def init_weights(model: nn.Module) -> None:
-    """He-normal convs, unit/zero batch norms, default-uniform linear layers with zero bias."""
+    """He-normal convs, unit/zero batch norms, default-uniform linear layers with zero bias.
+    Nothing on torch's meta device (a model built only to be counted): there a first normal_
+    loads torch's compiler stack (dynamo, sympy), 1.2 s, for values that do not exist."""
+    if any(p.is_meta for p in model.parameters()):
+        return
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -24,6 +24,7 @@ import numpy as np
 from fleet.atomic import atomic_write_json
 from fleet.engines import get_framework
 from fleet.errors import UserError
+from fleet.inspect import describe_ensemble
 from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
@@ -35,8 +36,9 @@ from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
 from fleet.runtime.data.stream import FANOUT_WINDOW
 from fleet.runtime.events import EventLog
+from fleet.runtime.finish import summarize_job
 from fleet.runtime.launch.jobenv import read_job_env
-from fleet.runtime.launch.process import exit_all, init_mpi, mpi_library
+from fleet.runtime.launch.process import exit_all, finalize_mpi, init_mpi, mpi_library
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED, install_checkpoint_signals
 from fleet.runtime.launch.supervise import RANKS_FILE
 from fleet.runtime.launch.topology import (
@@ -102,6 +104,9 @@ def train_entry(options: TrainOptions) -> int:
             ctx.pool.free()
         if "run_lock" in ctx.extras:
             ctx.extras["run_lock"].release()
+        finalize_mpi()  # now, not in the interpreter's exit: MPI_Finalize waits for every rank's
+        if ctx.rank == 0 and not options.profile_only:  # while the other ranks exit
+            summarize_job(ctx.spec, Path(ctx.run_dir), ctx.extras.get("exit_code", 0))
     except SystemExit as exc:
         if MPI.Is_finalized():  # exit_all: every rank leaves together
             raise
@@ -141,7 +146,6 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
         spec = with_device(spec, options.device)
     env = read_job_env(os.environ)
     check_launch(world.Get_size(), env, mpi_library())
-    _check_collective(world, spec)
     topology = build_topology(world, spec.cluster, env, options.ranks_per_node)
     placement = topology.placements[world.rank]
     who.role, who.node = placement.role.value, placement.node
@@ -156,11 +160,11 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     ctx = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
     ctx.extras["profile_only"] = options.profile_only
     ctx.extras["processes"] = processes
+    _agree_on_collective(world, spec, _warm_up(ctx, placement.role.value))
     rates = _from_rank0(ctx, _rank0_rates, "the rates decision from rank 0")
     ctx.rates = rates["emulated"]
     if not options.profile_only:
         ctx.pool = _chunk_pool(ctx)
-    _warm_up(ctx, placement.role.value)
     if ctx.rank == 0:
         _say_data_notices(ctx)
     barrier(world, "every rank to finish starting up", spec.runtime.timeout_s)
@@ -168,23 +172,17 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
         _profile(ctx, options)
     if options.profile_only:
         return ctx
-    shared = _from_rank0(ctx, _rank0_setup, "the run's set-up from rank 0")
+    shared = rates["setup"] or _from_rank0(ctx, _rank0_setup, "the run's set-up from rank 0")
     ctx.rates = rates["emulated"] or shared["rates"]
     ctx.extras["epoch_limits"] = shared["epoch_limits"]
     return ctx
 
 
-def _check_collective(world: Any, spec) -> None:
-    """Every rank checks that it can use the spec's collective where groups of several trainers
-    can form (e.g. ``horovod``: built, with this MPI); if one cannot, every rank exits 2 and
-    the first such rank says why, in one line."""
+def _agree_on_collective(world: Any, spec, why: str | None) -> None:
+    """Every rank learns whether each trainer can use the spec's collective (`why` not: the
+    reason); if one cannot, every rank exits 2 and the first such rank says why, in one line."""
     if spec.cluster.gpus < 2:
         return
-    try:
-        resolve_backend(spec.runtime.collective, spec.cluster.device.value)
-        why = None
-    except UserError as exc:
-        why = str(exc)
     from mpi4py import MPI  # initialized by now
 
     first = np.array([world.rank if why else world.size])
@@ -228,7 +226,13 @@ def _rank0_rates(ctx) -> dict | str:
         return str(exc)
     if decision.note:
         print(f"fleet: {decision.note}", flush=True)
-    return {"measure": decision.measure, "emulated": decision.emulated_rates}
+    setup = None
+    if not decision.measure and not ctx.extras["profile_only"]:  # the plan now, in the same message
+        ctx.rates = decision.emulated_rates
+        setup = _rank0_setup(ctx)
+        if isinstance(setup, str):
+            return setup
+    return {"measure": decision.measure, "emulated": decision.emulated_rates, "setup": setup}
 
 
 def _lock_run_dir(ctx) -> None:
@@ -279,22 +283,43 @@ def _say_data_notices(ctx) -> None:
         print(f"fleet: {notice}", flush=True)
 
 
-def _warm_up(ctx, role: str) -> None:
-    """Open the data set and do the one-time imports before the clock starts.
-
-    Trainers also decode the validation set (each rank once: a master evaluates on it after
-    every epoch), so the first epoch is not slowed by it.
-    """
+def _warm_up(ctx, role: str) -> str | None:
+    """The one-time work of each rank before the clock starts, done side by side: every rank
+    opens the data set; a trainer checks that it can use the spec's collective where groups of
+    several trainers can form (the reason it cannot, returned, ends the job: e.g. ``horovod``
+    not built), imports its framework and decodes the validation set (a master evaluates on it
+    after every epoch); rank 0 names the collective and counts the models' costs that its plan
+    will need. No other preprocessor imports a framework."""
     _ = ctx.train_idx, ctx.pipeline
-    if role != "trainer":
-        return
+    why = None
+    if role == "trainer" or ctx.rank == 0:  # rank 0 names it on the console
+        try:
+            ctx.extras["collective"] = resolve_backend(ctx.spec.runtime.collective, ctx.spec.cluster.device.value)
+        except UserError as exc:
+            why = str(exc) if ctx.spec.cluster.gpus > 1 and role == "trainer" else None
+    if ctx.rank == 0:
+        _count_model_costs(ctx.spec, Path(ctx.run_dir))
+    if role != "trainer" or why:
+        return why
     _ = ctx.validation
     for module in ("fleet.engines.factory", "fleet.runtime.train.trainer"):
         importlib.import_module(module)
     if ctx.device != "emulated":
         for name in sorted({m.framework for m in ctx.spec.models}):
             get_framework(name)  # importing the framework is the slow part
-    resolve_backend(ctx.spec.runtime.collective, ctx.device)  # imports it
+    return None
+
+
+def _count_model_costs(spec, run_dir: Path) -> None:
+    """Rank 0, while the others warm up: the models' sizes and FLOPs that rates estimated
+    without a profile need (`describe_ensemble` keeps them); a problem is said later, where
+    the plan needs them."""
+    if spec.cluster.device.value == "emulated" or (run_dir / "profile.json").exists():
+        return
+    try:
+        describe_ensemble(spec)
+    except UserError:
+        pass
 
 
 def _choose_polling(spec, topology, node: int) -> None:
@@ -373,7 +398,7 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     spec, plan = ctx.spec, ctx.extras["plan"]
     run_dir = Path(ctx.run_dir)
     console = Console(quiet=options.quiet, device=spec.cluster.device.value)
-    collective = resolve_backend(spec.runtime.collective, spec.cluster.device.value)
+    collective = ctx.extras.get("collective") or resolve_backend(spec.runtime.collective, spec.cluster.device.value)
     log = EventLog(run_dir / "events.jsonl")
     started = time.monotonic()
     startup_s = started - ctx.extras["process_start"]
