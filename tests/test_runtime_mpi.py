@@ -199,6 +199,18 @@ def test_a_batch_job_ends_with_the_best_models_and_its_report(tmp_path):
     assert results(run_dir)["overhead_s"]["report"] > 0
 
 
+def test_an_error_in_rank_0s_set_up_leaves_the_run_directory_unlocked(tmp_path):
+    """A job that ends with exit 2 after rank 0 took the run directory's lock (here: an
+    emulated device without rates) releases it: nothing holds the directory afterwards."""
+    spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp", "name": "a"}],
+                      {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "emulated"}, "fleet-g")
+    run_dir = tmp_path / "run"
+    done = run_mpi(3, "train", str(spec), "--run-dir", str(run_dir), "--quiet", timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "emulated needs" in done.stderr and (run_dir / "spec.yaml").is_file()
+    assert not (run_dir / ".fleet-lock").exists()
+
+
 def test_a_node_without_room_in_dev_shm_sends_chunks_as_messages(tmp_path):
     """Where /dev/shm has less free than the chunk pool needs (here: none, as a patch of the
     check), the node says so once and its chunks go by MPI messages; the run completes."""

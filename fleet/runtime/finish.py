@@ -34,7 +34,8 @@ def summarize_job(spec, run_dir: Path, code: int) -> None:
             return
         started = time.monotonic()
         report = write_run_page(run_dir, spec, running=False)
-        print(f"fleet: report: {report.path} (learning curves, what ran where, {len(report.figures)} charts)", flush=True)
+        charts = len(report.figures)
+        print(f"fleet: report: {report.path} (learning curves, what ran where, {charts} charts)", flush=True)
         _record_report_seconds(run_dir / "results.json", time.monotonic() - started)
     except Exception as exc:  # noqa: BLE001 - the training is done and saved; these are extras
         print(f"fleet: note: no report.html: {exc}", flush=True)
@@ -76,8 +77,9 @@ def print_leaderboard_top(run_dir: Path, count: int = 5) -> None:
         return
     if not rows:
         return
-    shown = [(r["rank"], r["id"], r["family"], f"{r['metric']} {float(r['best_metric']):.4f}" if r["best_metric"] else "-",
-              r["best_epoch"], r["epochs"]) for r in rows[:count]]
+    shown = [(r["rank"], r["id"], r["family"],
+              f"{r['metric']} {float(r['best_metric']):.4f}" if r["best_metric"] else "-", r["best_epoch"], r["epochs"])
+             for r in rows[:count]]
     print(f"fleet: the best {len(shown)} of {len(rows)} models (all of them: {path}; status: fleet status {run_dir})\n"
           + format_table(("rank", "model", "family", "best", "at epoch", "epochs"), shown), flush=True)
 

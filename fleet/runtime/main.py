@@ -126,9 +126,12 @@ def train_entry(options: TrainOptions) -> int:
 def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
     """`_start`; an error every rank meets alike (spec, topology, run directory) ends the job
     cleanly: rank 0 prints one line and every rank exits 2."""
+    started: dict = {}
     try:
-        return _start(world, who, options)
+        return _start(world, who, options, started)
     except (SpecError, TopologyError, SameOnEveryRank) as exc:
+        if "ctx" in started and "run_lock" in started["ctx"].extras:  # rank 0 had taken it
+            started["ctx"].extras["run_lock"].release()
         exit_all(world, UserError.exit_code, f"fleet train: error: {exc}")
     except LaunchMismatch as exc:
         exit_all(world, UserError.exit_code, f"fleet train: error: {exc}" if exc.prints else None)
@@ -138,8 +141,9 @@ class SameOnEveryRank(UserError):
     """A user error that rank 0 found and broadcast, so every rank raises it."""
 
 
-def _start(world: Any, who: RankIdentity, options: TrainOptions):
-    """Spec, topology and communicators; rank 0 prepares the run directory and the plan."""
+def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
+    """Spec, topology and communicators; rank 0 prepares the run directory and the plan
+    (`started` gets the context as soon as there is one)."""
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
     check_partitions(spec)
     if options.device:
@@ -157,7 +161,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions):
     device = "emulated" if spec.cluster.device.value == "emulated" else bind_device(
         placement, spec.cluster, env, _visible_gpus(spec)
     )
-    ctx = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
+    ctx = started["ctx"] = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
     ctx.extras["profile_only"] = options.profile_only
     ctx.extras["processes"] = processes
     _agree_on_collective(world, spec, _warm_up(ctx, placement.role.value))
