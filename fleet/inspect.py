@@ -116,7 +116,8 @@ def describe_model(spec: Spec, index: int, shape: tuple[int, int, int], classes:
     a problem is one line naming the model (``models[2] (tiny-000, mynets:tiny): ...``)."""
     model = spec.models[index]
     try:
-        _check_fits(model, shape, classes)
+        if _count_key(model, shape, classes) not in _COUNTED:  # counted: it fits
+            _check_fits(model, shape, classes)
         stats = _counted(model, shape, classes)
     except UserCodeError as exc:
         raise UserError(f"{spec.entry(index)} ({model.id}, {model.family}): {exc.problem}") from None
@@ -129,11 +130,28 @@ def describe_model(spec: Spec, index: int, shape: tuple[int, int, int], classes:
     return ModelRow(model.id, model.family, key_params(model, spec.train), stats)
 
 
+def _count_key(model: ModelSpec, shape: tuple[int, int, int], classes: int) -> str:
+    return json.dumps([model.framework, model.family, model.params, list(shape), classes], sort_keys=True, default=repr)
+
+
 def _counted(model: ModelSpec, shape: tuple[int, int, int], classes: int) -> ModelStats:
-    key = json.dumps([model.framework, model.family, model.params, shape, classes], sort_keys=True, default=repr)
+    key = _count_key(model, shape, classes)
     if key not in _COUNTED:
         _COUNTED[key] = get_framework(model.framework).zoo.describe(model.family, model.params, shape, classes)
     return _COUNTED[key]
+
+
+def ensemble_counts(spec: Spec) -> dict[str, ModelStats]:
+    """Each architecture of the spec, counted (`describe_ensemble`), for another process to
+    `remember`: a process that has the framework loaded counts for one that has not."""
+    summary = describe_ensemble(spec)
+    keys = {_count_key(m, summary.input_shape, summary.num_classes) for m in spec.models}
+    return {key: _COUNTED[key] for key in keys}
+
+
+def remember(counts: dict[str, ModelStats]) -> None:
+    """Take `ensemble_counts` from another process: `describe_ensemble` then builds nothing."""
+    _COUNTED.update(counts)
 
 
 def describe_ensemble(spec: Spec) -> EnsembleSummary:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import fleet_under_mpi, mpi_env, mpi_launcher, run_mpi
+from conftest import REPO, fleet_under_mpi, mpi_env, mpi_launcher, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -187,12 +187,21 @@ def test_chunks_read_in_shared_memory_train_exactly_as_chunks_sent_as_bytes(tmp_
 def test_a_batch_job_ends_with_the_best_models_and_its_report(tmp_path):
     """`fleet train` under mpiexec (a batch script) ends as `fleet run` does: rank 0 prints the
     best models and writes report.html, after every rank has finalized MPI (so the others exit
-    meanwhile), and records the drawing's seconds in results.json."""
+    meanwhile), and records the drawing's seconds in results.json. Rank 0, a preprocessor,
+    plans with FLOPs the first trainer counted: it never imports torch."""
     models = [{"family": "mlp", "name": n, "params": {"hidden": [h]}} for n, h in (("a", 16), ("b", 32))]
     spec = write_spec(tmp_path / "s.yaml", models, {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1},
                       "fleet-g", train={"batch_size": 32, "max_epochs": 1})
     run_dir = tmp_path / "run"
-    done = train(3, spec, run_dir)
+    telling = ("import sys; from fleet.cli import main; code = main(); "
+               "sys.stderr.write(f'loaded: torch {\"torch\" in sys.modules} matplotlib {\"matplotlib\" in sys.modules}\\n'); "
+               "sys.exit(code)")
+    command = [*mpi_launcher(), "-n", "3", sys.executable, "-c", telling, "train", str(spec), "--run-dir", str(run_dir)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=mpi_env())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    loaded = sorted(line for line in done.stderr.splitlines() if line.startswith("loaded: "))
+    assert loaded == ["loaded: torch False matplotlib True"] + ["loaded: torch True matplotlib False"] * 2, loaded
+    assert "rates estimated from FLOPs" in done.stdout and "groups reduce with " in done.stdout
     assert "fleet: the best 2 of 2 models" in done.stdout, done.stdout[-2000:]
     assert f"fleet: report: {run_dir / 'report.html'}" in done.stdout, done.stdout[-2000:]
     assert (run_dir / "report.html").stat().st_size > 0 and (run_dir / "report" / "gantt.png").is_file()

@@ -24,7 +24,7 @@ import numpy as np
 from fleet.atomic import atomic_write_json
 from fleet.engines import get_framework
 from fleet.errors import UserError
-from fleet.inspect import describe_ensemble
+from fleet.inspect import describe_ensemble, ensemble_counts, remember
 from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
@@ -50,10 +50,11 @@ from fleet.runtime.launch.topology import (
     check_launch,
     gather_node_names,
 )
+from fleet.runtime.protocol import Tag
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.trainer import TrainerLoop
-from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, use_busy_polling,
-                                   wait_request)
+from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, recv_object,
+                                   send_object, use_busy_polling, wait_request)
 from fleet.spec import Device, SpecError, load_spec
 from profiler.job import run_profiling
 
@@ -292,17 +293,17 @@ def _warm_up(ctx, role: str) -> str | None:
     opens the data set; a trainer checks that it can use the spec's collective where groups of
     several trainers can form (the reason it cannot, returned, ends the job: e.g. ``horovod``
     not built), imports its framework and decodes the validation set (a master evaluates on it
-    after every epoch); rank 0 names the collective and counts the models' costs that its plan
-    will need. No other preprocessor imports a framework."""
+    after every epoch). The first trainer also counts the models' costs that rank 0's plan
+    needs and sends them with the collective's name (`_hand_to_rank0`), so that a preprocessor
+    rank 0 never imports a framework (1-2 s of a core at start-up and exit)."""
     _ = ctx.train_idx, ctx.pipeline
     why = None
-    if role == "trainer" or ctx.rank == 0:  # rank 0 names it on the console
+    if role == "trainer":
         try:
             ctx.extras["collective"] = resolve_backend(ctx.spec.runtime.collective, ctx.spec.cluster.device.value)
         except UserError as exc:
-            why = str(exc) if ctx.spec.cluster.gpus > 1 and role == "trainer" else None
-    if ctx.rank == 0:
-        _count_model_costs(ctx.spec, Path(ctx.run_dir))
+            why = str(exc) if ctx.spec.cluster.gpus > 1 else None
+    _hand_to_rank0(ctx)
     if role != "trainer" or why:
         return why
     _ = ctx.validation
@@ -314,11 +315,43 @@ def _warm_up(ctx, role: str) -> str | None:
     return None
 
 
+def _hand_to_rank0(ctx) -> None:
+    """The first trainer sends rank 0 the collective's name and, where rank 0 will plan with
+    rates estimated from FLOPs, the models' counts (`ensemble_counts`; None where counting
+    fails: rank 0 then counts itself and says why in one line)."""
+    first = min(ctx.topology.trainer_ranks())
+    if ctx.rank not in (0, first) or first == 0:
+        if ctx.rank == 0:  # rank 0 trains too: it has the framework anyway
+            _count_model_costs(ctx.spec, Path(ctx.run_dir))
+        return
+    what = "the first trainer's start-up counts for rank 0"
+    if ctx.rank == first:
+        counts = None
+        if _needs_model_costs(ctx.spec, Path(ctx.run_dir)):
+            try:
+                counts = ensemble_counts(ctx.spec)
+            except UserError:
+                pass
+        message = {"collective": ctx.extras.get("collective"), "counts": counts}
+        send_object(ctx.ctrl, message, 0, Tag.STARTUP, what, ctx.timeout_s)
+        return
+    message = recv_object(ctx.ctrl, first, Tag.STARTUP, what, ctx.timeout_s)
+    if message["collective"]:
+        ctx.extras["collective"] = message["collective"]
+    if message["counts"]:
+        remember(message["counts"])
+
+
+def _needs_model_costs(spec, run_dir: Path) -> bool:
+    """Rank 0 plans with rates estimated from the models' FLOPs: no rates to reuse."""
+    return spec.cluster.device.value != "emulated" and not (run_dir / "profile.json").exists()
+
+
 def _count_model_costs(spec, run_dir: Path) -> None:
     """Rank 0, while the others warm up: the models' sizes and FLOPs that rates estimated
     without a profile need (`describe_ensemble` keeps them); a problem is said later, where
     the plan needs them."""
-    if spec.cluster.device.value == "emulated" or (run_dir / "profile.json").exists():
+    if not _needs_model_costs(spec, run_dir):
         return
     try:
         describe_ensemble(spec)
