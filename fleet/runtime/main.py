@@ -54,7 +54,7 @@ from fleet.runtime.protocol import Tag
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.trainer import TrainerLoop
 from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, recv_object,
-                                   send_object, use_busy_polling, wait_request)
+                                   send_object, use_busy_polling, wait_requests)
 from fleet.spec import Device, SpecError, load_spec
 from profiler.job import run_profiling
 
@@ -165,7 +165,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     ctx = started["ctx"] = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
     ctx.extras["profile_only"] = options.profile_only
     ctx.extras["processes"] = processes
-    _agree_on_collective(world, spec, _warm_up(ctx, placement.role.value))
+    _agree_on_collective(world, spec, len(topology.trainer_ranks()), _warm_up(ctx, placement.role.value))
     rates = _from_rank0(ctx, _rank0_rates, "the rates decision from rank 0")
     ctx.rates = rates["emulated"]
     if not options.profile_only:
@@ -183,18 +183,20 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     return ctx
 
 
-def _agree_on_collective(world: Any, spec, why: str | None) -> None:
-    """Every rank learns whether each trainer can use the spec's collective (`why` not: the
-    reason); if one cannot, every rank exits 2 and the first such rank says why, in one line."""
+def _agree_on_collective(world: Any, spec, trainers: int, why: str | None) -> None:
+    """Every rank learns whether each of the `trainers` can use the spec's collective (`why`
+    not: the reason); if one cannot, every rank exits 2 and the first such rank says why, in
+    one line, naming its rank where other trainers could use it."""
     if spec.cluster.gpus < 2:
         return
     from mpi4py import MPI  # initialized by now
 
-    first = np.array([world.rank if why else world.size])
-    wait_request(world.Iallreduce(MPI.IN_PLACE, first, op=MPI.MIN), "every rank's check of the collective",
-                 spec.runtime.timeout_s)
+    first, failed = np.array([world.rank if why else world.size]), np.array([1 if why else 0])
+    wait_requests([world.Iallreduce(MPI.IN_PLACE, first, op=MPI.MIN),
+                   world.Iallreduce(MPI.IN_PLACE, failed, op=MPI.SUM)],
+                  "every rank's check of the collective", spec.runtime.timeout_s)
     if first[0] < world.size:
-        where = "" if first[0] == 0 else f"rank {first[0]}: "
+        where = "" if failed[0] == trainers else f"rank {first[0]}: "
         exit_all(world, UserError.exit_code, f"fleet train: error: {where}{why}", root=int(first[0]))
 
 
