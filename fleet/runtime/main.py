@@ -146,7 +146,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     """Spec, topology and communicators; rank 0 prepares the run directory and the plan
     (`started` gets the context as soon as there is one)."""
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
-    check_partitions(spec)
+    partitions = check_partitions(spec)
     if options.device:
         spec = with_device(spec, options.device)
     env = read_job_env(os.environ)
@@ -163,6 +163,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
         placement, spec.cluster, env, _visible_gpus(spec)
     )
     ctx = started["ctx"] = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
+    ctx.partitions = partitions  # read once, from the manifest
     ctx.extras["profile_only"] = options.profile_only
     ctx.extras["processes"] = processes
     _agree_on_collective(world, spec, len(topology.trainer_ranks()), _warm_up(ctx, placement.role.value))

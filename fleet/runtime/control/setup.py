@@ -167,15 +167,16 @@ def estimated_rates(spec: Spec, samples_per_epoch: int) -> RateTable:
     return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops))
 
 
-def check_partitions(spec: Spec) -> None:
-    """Partitioned data must fit the job's nodes (one line, exit 2, before any work).
+def check_partitions(spec: Spec) -> Partitions | None:
+    """Where the partitions of partitioned data live (None: whole data); they must fit the
+    job's nodes (one line, exit 2, before any work).
 
     Raises:
         UserError: its manifest is missing or malformed, or its partitions do not fit.
     """
     from preprocess.partition import job_partitions  # preprocess loads h5py and Pillow
 
-    job_partitions(spec.data, spec.cluster.nodes, spec.cluster.gpus_per_node)
+    return job_partitions(spec.data, spec.cluster.nodes, spec.cluster.gpus_per_node)
 
 
 def policy_for(spec: Spec, name: str | None = None) -> Policy:
