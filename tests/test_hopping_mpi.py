@@ -112,6 +112,21 @@ def test_every_model_visits_every_partition_once_an_epoch(tmp_path, parts, polic
     assert res["samples_decoded"] == decoded_alone if policy == "mop" else res["samples_decoded"] <= decoded_alone
 
 
+def test_fleet_hop_visits_that_start_together_share_their_partition_s_stream(tmp_path, parts):
+    """4 copies of one MLP (one rate) on 2 nodes x 2 trainers: the pair on each partition
+    shares its stream, and at every hop each pair waits for both GPUs of the other
+    partition (a group says its visit ended before it saves: the coordinator sees the hop in
+    flight) and visits it together again, so every sample is decoded once for two models."""
+    models = [{"family": "mlp", "name": n} for n in "abcd"]
+    spec = write_spec(tmp_path / "s.yaml", parts, "fleet-hop", models, 2, max_epochs=2)
+    run_dir = tmp_path / "run"
+    train(6, spec, run_dir, "--ranks-per-node", "3")
+    check_visits_complete(run_dir)
+    starts = [e for e in events(run_dir) if e["event"] == "stream_start"]
+    assert [len(e["members"]) for e in starts] == [2] * 8, [e["members"] for e in starts]
+    assert results(run_dir)["samples_decoded"] == 1080 * 4 * 2 // 2
+
+
 def wait_for_visits(job: subprocess.Popen, run_dir: Path, count: int) -> None:
     deadline = time.monotonic() + 300
     path = run_dir / "visits.jsonl"

@@ -12,6 +12,7 @@ from fleet.errors import UserError
 from fleet.runtime.data.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.membership import Group, LiveStream, Membership
+from fleet.runtime.control.rates_source import estimated_profile
 from fleet.runtime.control.tuning import RateTuner
 from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, Regroup, StartMember, StreamLayout, StreamSource, stream_tag
@@ -306,6 +307,40 @@ def test_measured_rates_are_weighed_only_where_they_can_change_a_plan_and_once_w
     costly.observe("a", 1, 5.0)  # now by a third: weighed again
     costly.refine(0.0)
     assert costly.log.logged == ["rates_kept", "rates_kept"] and costly.seconds > 0
+
+
+def test_fleet_hop_takes_measured_rates_unweighed_at_its_hops():
+    """Every visit ends with a checkpoint and is planned afresh: new rates cost nothing."""
+    tuner = rate_tuner("fleet-hop", checkpoint_s=1e6)  # a weighing could never pay for a change
+    tuner.observe("a", 1, 25.0)
+    tuner.refine(0.0)
+    assert tuner.log.logged == ["rates_refined"] and tuner.ledger.rates.rate("a", 1) == 25.0
+    assert tuner.seconds == 0  # nothing simulated
+    tuner.observe("a", 1, 25.5)  # within 10% of the table: nothing to adopt
+    tuner.refine(0.0)
+    assert tuner.log.logged == ["rates_refined"]
+    mop = rate_tuner("mop", checkpoint_s=0.0)  # draws at random: never reads a rate
+    mop.observe("a", 1, 25.0)
+    mop.refine(0.0)
+    assert mop.log.logged == [] and mop.ledger.rates == rates3()
+
+
+def test_estimated_rates_measure_models_that_train_alike_as_one():
+    """A sweep's copies of one architecture (they differ in learning rate) get one estimated rate
+    and are measured as one, as the profiler would time them: noise in their epoch reports
+    cannot pull them apart (and out of one shared stream)."""
+    spec = parse_spec({"name": "s", "data": {"source": "digits"}, "models": [
+        {"family": "mlp", "name": "slow", "train": {"lr": 0.1}},
+        {"family": "mlp", "name": "fast", "train": {"lr": 0.01}},
+        {"family": "mlp", "name": "wide", "params": {"hidden": [512]}}]})
+    rates = RateTable.from_dict(estimated_profile(spec, 1000, {"slow": 1000, "fast": 1000, "wide": 5000}))
+    assert [p.extra.get("timed_as") for p in rates.models] == [None, "slow", None]
+    tuner = RateTuner(Ledger(rates, (3, 3, 3), total_gpus=2, gpus_per_node=1), create_policy("fleet-hop"),
+                      lambda: create_policy("fleet-hop"), Overheads, RecordingLog(), RecordingLog())
+    tuner.observe("slow", 1, 40.0)
+    tuner.observe("fast", 1, 60.0)
+    tuner.refine(0.0)
+    assert tuner.ledger.rates.rate("slow", 1) == tuner.ledger.rates.rate("fast", 1) == pytest.approx(50.0)
 
 
 def test_fleet_g_s_rates_are_weighed_only_once_its_cluster_is_drained():

@@ -7,6 +7,7 @@ and no GPU holds two models at once.
 """
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -33,6 +34,7 @@ from fleet.schedule.driver import Driver
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import PartitionError, Partitions, nodes_per_partition
 from fleet.schedule.planners import HOPPING_POLICIES
+from fleet.schedule.planners.hopping import matched_picks
 from fleet.schedule.simulator import Outcome, resumed_scenario
 
 
@@ -244,6 +246,35 @@ def test_fleet_hop_shares_streams_and_gives_the_tail_several_gpus():
     tail = [r for r in hop.timeline.members if r.model.startswith("big") and len(r.gpus) > 1]
     assert tail and all(len({g // 4 for g in r.gpus}) == 1 for r in tail)  # node-local multi-GPU visits
     assert hop.makespan < mop.makespan
+
+
+def test_fleet_hop_picks_rate_matched_models_from_down_the_work_order():
+    # most work first: a (100/s), b (50/s), c (98/s), d (49/s); 2 free GPUs
+    rates = RateTable(tuple(ModelProfile(m, (r,)) for m, r in zip("abcd", (100.0, 50.0, 98.0, 49.0))), 1, 100)
+    view = SimpleNamespace(rates=rates)
+    assert matched_picks(view, list("abcd"), 2, delta=0.1, window=2) == ["a", "c"]  # one stream, not two
+    assert matched_picks(view, list("abcd"), 4, delta=0.1, window=2) == ["a", "c", "b", "d"]
+    assert matched_picks(view, list("abcd"), 2, delta=0.1, window=1) == ["a", "b"]  # the order kept strictly
+    assert matched_picks(view, list("abcd"), 1, delta=0.1, window=4) == ["a"]
+    assert matched_picks(view, list("abcd"), 3, delta=0.01, window=4) == ["a", "b", "c"]  # nothing matches
+
+
+def test_fleet_hop_waits_for_a_hop_in_flight_and_keeps_sharing_after_the_first_visits():
+    # 4 architectures x 4 copies (copies tie on rate, their epochs differ), 2 partitions on
+    # 2 nodes x 4 GPUs: checkpoints end at different times, so without waiting for the hops
+    # on a partition its GPUs come free one by one and each visit decodes alone
+    models = tuple(ModelProfile(f"a{a}c{c}", (40.0 + 30 * a,), param_bytes=(1 + 3 * c) * 10**8)
+                   for a in range(4) for c in range(4))
+    rates = RateTable(models, 4, 4000)
+    scen = partitioned(rates, [2 + (k % 3) for k in range(16)], gpus=8, parts=2)
+    hop = simulate(create_policy("fleet-hop"), scen, Overheads())
+    check_hopping_invariants(hop, scen)
+    later = [s for s in hop.timeline.streams if s.start > 0 and len(s.members) > 1]
+    assert len(later) >= 5  # shared streams form at every refill, not only at the start
+    mop = simulate(create_policy("mop", seed=0), scen, Overheads())
+    assert hop.samples_decoded < 0.6 * mop.samples_decoded
+    strict = simulate(create_policy("fleet-hop", window=1.0), scen, Overheads())
+    assert hop.samples_decoded < strict.samples_decoded
 
 
 @pytest.mark.parametrize("policy", HOPPING_POLICIES)

@@ -191,6 +191,18 @@ class MemberLeft:
 
 
 @dataclass(frozen=True)
+class VisitEnded:
+    """A group passed over its partition (partitioned data) and hops: it saves its checkpoint
+    next, and its `MemberLeft` follows. Told first, the driver sees the hop in flight as the
+    simulator does (the model checkpointing on its GPUs) and can wait for them."""
+
+    model: str
+    stream: int
+    epochs: int
+    epoch_samples: int
+
+
+@dataclass(frozen=True)
 class EndNeeded:
     """A member resumed from an older checkpoint than the coordinator counted on (the newest
     was unusable): it needs its stream up to chunk `end`, past the layout's."""

@@ -28,6 +28,7 @@ from fleet.runtime.protocol import (
     EpochReport,
     KeepAlive,
     MemberLeft,
+    VisitEnded,
     Paused,
     Progress,
     Shutdown,
@@ -132,6 +133,8 @@ class Coordinator:
             self._on_epoch(report)
         elif isinstance(report, MemberLeft):
             self._on_left(report)
+        elif isinstance(report, VisitEnded):
+            self._visit_ended(report)
         elif isinstance(report, Paused):
             self.membership.on_paused(report)
         elif isinstance(report, StreamDone):
@@ -182,9 +185,9 @@ class Coordinator:
         self.membership.on_left(report)
         self.account.left(report)
         self.log.write("member_left", **report.__dict__)
-        if self.visits is not None and report.visited is not None:
-            self._visit_ended(report)
-        elif self.visits is not None:
+        if self.visits is not None and report.visited is not None and report.converged:
+            self.visits.ended(report.model, self._visit_epoch(report), self.now())
+        elif self.visits is not None and report.visited is None:
             self.visits.dropped(report.model)
         if report.converged:
             return
@@ -195,17 +198,20 @@ class Coordinator:
                           f"visited partition {report.visited} ({where}): hops")
         self.driver.checkpointed(report.model, report.epochs)
 
-    def _visit_ended(self, report: MemberLeft) -> None:
-        """A visit of partitioned data ended: in the visit log, and (unless the model converged
-        there) to the driver, which counts it and lets the model hop."""
-        epoch = report.epochs if report.epoch_samples == 0 else report.epochs + 1
-        partition = self.visits.ended(report.model, epoch, self.now())
-        if report.converged:
-            return
+    def _visit_ended(self, report: VisitEnded) -> None:
+        """A visit of partitioned data ended and the model hops (its checkpoint is being saved):
+        in the visit log, and to the driver, which counts it (a model that converged on its
+        visit only leaves: `_on_left` logs its visit)."""
+        partition = self.visits.ended(report.model, self._visit_epoch(report), self.now())
         self.membership.leave(report.stream, report.model)  # its stream ends with its pass: out of it
         metric = self.epoch_metrics.pop(report.model, None)
         rate = self.ledger.rates.rate(report.model, max(1, len(self.ledger.model(report.model).gpus)))
         self.driver.visit_completed(report.model, partition, report.epochs, rate, metric)
+
+    @staticmethod
+    def _visit_epoch(report: MemberLeft | VisitEnded) -> int:
+        """The epoch a visit belonged to (one that ended the epoch counted it already)."""
+        return report.epochs if report.epoch_samples == 0 else report.epochs + 1
 
     # -- the World the driver calls ----------------------------------------------------------------
 

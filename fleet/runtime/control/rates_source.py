@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from fleet.errors import UserError
+from fleet.profiling.plan import timed_as
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec
 
@@ -17,10 +18,14 @@ def estimated_profile(spec: Spec, samples_per_epoch: int, flops_per_sample: dict
     """A profile-shaped dict with rates guessed from FLOPs (training = 3x the forward pass)."""
     device_flops = ASSUMED_FLOPS["cuda" if spec.cluster.device.value == "cuda" else "cpu"]
     gpus = spec.cluster.gpus
+    same = timed_as(spec.models, spec.cluster.device.value == "emulated")
     models = []
     for model in spec.models:
         r1 = device_flops / max(1, 3 * flops_per_sample[model.id])
-        models.append({"id": model.id, "rates": {str(m): r1 * m**SCALING for m in range(1, gpus + 1)}})
+        entry = {"id": model.id, "rates": {str(m): r1 * m**SCALING for m in range(1, gpus + 1)}}
+        if same[model.id] != model.id:  # trains at the same speed: measured as one, as the profiler would
+            entry["timed_as"] = same[model.id]
+        models.append(entry)
     return {
         "schema": 1,
         "gpus_per_node": spec.cluster.gpus_per_node,

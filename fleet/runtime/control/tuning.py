@@ -6,13 +6,15 @@ table and weighed in the simulator (`fleet.schedule.refine`): adopted only when 
 gain beats the cost of the change at this run's own checkpoint and start costs. A proposal
 within `MIN_CHANGE` of one already turned down is not weighed again, nor are rates weighed
 where they cannot change a plan (a policy that never reads them, or one that plans only on a
-drained cluster while the cluster is not drained, or would plan the same either way).
+drained cluster while the cluster is not drained, or would plan the same either way). A
+hopping policy plans each visit afresh, and every visit ends with a checkpoint: its measured
+rates are adopted unweighed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from fleet.runtime.control.console import Console
@@ -21,7 +23,14 @@ from fleet.schedule import ModelState, Policy
 from fleet.schedule.costs import Overheads
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.rates import RateTable
-from fleet.schedule.refine import RateRefiner, Refinement, makespan_simulator, rate_changes, weigh_refinement
+from fleet.schedule.refine import (
+    RateChange,
+    RateRefiner,
+    Refinement,
+    makespan_simulator,
+    rate_changes,
+    weigh_refinement,
+)
 
 
 def _subset(rates: RateTable, ids: list[str]) -> RateTable:
@@ -55,6 +64,9 @@ class RateTuner:
         """Weigh what was measured, where it could change a plan; adopt it when it pays."""
         if not self.refiner.measured or not self.policy.uses_refined_rates:
             return
+        if self.policy.hops:
+            self._adopt_at_hops()
+            return
         if self.policy.plans_only_when_drained and not self.ledger.drained:
             return
         began = time.perf_counter()
@@ -80,6 +92,17 @@ class RateTuner:
         verdict = weigh_refinement(old, new, remaining, simulate, costs.checkpoint_s(None) + costs.restore_s(None))
         return None if verdict is None else (proposal, verdict)
 
+    def _adopt_at_hops(self) -> None:
+        """A hopping policy plans every visit afresh and every visit ends with a checkpoint, so
+        new rates change no running plan and cost nothing: they are adopted as measured."""
+        proposal = self.refiner.propose(self.ledger.rates)
+        changes = rate_changes(self.ledger.rates, proposal)
+        if not changes:
+            return
+        self.ledger.rates = proposal
+        self.log.write("rates_refined", changes=_shown(changes), at_hops=True)
+        self.console.banner(f"rates refined for the next visits: {_summary(changes)}")
+
     def _same_next_plan(self, proposal: RateTable, now: float) -> bool:
         """Whether the plan about to be made on this drained cluster is the same on either
         table; then the proposal waits, at no loss, to be weighed before the next one."""
@@ -89,13 +112,10 @@ class RateTuner:
 
     def _settle(self, proposal: RateTable, verdict: Refinement) -> None:
         changes = verdict.changes
-        shown = [{"model": c.model, "gpus": c.m, "old": round(c.old, 1), "new": round(c.new, 1)} for c in changes]
-        self.log.write("rates_refined" if verdict.adopt else "rates_kept", changes=shown,
+        self.log.write("rates_refined" if verdict.adopt else "rates_kept", changes=_shown(changes),
                        predicted_keep_s=verdict.predicted_keep_s, predicted_new_s=verdict.predicted_new_s,
                        gain_s=verdict.gain_s, cost_s=verdict.cost_s)
-        worst = max(changes, key=lambda c: abs(c.relative))
-        summary = (f"{len(changes)} rate(s) moved >= 10% (e.g. {worst.model} on {worst.m} GPU(s): {worst.old:,.0f} -> "
-                   f"{worst.new:,.0f} samples/s); predicted gain {verdict.gain_s:.1f} s vs cost {verdict.cost_s:.1f} s")
+        summary = (f"{_summary(changes)}; predicted gain {verdict.gain_s:.1f} s vs cost {verdict.cost_s:.1f} s")
         if verdict.adopt:
             self.ledger.rates = proposal
             self.rejected = None
@@ -103,3 +123,13 @@ class RateTuner:
         else:
             self.rejected = proposal
             self.console.banner(f"rates kept: {summary}")
+
+
+def _shown(changes: Sequence[RateChange]) -> list[dict]:
+    return [{"model": c.model, "gpus": c.m, "old": round(c.old, 1), "new": round(c.new, 1)} for c in changes]
+
+
+def _summary(changes: Sequence[RateChange]) -> str:
+    worst = max(changes, key=lambda c: abs(c.relative))
+    return (f"{len(changes)} rate(s) moved >= 10% (e.g. {worst.model} on {worst.m} GPU(s): {worst.old:,.0f} -> "
+            f"{worst.new:,.0f} samples/s)")

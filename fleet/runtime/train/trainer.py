@@ -32,6 +32,7 @@ from fleet.runtime.protocol import (
     Shutdown,
     StartMember,
     Tag,
+    VisitEnded,
 )
 from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
 from fleet.runtime.train.collectives.factory import create_collective
@@ -152,6 +153,16 @@ def resumed_totals(epoch_samples: int, is_master: bool, sums: tuple[float, float
     return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * size, resumed=epoch_samples)
 
 
+def tell_hop(training: GroupTraining, converged: bool) -> None:
+    """A group whose visit ended hops: its master tells the coordinator before the hop's
+    checkpoint is saved (the driver sees the model checkpointing on its GPUs meanwhile)."""
+    visit = training.visit
+    if converged or visit is None or not visit.ended or not training.is_master:
+        return
+    hop = VisitEnded(training.model.id, training.start.layout.stream, training.tracker.epochs, training.totals.samples)
+    send_object(training.ctx.ctrl, hop, 0, Tag.REPORT, "the coordinator to take a visit's end", training.ctx.timeout_s)
+
+
 class GroupTraining:
     """One model trained by one group until it converges or is asked to leave; on partitioned
     data, for one visit (`Visit`)."""
@@ -220,6 +231,7 @@ class GroupTraining:
             stream.request_leave()
             batcher.stop()
         self.gpu_seconds += (time.monotonic() - began) * self.size
+        tell_hop(self, converged)
         if not converged and (self.visit is None or self.visit.saves_at_leave):
             self._epoch_sums = self._group_epoch_sums()
             self._save_checkpoint()

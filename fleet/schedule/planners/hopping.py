@@ -13,9 +13,12 @@ reproducible.
 `fleet-hop` adds what fleet does to hopping. On each partition's nodes, the models that
 visit it now share that node group's decoded stream in rate-matched flotillas, so a sample is
 decoded once for all of them. The models with the most work left go first (longest remaining
-processing time: the ones that would otherwise finish last), and when fewer models are left
-than GPUs, a model visits on several GPUs of one node (data-parallel), as many as speed it up,
-up to its share of the cluster.
+processing time: the ones that would otherwise finish last), each joined by waiting models
+whose rates match its own, and when fewer models are left than GPUs, a model visits on
+several GPUs of one node (data-parallel), as many as speed it up, up to its share of the
+cluster. Visits end at different times, so a partition's GPUs would come free one at a time
+and every visit would decode alone: new visits on a partition wait while a hop there is in
+flight (a checkpoint: seconds), so that GPUs come free together and visits start together.
 """
 
 from __future__ import annotations
@@ -93,9 +96,13 @@ class FleetHopOptions(PolicyOptions):
     Attributes:
         delta: models whose rates differ by at most this fraction of the faster one share a
             stream; in (0, 1].
+        window: how far down the most-work-first order a model may be picked to share a
+            stream: among the first ``window`` times as many models as the partition has free
+            GPUs (None: any waiting model); 1 keeps the order strictly.
     """
 
     delta: float = option(DEFAULT_RELATIVE_DELTA, gt=0, le=1)
+    window: float | None = option(None, ge=1, optional=True)
 
 
 class FleetHop(_Hopper):
@@ -108,29 +115,58 @@ class FleetHop(_Hopper):
 
     name = "fleet-hop"
     Options = FleetHopOptions
-    # the runtime's weighing simulates the rest of the run once per report, which here is once per
-    # hop; until the weighing knows partitions, fleet-hop plans on the profiled rates
-    uses_refined_rates = False
+    uses_refined_rates = True  # each visit is planned afresh: the runtime adopts measured rates unweighed
 
     def __init__(self, options: FleetHopOptions = FleetHopOptions(), seed: int = 0):
         self.delta = options.delta
+        self.window = options.window
+        self.launched = 0
+        self.launches: dict[str, int] = {}  # each model's last launch: streams launched at once share an id
 
     def fill(self, view: ClusterView) -> Decision:
-        work = {m: remaining_work(view, m) for m in view.waiting()}
+        held, leaving = hops_in_flight(view, self.launches)
+        work = {m: remaining_work(view, m) for m in view.waiting() if m not in leaving}
         idle = sorted(work, key=lambda m: -work[m])
         left = len(view.models) - len(view.ids_in(ModelState.CONVERGED))
         share = max(1, view.total_gpus // max(1, left))  # GPUs a model may take: its share of the cluster
         plans: list[StreamPlan] = []
         visited = {m.id: m.visited for m in view.models}
         for partition, free in sorted(free_by_partition(view).items()):
+            if partition in held:
+                continue
             able = [m for m in idle if partition not in visited[m]]
-            counts = visit_gpus(view, able, work, len(free), min(share, view.gpus_per_node))
+            picks = matched_picks(view, able, len(free), self.delta, self.window)
+            counts = visit_gpus(view, picks, work, len(free), min(share, view.gpus_per_node))
             if not counts:
                 continue
             for m in counts:
                 idle.remove(m)
             plans.extend(rate_matched_streams(view, counts, free, self.delta))
+        for plan in plans:
+            self.launched += 1
+            self.launches.update((member.model, self.launched) for member in plan.members)
         return Decision.launching(plans)
+
+
+def hops_in_flight(view: ClusterView, launches: dict[str, int]) -> tuple[set[int], set[str]]:
+    """What waits for the hops in flight: the partitions where GPUs are about to come free (a
+    model there hops, checkpointing on its GPUs, or its stream's pass ended: of the models
+    launched together, by `launches`' ids, one already left and the others leave with it),
+    and the waiting models whose launch-mates are still leaving. So that visits starting
+    together can share a stream, instead of each taking a GPU as it comes free."""
+    holding = {m.id: m for m in view.models if m.gpus}
+    together: dict[int, list[str]] = {}
+    for model, launch in launches.items():
+        together.setdefault(launch, []).append(model)
+    partitions, models = set(), set()
+    for m in view.models:
+        mates = together.get(launches.get(m.id, -1), ())
+        if m.id not in holding:
+            if any(x in holding for x in mates):
+                models.add(m.id)
+        elif m.state is ModelState.CHECKPOINTING or not all(x in holding for x in mates):
+            partitions.add(view.partitions.of_gpu(m.gpus[0]))
+    return partitions, models
 
 
 def remaining_work(view: ClusterView, model_id: str) -> float:
@@ -141,6 +177,29 @@ def remaining_work(view: ClusterView, model_id: str) -> float:
     seen = partitions.share(model.visited)
     left = max(model.epochs_estimate - model.epochs_done - seen, 1.0 - seen)
     return left * partitions.samples / view.rates.rate(model_id, 1)
+
+
+def matched_picks(view: ClusterView, able: Sequence[str], free: int, delta: float,
+                  window: float | None) -> list[str]:
+    """The models to visit one partition with `free` GPUs, most work first: each model in
+    turn leads, and the models whose rates stay within `delta` of its group's join it, from
+    the first `window` times `free` models of `able` (most work first; None: all), so visits
+    that start together share a stream instead of each decoding its own."""
+    pool = list(able if window is None else able[: max(free, int(window * free))])
+    picks: list[str] = []
+    while pool and len(picks) < free:
+        group = [pool.pop(0)]
+        low = high = view.rates.rate(group[0], 1)
+        for m in list(pool):
+            if len(picks) + len(group) == free:
+                break
+            rate = view.rates.rate(m, 1)
+            if min(low, rate) >= (1 - delta) * max(high, rate):
+                group.append(m)
+                pool.remove(m)
+                low, high = min(low, rate), max(high, rate)
+        picks += group
+    return picks
 
 
 def visit_gpus(view: ClusterView, able: Sequence[str], work: dict[str, float], free: int,
