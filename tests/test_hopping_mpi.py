@@ -36,10 +36,11 @@ def parts(tmp_path_factory) -> Path:
     return root / "parts"
 
 
-def write_spec(path: Path, parts: Path, policy: str, models: list, gpus_per_node: int, max_epochs: int = 3) -> Path:
+def write_spec(path: Path, parts: Path, policy: str, models: list, gpus_per_node: int, max_epochs: int = 3,
+               validation: str = "all") -> Path:
     doc = {
         "name": "hop", "seed": 1,
-        "data": {"source": "hdf5", "path": str(parts), "partitioned": True, "image_size": 8},
+        "data": {"source": "hdf5", "path": str(parts), "partitioned": True, "image_size": 8, "validation": validation},
         "models": models,
         "train": {"batch_size": 32, "max_epochs": max_epochs},
         "scheduler": {"policy": policy, "profile": False},
@@ -125,6 +126,20 @@ def test_fleet_hop_visits_that_start_together_share_their_partition_s_stream(tmp
     starts = [e for e in events(run_dir) if e["event"] == "stream_start"]
     assert [len(e["members"]) for e in starts] == [2] * 8, [e["members"] for e in starts]
     assert results(run_dir)["samples_decoded"] == 1080 * 4 * 2 // 2
+
+
+@pytest.mark.parametrize("validation, decoded", [("all", 120), ("local", 60)])
+def test_local_validation_reads_no_sample_of_another_node(tmp_path, parts, validation, decoded):
+    """Each trainer validates on every partition's held-out samples (120: 10% of 2 x 600), or
+    with `data.validation: local` on its own node's (60), so that no sample crosses nodes."""
+    models = [{"family": "mlp", "name": n} for n in "ab"]
+    spec = write_spec(tmp_path / "s.yaml", parts, "mop", models, 1, max_epochs=2, validation=validation)
+    run_dir = tmp_path / "run"
+    train(4, spec, run_dir, "--ranks-per-node", "2")
+    check_visits_complete(run_dir)
+    res = results(run_dir)
+    assert res["validation_samples_decoded"] == 2 * decoded  # both trainers, once each
+    assert all(0 <= h["val_accuracy"] <= 1 for m in res["models"] for h in m["history"])
 
 
 def wait_for_visits(job: subprocess.Popen, run_dir: Path, count: int) -> None:

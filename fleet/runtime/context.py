@@ -116,8 +116,9 @@ class RunContext:
     @cached_property
     def validation(self) -> tuple[np.ndarray, np.ndarray]:
         """The validation set, decoded once per process (eval transforms: no augmentation); of
-        partitioned data, the validation samples of every partition (read by trainers only)."""
-        if self.partitions is None:
+        partitioned data, the validation samples of every partition (read by trainers only),
+        or with `data.validation: local` those of this rank's node's partition only."""
+        if self.partitions is None or self.spec.data.validation == "local":
             return self._decoded_validation(self.reader)
         parts = []
         for k in range(self.partitions.count):

@@ -5,7 +5,16 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from fleet.runtime.train.collectives import kinds as collective_kinds
@@ -66,11 +75,19 @@ class DataSpec(Section):
     samples: Annotated[PositiveInt, at_most(10_000_000, "synthetic samples are drawn in memory")] | None = None
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     partitioned: bool = False
+    validation: Literal["all", "local"] = "all"
 
     @field_validator("image_size", mode="before")
     @classmethod
     def _image_size(cls, value: Any) -> tuple[int, int] | None:
         return None if value is None else _size_pair(value)
+
+    @field_validator("validation")
+    @classmethod
+    def _local_needs_partitions(cls, value: str, info: ValidationInfo) -> str:
+        if value == "local" and not info.data.get("partitioned"):
+            raise ValueError("'local' applies to partitioned data only (data.partitioned: true)")
+        return value
 
     @model_validator(mode="after")
     def _source_fields(self) -> "DataSpec":
