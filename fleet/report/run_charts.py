@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from fleet.report._figures import pyplot, save_png
 from fleet.report.gantt import gpu_ticks
 from fleet.report.gpu_use import CATEGORIES, gpu_use_over_time
-from fleet.report.results import ModelResult
+from fleet.report.results import ModelResult, leaderboard_rows
 from fleet.report.run_story import RunStory, Stint
 
+NAMED_PER_FAMILY = 10  # models a family's legend names (its best), the rest drawn grey
 USE_COLORS = {"training": "#4c72b0", "waiting for data": "#dd8452", "checkpointing": "#c44e52",
               "other": "#8172b3", "idle": "#cccccc"}
 
@@ -41,19 +42,28 @@ def write_curves(models: Sequence[ModelResult], path: str) -> None:
 
 
 def write_family_curves(models: Sequence[ModelResult], path: str) -> None:
-    """One column per family: its models' train loss (top) and validation metric (bottom), each named."""
+    """One column per family: its models' train loss (top) and validation metric (bottom); the
+    legend names the family's `NAMED_PER_FAMILY` best models (a longer one is unreadable), drawn
+    over the others."""
     plt = pyplot()
     families = list(dict.fromkeys(m.family for m in models)) or ["-"]
     fig, axes = plt.subplots(2, len(families), figsize=(max(4.0 * len(families), 6), 6.5), squeeze=False)
     for column, family in enumerate(families):
-        for model in (m for m in models if m.family == family):
+        ranked = leaderboard_rows([m for m in models if m.family == family])
+        named = ranked[:NAMED_PER_FAMILY]
+        named_ids = {m.id for m in named}
+        for model in reversed(ranked):  # the best drawn last, on top
             epochs = [e["epoch"] for e in model.history]
-            axes[0][column].plot(epochs, [e.get("train_loss") for e in model.history], marker=".", label=model.id)
-            axes[1][column].plot(epochs, [e.get(model.metric) for e in model.history], marker=".", label=model.id)
-        axes[0][column].set_title(family)
+            style = {"marker": ".", "label": model.id} if model.id in named_ids else {"color": "#bbbbbb", "linewidth": 0.8}
+            axes[0][column].plot(epochs, [e.get("train_loss") for e in model.history], **style)
+            axes[1][column].plot(epochs, [e.get(model.metric) for e in model.history], **style)
+        shown = f"{family}: the {len(named)} best of {len(ranked)} named" if len(ranked) > len(named) else family
+        axes[0][column].set_title(shown)
         _label(axes[0][column], "train loss", "")
+        axes[0][column].xaxis.get_major_locator().set_params(integer=True)
         _label(axes[1][column], "validation metric", "epoch")
-        axes[1][column].legend(fontsize=7)
+        handles, labels = axes[1][column].get_legend_handles_labels()
+        axes[1][column].legend(handles[::-1], labels[::-1], fontsize=7)  # the best first
     fig.tight_layout()
     save_png(fig, path)
 
