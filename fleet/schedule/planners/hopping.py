@@ -122,18 +122,23 @@ class FleetHop(_Hopper):
         self.window = options.window
         self.launched = 0
         self.launches: dict[str, int] = {}  # each model's last launch: streams launched at once share an id
+        self.awaited: dict[int, set[str]] = {}  # per partition with free GPUs: the hops in flight then
 
     def fill(self, view: ClusterView) -> Decision:
-        held, leaving = hops_in_flight(view, self.launches)
-        work = {m: remaining_work(view, m) for m in view.waiting() if m not in leaving}
+        leaving, waiting = hops_in_flight(view, self.launches)
+        work = {m: remaining_work(view, m) for m in view.waiting() if m not in waiting}
         idle = sorted(work, key=lambda m: -work[m])
         left = len(view.models) - len(view.ids_in(ModelState.CONVERGED))
         share = max(1, view.total_gpus // max(1, left))  # GPUs a model may take: its share of the cluster
         plans: list[StreamPlan] = []
         visited = {m.id: m.visited for m in view.models}
         for partition, free in sorted(free_by_partition(view).items()):
-            if partition in held:
+            # wait for the hops in flight when a GPU here first came free (not for later ones:
+            # the wait ends within one checkpoint)
+            awaited = self.awaited.setdefault(partition, leaving.get(partition, set()))
+            if awaited & leaving.get(partition, set()):
                 continue
+            del self.awaited[partition]
             able = [m for m in idle if partition not in visited[m]]
             picks = matched_picks(view, able, len(free), self.delta, self.window)
             counts = visit_gpus(view, picks, work, len(free), min(share, view.gpus_per_node))
@@ -148,25 +153,26 @@ class FleetHop(_Hopper):
         return Decision.launching(plans)
 
 
-def hops_in_flight(view: ClusterView, launches: dict[str, int]) -> tuple[set[int], set[str]]:
-    """What waits for the hops in flight: the partitions where GPUs are about to come free (a
-    model there hops, checkpointing on its GPUs, or its stream's pass ended: of the models
-    launched together, by `launches`' ids, one already left and the others leave with it),
-    and the waiting models whose launch-mates are still leaving. So that visits starting
+def hops_in_flight(view: ClusterView, launches: dict[str, int]) -> tuple[dict[int, set[str]], set[str]]:
+    """Per partition, the models about to leave its GPUs (a model that hops, checkpointing on
+    its GPUs, or whose stream's pass ended: of the models launched together, by `launches`'
+    ids, one already left and the others leave with it); and the waiting models whose
+    launch-mates are still leaving. New visits wait for them, so that visits starting
     together can share a stream, instead of each taking a GPU as it comes free."""
     holding = {m.id: m for m in view.models if m.gpus}
     together: dict[int, list[str]] = {}
     for model, launch in launches.items():
         together.setdefault(launch, []).append(model)
-    partitions, models = set(), set()
+    leaving: dict[int, set[str]] = {}
+    waiting = set()
     for m in view.models:
         mates = together.get(launches.get(m.id, -1), ())
         if m.id not in holding:
             if any(x in holding for x in mates):
-                models.add(m.id)
+                waiting.add(m.id)
         elif m.state is ModelState.CHECKPOINTING or not all(x in holding for x in mates):
-            partitions.add(view.partitions.of_gpu(m.gpus[0]))
-    return partitions, models
+            leaving.setdefault(view.partitions.of_gpu(m.gpus[0]), set()).add(m.id)
+    return leaving, waiting
 
 
 def remaining_work(view: ClusterView, model_id: str) -> float:
