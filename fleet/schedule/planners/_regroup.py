@@ -18,12 +18,14 @@ position; no stream is opened, so nothing more is decoded. Two moves are weighed
 A move is made only when the GPU-seconds it saves exceed ``margin`` times the GPU-seconds its
 checkpoint and restore cost.
 
-Pure: numbers in, moves out.
+Pure: numbers in, moves out. A member's forecast samples left and the cost of its move are
+asked for (``Costs``) only where a move is weighed, so that a policy with a thousand running
+models does not forecast them all on every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,15 +39,24 @@ class Seat:
         model: model id.
         gpus: GPUs it holds.
         rate: its own rate on them (samples/s).
-        remaining: samples it is forecast to still need.
-        switch_s: seconds a move costs it (checkpoint + restore).
     """
 
     model: str
     gpus: int
     rate: float
-    remaining: float
-    switch_s: float
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What a move is weighed with, asked per model.
+
+    Attributes:
+        remaining: samples the model is forecast to still need.
+        switch_s: seconds a move costs it (checkpoint + restore).
+    """
+
+    remaining: Callable[[str], float]
+    switch_s: Callable[[str], float]
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ class Group:
         return min(s.rate for s in self.seats)
 
 
-def regroup(groups: Sequence[Group], margin: float, gain: float) -> dict[str, int]:
+def regroup(groups: Sequence[Group], costs: Costs, margin: float, gain: float) -> dict[str, int]:
     """Moves worth making: model -> id of the stream it should join."""
     live = [g for g in groups if g.pace > 0 and g.seats]
     if len(live) < 2:
@@ -71,7 +82,7 @@ def regroup(groups: Sequence[Group], margin: float, gain: float) -> dict[str, in
     order = np.argsort(slowest, kind="stable")
     moves: dict[str, int] = {}
     for group in live:
-        pacer = _pacer_move(group, live, slowest[order], order, margin, gain)
+        pacer = _pacer_move(group, live, slowest[order], order, costs, margin, gain)
         moves.update(pacer)
         for seat in group.seats:
             if seat.model in moves or seat.rate <= group.pace * (1 + 1e-9):
@@ -79,8 +90,8 @@ def regroup(groups: Sequence[Group], margin: float, gain: float) -> dict[str, in
             target = _nearest_below(seat.rate, group.id, live, slowest[order], order)
             if target is None or target.slowest <= group.pace * (1 + gain):
                 continue
-            saved = seat.gpus * seat.remaining * (1 / group.pace - 1 / target.slowest)
-            if saved > margin * seat.gpus * seat.switch_s:
+            saved = seat.gpus * costs.remaining(seat.model) * (1 / group.pace - 1 / target.slowest)
+            if saved > margin * seat.gpus * costs.switch_s(seat.model):
                 moves[seat.model] = target.id
     return moves
 
@@ -95,7 +106,7 @@ def _nearest_below(rate: float, own: int, live: Sequence[Group], sorted_slowest:
 
 
 def _pacer_move(group: Group, live: Sequence[Group], sorted_slowest: np.ndarray, order: np.ndarray,
-                margin: float, gain: float) -> dict[str, int]:
+                costs: Costs, margin: float, gain: float) -> dict[str, int]:
     """{pacer: stream} when moving the stream's unique slowest member out is worth it."""
     if len(group.seats) < 2:
         return {}
@@ -106,9 +117,11 @@ def _pacer_move(group: Group, live: Sequence[Group], sorted_slowest: np.ndarray,
     target = _nearest_below(pacer.rate, group.id, live, sorted_slowest, order)
     if target is None:
         return {}
-    stay = pacer.remaining / pacer.rate  # how long it would still hold its stream back
-    saved = sum(s.gpus * min(stay, s.remaining / pacer.rate) * (1 - pacer.rate / second) for s in ranked[1:])
-    lost = pacer.gpus * pacer.remaining * (1 / target.slowest - 1 / pacer.rate)
-    if saved - lost > margin * pacer.gpus * pacer.switch_s:
+    left = costs.remaining(pacer.model)
+    stay = left / pacer.rate  # how long it would still hold its stream back
+    saved = sum(s.gpus * min(stay, costs.remaining(s.model) / pacer.rate) * (1 - pacer.rate / second)
+                for s in ranked[1:])
+    lost = pacer.gpus * left * (1 / target.slowest - 1 / pacer.rate)
+    if saved - lost > margin * pacer.gpus * costs.switch_s(pacer.model):
         return {pacer.model: target.id}
     return {}

@@ -85,7 +85,7 @@ from fleet.schedule.flotilla import useful_counts
 from fleet.schedule.forecast import EpochForecast
 from fleet.schedule.options import OptionError, PolicyOptions, option
 from fleet.schedule.placement import place
-from fleet.schedule.planners._regroup import Group, Seat, regroup
+from fleet.schedule.planners._regroup import Costs, Group, Seat, regroup
 from fleet.schedule.planners._tail import Running, rebalance
 
 
@@ -371,17 +371,14 @@ class FleetAdaptive(Policy):
 
     def _regroup(self, view: ClusterView) -> tuple[str, ...]:
         """Members to checkpoint now and move to a better stream (`on_checkpointed` joins it)."""
-        moves = {m: t for m, t in regroup(_groups(view, self._seat), self.margin, self.move_gain).items()
+        costs = Costs(lambda m: self._remaining(view.model(m)) * view.rates.samples_per_epoch,
+                      lambda m: _switch_cost(view, self.costs, m))
+        moves = {m: t for m, t in regroup(_groups(view, self._rate), costs, self.margin, self.move_gain).items()
                  if m not in self.resizing}
         for model, stream in moves.items():
             self.resizing[model] = len(view.model(model).gpus)
             self.moving[model] = stream
         return tuple(moves)
-
-    def _seat(self, view: ClusterView, model: str) -> Seat:
-        gpus = len(view.model(model).gpus)
-        remaining = self._remaining(view.model(model)) * view.rates.samples_per_epoch
-        return Seat(model, gpus, self._rate(view, model, gpus), remaining, _switch_cost(view, self.costs, model))
 
     # -- using leftover GPUs -------------------------------------------------------------
 
@@ -426,9 +423,13 @@ def _switch_cost(view: ClusterView, costs: Overheads, model: str) -> float:
     return costs.checkpoint_s(param_bytes) + costs.restore_s(param_bytes)
 
 
-def _groups(view: ClusterView, seat: Callable[[ClusterView, str], Seat]) -> list[Group]:
-    """The running streams as `_regroup` sees them, ``seat`` describing each member."""
-    return [Group(s.id, s.pace, tuple(seat(view, m) for m in s.members)) for s in view.streams if s.pace > 0]
+def _groups(view: ClusterView, rate: Callable[[ClusterView, str, int], float]) -> list[Group]:
+    """The running streams as `_regroup` sees them, ``rate`` giving a member's own rate."""
+    def seat(model: str) -> Seat:
+        gpus = len(view.model(model).gpus)
+        return Seat(model, gpus, rate(view, model, gpus))
+
+    return [Group(s.id, s.pace, tuple(seat(m) for m in s.members)) for s in view.streams if s.pace > 0]
 
 
 def _stream_to_join(drafts: list[_Draft], rate: float, tolerance: float, target: int | None) -> int | None:
