@@ -16,10 +16,18 @@ busy:
    stay within ``match_tolerance`` (``ln(max/min)``): a running stream (the model *joins* it
    and reads it from its current position) or one opened in the same decision. Only if none
    matches does the head of the queue open a new stream. A decoding budget keeps about
-   ``min_members`` members per stream: past it, the tolerance widens to ``hard_tolerance``
-   before a new stream is opened. Matched rates keep pacing slack low.
+   ``min_members`` members per stream, counted per sample: once the running streams decode
+   more than ``1 / min_members`` of the samples their members train, the tolerance widens to
+   ``hard_tolerance`` before a new stream is opened. Matched rates keep pacing slack low; a
+   stream slower than the median model's single-GPU rate is matched tighter, in proportion
+   (its slack costs more GPU-seconds per sample than a fast stream's).
 4. **Leftovers.** GPUs left over when the queue empties at a launch go to the new members
-   predicted to finish last, on streams of their own (no checkpoint needed).
+   predicted to finish last (no checkpoint needed), each into a drafted stream that matches
+   its new rate within ``match_tolerance``, or a stream of its own.
+4b. **Regrouping** (`_regroup`). After every decision, a member paced well below its own rate
+   moves (checkpoint, restore) to a running stream nearer its rate, and a stream's lone slow
+   member moves out to a slower stream, where the GPU-seconds saved exceed ``resize_margin``
+   times the move's cost; no stream is opened, so decoding does not grow.
 5. **The tail.** Once no model waits, the GPUs that come free are water-filled among the
    running models (`_tail.rebalance`): the earliest common finish they can reach with them
    (none giving GPUs up) is found, and each model predicted to finish after it grows to the
@@ -77,6 +85,7 @@ from fleet.schedule.flotilla import useful_counts
 from fleet.schedule.forecast import EpochForecast
 from fleet.schedule.options import OptionError, PolicyOptions, option
 from fleet.schedule.placement import place
+from fleet.schedule.planners._regroup import Costs, Group, Seat, regroup
 from fleet.schedule.planners._tail import Running, rebalance
 
 
@@ -113,8 +122,9 @@ class FleetAdaptiveOptions(PolicyOptions):
         match_tolerance: largest ``ln(max rate / min rate)`` among a stream's members, >= 0.
         hard_tolerance: the same, allowed when the stream budget is used up; at least
             ``match_tolerance``.
-        min_members: aim for at least this many members per stream (the decoding budget:
-            a new stream is opened beyond that only if no stream is within
+        min_members: aim for at least this many members per stream, per sample (the
+            decoding budget: once the running streams decode more than ``1 / min_members`` of
+            what their members train, a new stream is opened only if no stream is within
             ``hard_tolerance``); at least 1.
         window: how many queued models (at least) are considered for the best match; >= 1.
         extra_gpus: how many GPUs beyond its planned count a model may take to match a pace; >= 0.
@@ -123,17 +133,21 @@ class FleetAdaptiveOptions(PolicyOptions):
             for (0.5: the median; higher plans for the risk of a short estimate); in [0, 1].
         rebalance_gain: once no model waits, free GPUs go to running models only when the
             latest predicted finish improves by more than this share of the time left; >= 0.
+        move_gain: a running member moves to another stream only when its pace there (or, for
+            a stream's lone slow member, the pace its stream gets without it) is at least this
+            share faster; >= 0.
     """
 
     target_factor: float = option(1.7, ge=1)
     match_tolerance: float = option(0.10, ge=0)
     hard_tolerance: float = option(0.35, ge=0)
-    min_members: float = option(5.0, ge=1)
+    min_members: float = option(5.5, ge=1)
     window: int = option(8, integer=True, ge=1)
     extra_gpus: int = option(2, integer=True, ge=0)
     resize_margin: float = option(2.0, ge=0)
     risk_level: float = option(0.5, ge=0, le=1)
     rebalance_gain: float = option(0.0, ge=0)
+    move_gain: float = option(0.05, ge=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -171,6 +185,8 @@ class FleetAdaptive(Policy):
         self.counts: dict[str, int] = {}
         self.queue: list[str] = []
         self.resizing: dict[str, int] = {}
+        self.moving: dict[str, int] = {}  # model being moved -> the stream it is to join
+        self.move_gain, self.reference = options.move_gain, 0.0  # reference: median 1-GPU rate
         self.rates: np.ndarray | None = None
         self.target = 0.0
         self.forecast = EpochForecast()
@@ -209,8 +225,7 @@ class FleetAdaptive(Policy):
         gpus = place([count], view.free_gpus, view.gpus_per_node)[0]
         rate = self._rate(view, event.model, count)
         drafts = [_Draft(s.id, self._member_rates(view, s.members)) for s in view.streams if s.pace > 0]
-        matches = [d for d in drafts if d.spread_with(rate) <= self.tolerance]
-        join = min(matches, key=lambda d: d.spread_with(rate)).join if matches else None
+        join = _stream_to_join(drafts, rate, self.tolerance, self.moving.pop(event.model, None))
         return Decision.launching([StreamPlan((Member(event.model, gpus),), join)])
 
     # -- planning --------------------------------------------------------------------
@@ -228,6 +243,7 @@ class FleetAdaptive(Policy):
             self.counts[model.id] = int(fits[0]) + 1 if fits.size else int(np.argmin(times[i])) + 1
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
+        self.reference = float(np.median(self.rates[:, 0]))
 
     def _work(self, view: ClusterView) -> np.ndarray:
         """Estimated samples each model still needs (at least one epoch)."""
@@ -262,9 +278,9 @@ class FleetAdaptive(Policy):
         if not self.queue and free > 0:
             self._boost(view, drafts, free)
         launch = _place(view, drafts)
-        if launch.launch or self.queue or not view.free_gpus:
-            return launch
-        return self._resize(view)
+        decision = launch if launch.launch or self.queue or not view.free_gpus else self._resize(view)
+        moves = self._regroup(view)
+        return Decision(launch=decision.launch, checkpoint=decision.checkpoint + moves) if moves else decision
 
     def _pick(self, view: ClusterView, drafts: list[_Draft], free: int):
         """Best (model, gpu count, stream draft or None for a new stream) to start now.
@@ -285,7 +301,8 @@ class FleetAdaptive(Policy):
             loss = 1 - rate / np.array([g * self._rate(view, m, 1) for _, m, g in options])
             low = np.array([min(d.rates) for d in drafts])
             high = np.array([max(d.rates) for d in drafts])
-            mismatch = np.log(np.maximum(high, rate[:, None]) / np.minimum(low, rate[:, None]))
+            pace = np.minimum(low, rate[:, None])
+            mismatch = np.log(np.maximum(high, rate[:, None]) / pace) * np.maximum(1.0, self.reference / pace)
             score = mismatch + (loss + 0.01 * np.array([r for r, _, _ in options]))[:, None]
             score[mismatch > limit] = np.inf
             best = int(np.argmin(score))
@@ -296,9 +313,11 @@ class FleetAdaptive(Policy):
         return head, min(self.counts[head], free), None
 
     def _crowded(self, view: ClusterView, drafts: list[_Draft]) -> bool:
-        """True when one more stream would leave fewer than ``min_members`` per stream."""
-        members = sum(len(d.rates) for d in drafts) + 1
-        return len(drafts) + 1 > max(1.0, members / self.min_members)
+        """True when the drafted streams already decode more than ``1 / min_members`` of the
+        samples their members train (each stream decodes once what all its members train)."""
+        decoded = sum(min(d.rates) for d in drafts if d.rates)
+        trained = sum(len(d.rates) * min(d.rates) for d in drafts if d.rates)
+        return trained > 0 and decoded * self.min_members > trained
 
     def _candidates(self, free: int) -> list[str]:
         fitting, used = 0, 0
@@ -321,9 +340,10 @@ class FleetAdaptive(Policy):
     def _boost(self, view: ClusterView, drafts: list[_Draft], free: int) -> None:
         """Leftover GPUs at launch go to the new members predicted to finish last.
 
-        Such a member moves to a stream of its own (a faster member would only wait for its
-        stream otherwise) with just enough GPUs to finish with the next-latest member or by
-        the target, whichever is later.
+        Such a member gets just enough GPUs to finish with the next-latest member or by the
+        target, whichever is later, and moves to a drafted stream that matches its new rate
+        within ``match_tolerance`` (a slower stream would only hold it back), or to a stream of
+        its own where none does.
         """
         work = dict(zip(view.rates.ids, self._work(view)))
         while free > 0:
@@ -344,8 +364,21 @@ class FleetAdaptive(Policy):
             draft.remove(k)
             if not draft.members and draft.join is None:
                 drafts.remove(draft)
-            drafts.append(_Draft(None, [self._rate(view, model, new_gpus)], [(model, new_gpus)]))
+            _add_to_match(drafts, self._rate(view, model, new_gpus), (model, new_gpus), self.tolerance)
             free -= new_gpus - gpus
+
+    # -- regrouping running members -----------------------------------------------------
+
+    def _regroup(self, view: ClusterView) -> tuple[str, ...]:
+        """Members to checkpoint now and move to a better stream (`on_checkpointed` joins it)."""
+        costs = Costs(lambda m: self._remaining(view.model(m)) * view.rates.samples_per_epoch,
+                      lambda m: _switch_cost(view, self.costs, m))
+        moves = {m: t for m, t in regroup(_groups(view, self._rate), costs, self.margin, self.move_gain).items()
+                 if m not in self.resizing}
+        for model, stream in moves.items():
+            self.resizing[model] = len(view.model(model).gpus)
+            self.moving[model] = stream
+        return tuple(moves)
 
     # -- using leftover GPUs -------------------------------------------------------------
 
@@ -363,15 +396,11 @@ class FleetAdaptive(Policy):
     def _running(self, view: ClusterView, model: str, end: float, remaining: float) -> Running:
         row = self.rates[view.rates.index(model)]
         best = int(np.argmax(row)) + 1  # more GPUs than the fastest count are never useful
-        return Running(model, len(view.model(model).gpus), end, remaining, self._switch_cost(view, model), row[:best])
+        return Running(model, len(view.model(model).gpus), end, remaining, _switch_cost(view, self.costs, model), row[:best])
 
     def _resizing_now(self, view: ClusterView) -> int:
         """GPUs that models being resized still hold (they come back with the checkpoint)."""
         return sum(len(view.model(m).gpus) for m in self.resizing)
-
-    def _switch_cost(self, view: ClusterView, model: str) -> float:
-        param_bytes = view.rates.profile(model).param_bytes
-        return self.costs.checkpoint_s(param_bytes) + self.costs.restore_s(param_bytes)
 
 
 # -- helpers that need no state of the policy -------------------------------------------
@@ -386,6 +415,43 @@ def _decoding_used_up(view: ClusterView, drafts: list[_Draft]) -> bool:
     """True when the drafted streams' paces already take all the decoding there is."""
     paces = sum(min(d.rates) for d in drafts if d.rates)
     return view.decode_rate is not None and paces >= view.decode_rate * (1 - 1e-9)
+
+
+def _switch_cost(view: ClusterView, costs: Overheads, model: str) -> float:
+    """Seconds a change of GPU count (a checkpoint and a restore) costs ``model``."""
+    param_bytes = view.rates.profile(model).param_bytes
+    return costs.checkpoint_s(param_bytes) + costs.restore_s(param_bytes)
+
+
+def _groups(view: ClusterView, rate: Callable[[ClusterView, str, int], float]) -> list[Group]:
+    """The running streams as `_regroup` sees them, ``rate`` giving a member's own rate."""
+    def seat(model: str) -> Seat:
+        gpus = len(view.model(model).gpus)
+        return Seat(model, gpus, rate(view, model, gpus))
+
+    return [Group(s.id, s.pace, tuple(seat(m) for m in s.members)) for s in view.streams if s.pace > 0]
+
+
+def _stream_to_join(drafts: list[_Draft], rate: float, tolerance: float, target: int | None) -> int | None:
+    """The running stream a resized or moved member of own ``rate`` joins (None: its own):
+    ``target``, the one it was moved for, if it still keeps up there; else the best match
+    within ``tolerance``."""
+    if any(d.join == target and min(d.rates) <= rate * (1 + 1e-9) for d in drafts):
+        return target
+    matches = [d for d in drafts if d.spread_with(rate) <= tolerance]
+    return min(matches, key=lambda d: d.spread_with(rate)).join if matches else None
+
+
+def _add_to_match(drafts: list[_Draft], rate: float, member: tuple[str, int], tolerance: float) -> None:
+    """Add ``member`` (own ``rate``) to the draft it matches best within ``tolerance``, or to a
+    new draft of its own."""
+    fits = [d for d in drafts if d.rates and d.spread_with(rate) <= tolerance]
+    if fits:
+        best = min(fits, key=lambda d: d.spread_with(rate))
+        best.members.append(member)
+        best.rates.append(rate)
+    else:
+        drafts.append(_Draft(None, [rate], [member]))
 
 
 def _place(view: ClusterView, drafts: list[_Draft]) -> Decision:
