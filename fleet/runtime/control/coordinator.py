@@ -28,12 +28,12 @@ from fleet.runtime.protocol import (
     EpochReport,
     KeepAlive,
     MemberLeft,
-    VisitEnded,
     Paused,
     Progress,
     Shutdown,
     StreamDone,
     Tag,
+    VisitEnded,
 )
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 from fleet.schedule import CheckpointCompleted, Event, ModelConverged, ModelState, Policy
