@@ -438,20 +438,25 @@ def _stream_to_join(drafts: list[_Draft], rate: float, tolerance: float, target:
     within ``tolerance``."""
     if any(d.join == target and min(d.rates) <= rate * (1 + 1e-9) for d in drafts):
         return target
-    matches = [d for d in drafts if d.spread_with(rate) <= tolerance]
-    return min(matches, key=lambda d: d.spread_with(rate)).join if matches else None
+    best = _best_match(drafts, rate, tolerance)
+    return best.join if best else None
 
 
 def _add_to_match(drafts: list[_Draft], rate: float, member: tuple[str, int], tolerance: float) -> None:
     """Add ``member`` (own ``rate``) to the draft it matches best within ``tolerance``, or to a
     new draft of its own."""
-    fits = [d for d in drafts if d.rates and d.spread_with(rate) <= tolerance]
-    if fits:
-        best = min(fits, key=lambda d: d.spread_with(rate))
+    best = _best_match(drafts, rate, tolerance)
+    if best:
         best.members.append(member)
         best.rates.append(rate)
     else:
         drafts.append(_Draft(None, [rate], [member]))
+
+
+def _best_match(drafts: list[_Draft], rate: float, tolerance: float) -> _Draft | None:
+    """The draft whose spread with a member of own ``rate`` is least, within ``tolerance``."""
+    fits = [d for d in drafts if d.rates and d.spread_with(rate) <= tolerance]
+    return min(fits, key=lambda d: d.spread_with(rate)) if fits else None
 
 
 def _place(view: ClusterView, drafts: list[_Draft]) -> Decision:
