@@ -19,10 +19,14 @@ What: the ensemble, data and transforms of `bench/e2e_cpu.py` (8 CNN architectur
   and its preprocessor(s): N + P ranks.
 - fleet-profiled: the same with `scheduler.profile: true`: it measures every model's rates
   before training (the default until 2026-11-26).
+- fleet-baseline: the same with `scheduler.policy: baseline` (and `profile: false`: it never
+  reads a rate), fleet's stand-in for the processes: each model alone on a slot, decoding its
+  own data in its trainer process; fleet's "x Baseline" figures mean something only if this
+  row is close to the processes'.
 
 How: every contender uses `--threads` torch threads per slot, and its wall time runs from its
 first process's launch to its last process's exit, start-up and shutdown included. The
-contenders alternate (processes, fleet, ray, fleet-profiled, processes, ...) for `--rounds` rounds, so drift in
+contenders alternate (processes, fleet, ray, fleet-profiled, fleet-baseline, processes, ...) for `--rounds` rounds, so drift in
 the machine's load falls on all of them; the table gives the median wall time and each
 round's, the JPEGs decoded (fleet: its training streams plus every trainer's validation set, as
 results.json counts them, profiling not included), the mean best validation accuracy over the
@@ -41,7 +45,8 @@ by a later invocation with the same samples and side) and every round's run dire
 
 Usage: .venv/bin/python bench/peers.py [--sweep 4] [--epochs 2] [--samples 3000] [--slots 4]
        [--setting light|decode-heavy] [--source-size PX] [--image-size 24] [--preprocessors 1]
-       [--threads 1] [--rounds 1] [--contenders processes,fleet,ray,fleet-profiled] [--timeout 3600]
+       [--threads 1] [--rounds 1] [--contenders processes,fleet,ray,fleet-profiled,fleet-baseline]
+       [--timeout 3600]
        [--keep DIR] [--json FILE]
 """
 
@@ -70,8 +75,9 @@ from pipeline import at_least  # bench/pipeline.py
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 PLAIN_LOOP = BENCH / "plain_loop.py"
-CONTENDERS = ("processes", "fleet", "ray", "fleet-profiled")  # the order of each round
+CONTENDERS = ("processes", "fleet", "ray", "fleet-profiled", "fleet-baseline")  # the order of each round
 FLEETS = ("fleet", "fleet-profiled")  # the rows the others are compared with
+FLEET_RUNS = (*FLEETS, "fleet-baseline")  # the rows with fleet's phases
 SOURCE_SIZES = {"light": 96, "decode-heavy": 256}  # --setting: the side of the JPEGs on disk
 WAIT_TIMEOUT_S = 600  # fleet's runtime.timeout_s: how long a rank waits before it aborts the job
 RAY_DRIVER = "import peers; peers.ray_driver()"  # the Ray contender's process (`python -c`)
@@ -205,11 +211,21 @@ def run_fleet(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
 
 def run_fleet_profiled(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     """`fleet run` with `scheduler.profile: true`: it measures every model's rates first."""
+    return fleet_outcome(spec_with(spec_path, "profiled", profile=True), work, args)
+
+
+def run_fleet_baseline(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
+    """`fleet run` with `scheduler.policy: baseline`: every model decodes its own data."""
+    return fleet_outcome(spec_with(spec_path, "baseline", policy="baseline", profile=False), work, args)
+
+
+def spec_with(spec_path: Path, name: str, **scheduler) -> Path:
+    """A copy of the spec beside it with these `scheduler` keys."""
     doc = yaml.safe_load(spec_path.read_text())
-    doc["scheduler"]["profile"] = True
-    profiled = spec_path.with_name("peers-profiled.yaml")
-    profiled.write_text(yaml.safe_dump(doc))
-    return fleet_outcome(profiled, work, args)
+    doc["scheduler"].update(scheduler)
+    path = spec_path.with_name(f"peers-{name}.yaml")
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def fleet_outcome(spec_path: Path, work: Path, args) -> Outcome:
@@ -239,7 +255,8 @@ def fleet_phases(work: Path, results: dict, launched: float, ended: float) -> di
             "startup_s": startup - profiling, "makespan_s": results["makespan_s"], "after_s": ended - run_end["time"]}
 
 
-RUNNERS = {"processes": run_processes, "fleet": run_fleet, "ray": run_ray, "fleet-profiled": run_fleet_profiled}
+RUNNERS = {"processes": run_processes, "fleet": run_fleet, "ray": run_ray, "fleet-profiled": run_fleet_profiled,
+           "fleet-baseline": run_fleet_baseline}
 
 
 # ----------------------------------------------------------------------------- Ray Tune's own process
@@ -309,13 +326,16 @@ def print_table(rows: dict, args, models: int) -> None:
         walls = ", ".join(f"{w:.1f}" for w in row["walls_s"])
         ratios = "".join(f"{'-' if name == fleet else format(row['vs'][fleet], '.2f') + 'x':>22}" for fleet in fleets)
         print(f"{name:<16}{row['wall_s']:>9.1f}  {walls:<24}{row['decoded']:>11,}{row['accuracy']:>15.3f}{ratios}")
+    if "processes" in rows and "fleet-baseline" in rows:
+        ratio = rows["fleet-baseline"]["wall_s"] / rows["processes"]["wall_s"]
+        print(f"fleet-baseline's wall / the processes': {ratio:.2f} (target: within 10%, 0.90-1.10)")
     print("wall: median over rounds, launch to last exit; vs fleet: the contender's wall / that fleet's (above 1: "
-          "fleet is faster); fleet-profiled: scheduler.profile true")
+          "fleet is faster); fleet-profiled: scheduler.profile true; fleet-baseline: scheduler.policy baseline")
 
 
 def print_details(rounds: list[dict[str, Outcome]]) -> None:
     for k, one in enumerate(rounds, start=1):
-        for fleet in (fleet for fleet in FLEETS if fleet in one):
+        for fleet in (fleet for fleet in FLEET_RUNS if fleet in one):
             d = one[fleet].details
             predicted = "" if d["predicted_s"] is None else f", predicted {d['predicted_s']:.1f} s"
             print(f"round {k} {fleet}: launch {d['launch_s']:.1f} s, profiling {d['profiling_s']:.1f} s, rest of "

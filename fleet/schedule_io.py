@@ -15,7 +15,7 @@ from typing import Any
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
-from fleet.profiling.document import decode_limit
+from fleet.profiling.document import decode_limit, own_decode_rate
 from fleet.schedule.rates import ProfileFormatError, RateTable
 from fleet.schedule.simulator import Cluster, Scenario, SimResult
 
@@ -49,10 +49,12 @@ def profile_scenario(
     preprocessors_per_node: int | str | None = None,
 ) -> Scenario:
     """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
-    measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled)."""
+    measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled), and a
+    stream decoded in its own trainer process (Baseline's) to what one of them decodes."""
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
-    return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit)
+    return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
+                    own_decode_rate=own_decode_rate(rates.extra))
 
 
 def epochs_from_profile(

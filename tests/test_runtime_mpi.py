@@ -295,10 +295,15 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
         assert set(choice["predicted_makespan_s"]) == {"fleet-g", "fleet-adaptive", "fleet-l", "homogeneous", "baseline"}
         assert res["policy"] == choice["chosen"] == min(choice["predicted_makespan_s"], key=choice["predicted_makespan_s"].get)
         assert [e["policy"] for e in events(run_dir) if e["event"] == "run_start"] == [res["policy"]]
-    if policy == "baseline":  # every model has its own stream, which ends where its model does
-        assert res["samples_decoded"] == sum(epochs.values()) * n
-        streams = [e for e in events(run_dir) if e["event"] == "stream_start"]
+    if policy == "baseline":  # every model has its own stream, which ends where its model does,
+        assert res["samples_decoded"] == sum(epochs.values()) * n  # decoded by its own trainer
+        log = events(run_dir)
+        streams = [e for e in log if e["event"] == "stream_start"]
         assert all(len(s["members"]) == 1 for s in streams) and len(streams) == len(epochs)
+        masters = {e["stream"]: e["ranks"] for e in log if e["event"] == "member_start"}
+        assert all(s["own_decoding"] and s["preprocessors"] == masters[s["stream"]] for s in streams)
+        assert {e["stream"]: e["decoded"] for e in log if e["event"] == "stream_end"} == {
+            s["stream"]: epochs[s["members"][0]] * n for s in streams}
 
 
 def test_a_chunk_smaller_than_the_group_gives_a_worker_an_empty_share(tmp_path):

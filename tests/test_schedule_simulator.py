@@ -57,18 +57,46 @@ def test_shared_stream_moves_at_the_slowest_member_by_hand():
     assert result.gpu_time.pacing == pytest.approx(8)
 
 
+class AloneOnPreprocessors(Policy):
+    """Each model alone on a GPU, like Baseline, but decoded by the run's preprocessors."""
+
+    name = "alone"
+
+    def start(self, view):
+        pending = [m.id for m in view.models if m.state is ModelState.PENDING]
+        return Decision.launching(StreamPlan((Member(m, (g,)),)) for m, g in zip(pending, view.free_gpus))
+
+    def on_event(self, event, view):
+        return NO_DECISION
+
+
 def test_a_decode_limit_is_shared_by_the_running_streams_by_hand():
-    # Baseline with decoding at 20 samples/s in all. Max-min fair: X needs 6 < 10, so Y gets
+    # Two streams, decoding at 20 samples/s in all. Max-min fair: X needs 6 < 10, so Y gets
     # 20 - 6 = 14 (not its 30): Y's 60 samples take 60/14 s, X's 10 s; X is unaffected.
     limited = Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=20.0)
-    result = simulate(create_policy("baseline"), limited, FREE)
+    result = simulate(AloneOnPreprocessors(), limited, FREE)
     assert result.makespan == pytest.approx(10)
     y = next(m for m in result.timeline.members if m.model == "Y")
     assert y.end - y.start == pytest.approx(60 / 14)
     # at 8 samples/s: 4 each while both run (Y needs 60/4 = 15 s, X 10 s would need 6):
     # X at 4 for 15 s = 60 samples -> X ends at 15 too, both at 4 samples/s
     slow = Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=8.0)
-    assert simulate(create_policy("baseline"), slow, FREE).makespan == pytest.approx(15)
+    assert simulate(AloneOnPreprocessors(), slow, FREE).makespan == pytest.approx(15)
+
+
+def test_baseline_decodes_between_its_steps_by_hand():
+    # Baseline's models decode their own data at 12 samples/s each, between their steps: X
+    # moves at 1 / (1/6 + 1/12) = 4 (60 samples: 15 s), Y at 1 / (1/30 + 1/12) = 60/7 (7 s).
+    # The preprocessors' limit (1 sample/s) is not theirs.
+    own = Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=1.0, own_decode_rate=12.0)
+    result = simulate(create_policy("baseline"), own, FREE)
+    spans = {m.model: m.end - m.start for m in result.timeline.members}
+    assert spans == pytest.approx({"X": 15, "Y": 7})
+    assert result.makespan == pytest.approx(15) and result.samples_decoded == pytest.approx(120)
+    # without a measured decoding rate its decoding is free, as before
+    assert simulate(create_policy("baseline"), scenario([1, 1]), FREE).makespan == pytest.approx(10)
+    # the policies that share preprocessors are held to their limit instead
+    assert simulate(AloneOnPreprocessors(), own, FREE).makespan == pytest.approx(120)
 
 
 def test_a_shared_stream_under_a_decode_limit_decodes_once_at_the_limit():
@@ -99,8 +127,8 @@ def test_fleet_adaptive_opens_no_stream_past_the_decoding_there_is():
     assert len(streams_at_start(result)) == 2
     stream_of = {m.model: m.stream for m in result.timeline.members}
     assert stream_of["m100"] == stream_of["m15"]
-    baseline = simulate(create_policy("baseline"), limited, FREE)
-    assert result.makespan < baseline.makespan and result.samples_decoded < baseline.samples_decoded
+    alone = simulate(AloneOnPreprocessors(), limited, FREE)  # a stream each, on the same preprocessors
+    assert result.makespan < alone.makespan and result.samples_decoded < alone.samples_decoded
 
 
 def test_decode_rate_must_be_positive():

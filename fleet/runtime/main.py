@@ -181,6 +181,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     shared = rates["setup"] or _from_rank0(ctx, _rank0_setup, "the run's set-up from rank 0")
     ctx.rates = rates["emulated"] or shared["rates"]
     ctx.extras["epoch_limits"] = shared["epoch_limits"]
+    ctx.extras["own_decoding"] = shared["own_decoding"]
     return ctx
 
 
@@ -389,7 +390,8 @@ def _rank0_setup(ctx) -> dict | str:
         return str(exc)
     ctx.extras["plan"] = plan
     emulated = ctx.rates or plan.rates
-    return {"rates": plan.rates, "epoch_limits": epoch_limits(ctx.spec, emulated)}
+    return {"rates": plan.rates, "epoch_limits": epoch_limits(ctx.spec, emulated),
+            "own_decoding": plan.policy.own_decoding}
 
 
 def _run_role(ctx, options: TrainOptions) -> None:

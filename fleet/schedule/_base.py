@@ -278,10 +278,14 @@ class StreamPlan:
     Attributes:
         members: the models and their GPUs.
         join: ``None`` for a new stream; the id of a running stream to add the members to.
+        own_decoding: the stream's one member decodes its data in its own trainer process,
+            between its steps, as a per-model training script does, instead of the run's
+            preprocessors (a new stream of one member only).
     """
 
     members: tuple[Member, ...]
     join: int | None = None
+    own_decoding: bool = False
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,9 @@ class Policy(abc.ABC):
     #: True where the policy plans visits of partitioned data (model hopping); only such a
     #: policy runs on partitioned data, and it also runs on whole data (one partition).
     hops: ClassVar[bool] = False
+    #: True where the policy launches streams its member decodes itself
+    #: (`StreamPlan.own_decoding`): the runtime's trainers then get ready to decode.
+    own_decoding: ClassVar[bool] = False
 
     @abc.abstractmethod
     def start(self, view: ClusterView) -> Decision:

@@ -57,12 +57,14 @@ class Launch:
         members: the models and their GPUs.
         join: True when the members join the running stream ``stream``.
         partition: with partitioned data, the partition the members visit; else None.
+        own_decoding: the one member decodes the stream in its own trainer process.
     """
 
     stream: int
     members: tuple[Member, ...]
     join: bool
     partition: int | None = None
+    own_decoding: bool = False
 
 
 class World(Protocol):
@@ -237,5 +239,5 @@ class Driver:
             for member in plan.members:
                 self.ledger.reserve(member.model, member.gpus, stream)
             launches.append(Launch(stream, plan.members, plan.join is not None,
-                                   stream_partition(plan, self.ledger.partitions)))
+                                   stream_partition(plan, self.ledger.partitions), plan.own_decoding))
         self.world.launch(launches, new_round, planning_s)

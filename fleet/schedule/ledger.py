@@ -28,7 +28,8 @@ def check_launch(
     """The protocol's rules for `Decision.launch` (shared by every driver).
 
     Raises:
-        PolicyError: joining a stream that is not running, a model launched twice or not
+        PolicyError: joining a stream that is not running, own decoding for a join or for
+            several members, a model launched twice or not
             PENDING/PAUSED, a member without GPUs, a GPU that is not free or used twice.
     """
     seen: set[int] = set()
@@ -36,6 +37,8 @@ def check_launch(
     for plan in plans:
         if plan.join is not None and plan.join not in running_streams:
             raise PolicyError(f"{policy}: stream {plan.join} is not running")
+        if plan.own_decoding and (plan.join is not None or len(plan.members) != 1):
+            raise PolicyError(f"{policy}: only a new stream of one member decodes its own data")
         for member in plan.members:
             state = state_of(member.model)
             if member.model in launched:

@@ -15,6 +15,10 @@ Model of a run
       moves faster than decoding: the running streams share it max-min fairly (a stream
       whose members need less than an equal share leaves the rest to the others). Without
       one, decoding keeps up, the paper's assumption.
+    * A stream that decodes in its member's own trainer process (`Launch.own_decoding`,
+      Baseline's) takes no share of the preprocessors: its member decodes each sample
+      between its steps, at `Scenario.own_decode_rate`, so it moves at
+      ``1 / (1 / r + 1 / own_decode_rate)``. Without one, its decoding is free.
     * Launching costs ``planning_s`` (fixed, or measured around the policy call); a member
       resumed from a checkpoint also waits ``restore_s``. A new stream starts when all its
       members are ready; a member joining a running stream starts when it is ready.
@@ -111,6 +115,8 @@ class Scenario:
             models in the same order); None: the policy sees `rates`.
         decode_rate: samples/s all the run's preprocessors decode together, shared by the
             running streams; None: decoding keeps up with every stream.
+        own_decode_rate: samples/s one trainer process decodes, for the streams decoded in
+            their member's own process (their steps wait for it); None: free.
         resumed: for a run resumed from checkpoints, per model the epochs it had trained
             (fractional: a partial epoch carries over; the model starts ``PAUSED``), or None
             for one that never started (``PENDING``); empty: a fresh run.
@@ -129,6 +135,7 @@ class Scenario:
     cluster: Cluster
     planning_rates: RateTable | None = None
     decode_rate: float | None = None
+    own_decode_rate: float | None = None
     resumed: tuple[float | None, ...] = ()
     curves: tuple[tuple[float, ...], ...] = ()
     partition_sizes: tuple[float, ...] = ()
@@ -147,8 +154,9 @@ class Scenario:
             raise ValueError("true_epochs and epochs_estimate need one entry per model")
         if any(e < 1 for e in self.true_epochs):
             raise ValueError("every model needs at least one epoch")
-        if self.decode_rate is not None and not self.decode_rate > 0:
-            raise ValueError("decode_rate must be positive (or None)")
+        for name in ("decode_rate", "own_decode_rate"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive (or None)")
         if self.resumed and len(self.resumed) != n:
             raise ValueError("resumed needs one entry per model (or none)")
         if self.curves and (len(self.curves) != n or any(len(c) < e for c, e in zip(self.curves, self.true_epochs))):
@@ -360,11 +368,13 @@ class _Stream:
 
     __slots__ = (
         "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
-        "boundaries", "version", "start", "end", "all_members", "partition",
+        "boundaries", "version", "start", "end", "all_members", "partition", "own_decode_rate",
     )
 
-    def __init__(self, stream_id: int, round_index: int, partition: int | None = None):
+    def __init__(self, stream_id: int, round_index: int, partition: int | None = None,
+                 own_decode_rate: float | None = None):
         self.id, self.round, self.partition = stream_id, round_index, partition
+        self.own_decode_rate = own_decode_rate  # decoded by its member between steps: at this rate
         self.active: dict[int, _Model] = {}
         self.waiting: dict[int, _Model] = {}
         self.pos = 0.0
@@ -387,8 +397,10 @@ class _Stream:
 
     @property
     def demand(self) -> float:
-        """The pace its members allow: the slowest running member's rate."""
-        return min(m.own_rate for m in self.active.values())
+        """The pace its members allow: the slowest running member's rate (its steps and
+        its own decoding in turn, for a stream its member decodes)."""
+        slowest = min(m.own_rate for m in self.active.values())
+        return slowest if self.own_decode_rate is None else 1 / (1 / slowest + 1 / self.own_decode_rate)
 
     def repace(self, decode_share: float = math.inf) -> None:
         if not self.active:
@@ -429,8 +441,9 @@ class _StreamPhysics:
         self.seq += 1
         heapq.heappush(self.queue, (when, kind, self.seq, payload))
 
-    def _new_stream(self, stream_id: int, partition: int | None) -> _Stream:
-        stream = _Stream(stream_id, self.driver.ledger.round, partition)
+    def _new_stream(self, stream_id: int, partition: int | None, own_decoding: bool = False) -> _Stream:
+        own_rate = (self.scenario.own_decode_rate or math.inf) if own_decoding else None
+        stream = _Stream(stream_id, self.driver.ledger.round, partition, own_rate)
         stream.synced_at = self.clock
         self.streams[stream.id] = stream
         return stream
@@ -467,10 +480,11 @@ class _StreamPhysics:
     def _repace(self, stream: _Stream) -> None:
         """New pace for `stream` after a change; with a decode limit, for every running stream
         (their shares of decoding move together)."""
-        if self.scenario.decode_rate is None:
+        if self.scenario.decode_rate is None or stream.own_decode_rate is not None:
             self._repace_one(stream, math.inf)
             return
-        sharing = [s for s in self.streams.values() if s.active and s.partition == stream.partition]
+        sharing = [s for s in self.streams.values()
+                   if s.active and s.partition == stream.partition and s.own_decode_rate is None]
         capacity = self.scenario.decode_rate / (1 if stream.partition is None else self.partitions.count)
         shares = decode_shares({s.id: s.demand for s in sharing}, capacity)
         self._repace_one(stream, shares.get(stream.id, math.inf))
@@ -643,7 +657,7 @@ class _Run(_StreamPhysics):
         for launch in launches:
             ready = [self._reserve(member.model, member.gpus, delay) for member in launch.members]
             if not launch.join:
-                stream = self._new_stream(launch.stream, launch.partition)
+                stream = self._new_stream(launch.stream, launch.partition, launch.own_decoding)
                 self._wait(stream, ready, max(r for _, r in ready))
             else:
                 stream = self.streams[launch.stream]

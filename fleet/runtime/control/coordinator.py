@@ -241,4 +241,5 @@ class Coordinator:
             if launch.join:
                 self.membership.join(launch.stream, members)
             else:
-                self.membership.start_stream(launch.stream, members, new_streams, launch.partition)
+                self.membership.start_stream(launch.stream, members, new_streams, launch.partition,
+                                             launch.own_decoding)

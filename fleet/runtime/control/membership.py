@@ -10,7 +10,9 @@ from the switch on. A group joining on a rank whose group leaves at the same swi
 the next regroup (a rank is a stream's master once per layout); where that would leave the
 stream without a master, the stream ends there and the waiting groups start a stream of their
 own. A stream's end chunk is where its last member ends its last epoch; a member resumed from
-an older checkpoint than expected claims a later end (`EndNeeded`).
+an older checkpoint than expected claims a later end (`EndNeeded`). A stream its one member
+decodes itself (`own_decoding`, Baseline's) has that member's master as its only
+preprocessor: the master rank's `OwnDecoder` takes the stream's commands.
 """
 
 from __future__ import annotations
@@ -143,13 +145,13 @@ class Membership:
     # -- what the policy decided ------------------------------------------------------------
 
     def start_stream(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]], launching: int,
-                     partition: int | None = None) -> None:
+                     partition: int | None = None, own_decoding: bool = False) -> None:
         """A new stream of `members` ((model, GPUs)); `launching`: new streams in this decision;
-        `partition`: the partition its members visit (partitioned data)."""
+        `partition`: the partition its members visit (partitioned data); `own_decoding`: its master decodes it."""
         groups = [self._group(model, gpus) for model, gpus in members]
         for group in groups:
             self.account.record_member(group.model, group.gpus, stream_id)
-        self._open_stream(stream_id, groups, launching, partition)
+        self._open_stream(stream_id, groups, launching, partition, own_decoding)
 
     def join(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]]) -> None:
         """`members` join running stream `stream_id` at its next regroup."""
@@ -199,19 +201,20 @@ class Membership:
         ranks = tuple(self.topology.trainer_rank(g) for g in gpus)
         return Group(model, ranks, tuple(gpus), self.groups_started)
 
-    def _open_stream(self, stream_id: int, groups: list[Group], launching: int, partition: int | None = None) -> None:
+    def _open_stream(self, stream_id: int, groups: list[Group], launching: int, partition: int | None = None,
+                     own_decoding: bool = False) -> None:
         staying = [s.layout.preprocessors for s in self.streams.values() if s.staying]
         nodes = None if partition is None else self._nodes_of(partition)
-        preprocessors = pick_preprocessors(self.topology, staying, [g.ranks[0] for g in groups], launching, nodes)
+        masters = tuple(g.ranks[0] for g in groups)
+        preprocessors = masters if own_decoding else pick_preprocessors(self.topology, staying, masters, launching, nodes)
         source = self._source([g.model for g in groups], partition)
         end = max(self._member_end(g.model, 0, source) for g in groups)
-        layout = StreamLayout(stream_id, 0, preprocessors, tuple(g.ranks[0] for g in groups), end)
-        live = LiveStream(layout, source, self.ledger.round)
-        self.streams[stream_id] = live
-        need = preprocessors_needed(self.ledger.rates, [(g.model, len(g.gpus)) for g in groups])
+        layout = StreamLayout(stream_id, 0, preprocessors, masters, end)
+        live = self.streams[stream_id] = LiveStream(layout, source, self.ledger.round)
+        need = None if own_decoding else preprocessors_needed(self.ledger.rates, [(g.model, len(g.gpus)) for g in groups])
         self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
                        preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need, end=end,
-                       partition=partition)
+                       partition=partition, own_decoding=own_decoding)
         if need is not None and need > len(preprocessors):
             self.console.banner(f"stream {stream_id} needs about {need} preprocessor(s) to keep its pace and has "
                                 f"{len(preprocessors)}: its members may wait for data")

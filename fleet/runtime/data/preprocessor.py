@@ -26,7 +26,9 @@ the preprocessors' time goes to the next round's streams.
 
 from __future__ import annotations
 
+import threading
 import time
+import traceback
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +41,8 @@ from fleet.runtime.protocol import KeepAlive, Pause, Paused, Regroup, Shutdown, 
 from fleet.runtime import waiting
 from fleet.runtime.data.shm import Slots, describe
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
-from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
+from fleet.runtime.data.stream import wait_thread
+from fleet.runtime.waiting import IDLE, WaitTimeout, abort_job, send_object
 
 
 @dataclass
@@ -177,15 +180,18 @@ class StreamProducer:
 
 
 class PreprocessorLoop:
-    """The main loop of a preprocessor rank."""
+    """The main loop of a preprocessor rank; with `own`, of a trainer's `OwnDecoder`: then
+    the loop has no shared-memory slots (its chunks go to its own rank), ends when told to
+    (`stopping`: the trainer got `Shutdown`) and may go without streams for any time."""
 
-    def __init__(self, ctx: RunContext):
-        self.ctx = ctx
+    def __init__(self, ctx: RunContext, own: bool = False):
+        self.ctx, self.own = ctx, own
         self.streams: dict[int, StreamProducer] = {}
         self.turn = 0
         self.decoded = 0
         self.window_total = ctx.qp_chunks
-        self.slots = ctx.pool.slots_of(ctx.rank) if ctx.pool is not None else None
+        self.slots = ctx.pool.slots_of(ctx.rank) if ctx.pool is not None and not own else None
+        self.stopping = threading.Event()
 
     def run(self) -> None:
         quiet_since = time.monotonic()
@@ -201,7 +207,7 @@ class PreprocessorLoop:
                 self.slots.check_stuck(self.ctx.timeout_s, rank_of=self.ctx.pool.node_ranks.__getitem__)
             if handled:
                 quiet_since = time.monotonic()
-            elif not self.streams and time.monotonic() - quiet_since > self.ctx.timeout_s:
+            elif not self.own and not self.streams and time.monotonic() - quiet_since > self.ctx.timeout_s:
                 raise WaitTimeout(f"timed out after {self.ctx.timeout_s:g} s waiting for a command from the coordinator")
             if busy:
                 sleeps = waiting.HOT.sleeps()
@@ -210,6 +216,8 @@ class PreprocessorLoop:
 
     def _commands(self) -> bool | None:
         """Handle pending commands; None means shut down."""
+        if self.stopping.is_set():
+            return None
         handled = False
         while (message := self.ctx.ctrl.improbe(source=0, tag=Tag.PREPROCESSOR)) is not None:
             command = message.recv()
@@ -277,3 +285,27 @@ class PreprocessorLoop:
         ready[self.turn % len(ready)].produce()
         return True
 
+
+
+class OwnDecoder(threading.Thread):
+    """A trainer's decoder of the streams its own members decode (`StreamPlan.own_decoding`,
+    Baseline's), in a thread beside training: the coordinator names the trainer the stream's
+    only preprocessor, and this thread takes its commands and sends the chunks to the
+    trainer's own stream thread, as a script's DataLoader decodes between steps. A failure
+    ends the job, as the coordinator's thread does."""
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(name="own-decoder", daemon=True)
+        self.ctx = ctx
+        self.loop = PreprocessorLoop(ctx, own=True)
+
+    def run(self) -> None:
+        try:
+            self.loop.run()
+        except BaseException as exc:
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().replace("\n", " ")
+            abort_job(self.ctx.world, self.ctx.who, f"own decoder: {detail}", code=3)
+
+    def stop(self) -> None:
+        self.loop.stopping.set()
+        wait_thread(self, "the trainer's own decoder to stop", self.ctx.timeout_s)

@@ -19,6 +19,7 @@ import numpy as np
 from fleet.engines.factory import create_engine
 from fleet.runtime.context import RunContext
 from fleet.runtime.data.chunks import resumed_end_chunk
+from fleet.runtime.data.preprocessor import OwnDecoder
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue
 from fleet.runtime.data.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
@@ -416,16 +417,22 @@ class GroupTraining:
 
 
 class TrainerLoop:
-    """The main loop of a trainer rank: idle until a `StartMember`, train, report, repeat."""
+    """The main loop of a trainer rank: idle until a `StartMember`, train, report, repeat;
+    where the run's policy has its members decode their own streams, with an `OwnDecoder`."""
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
 
     def run(self) -> None:
+        decoder = OwnDecoder(self.ctx) if self.ctx.extras.get("own_decoding") else None
+        if decoder is not None:
+            decoder.start()
         while True:
             command = self._next_command()
             if isinstance(command, Shutdown):
                 self._finish_draining()
+                if decoder is not None:
+                    decoder.stop()
                 if command.reason == "checkpointed":
                     self.ctx.extras["exit_code"] = EXIT_CHECKPOINTED
                 return

@@ -31,9 +31,9 @@ def flotilla_stream(
     return placed_stream(flotilla, free_gpus, gpus_per_node)
 
 
-def single_gpu_streams(models: Sequence[str], free_gpus: Sequence[int]) -> list[StreamPlan]:
+def single_gpu_streams(models: Sequence[str], free_gpus: Sequence[int], own_decoding: bool = False) -> list[StreamPlan]:
     """One stream per model, each on one GPU (models and GPUs paired in order)."""
-    return [StreamPlan((Member(m, (g,)),)) for m, g in zip(models, free_gpus)]
+    return [StreamPlan((Member(m, (g,)),), own_decoding=own_decoding) for m, g in zip(models, free_gpus)]
 
 
 class RandomOrder(Policy):
