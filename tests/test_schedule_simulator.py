@@ -217,6 +217,7 @@ class Bad(Policy):
         (Decision(launch=(StreamPlan((Member("X", ()),)),)), "no GPU"),
         (Decision(launch=(StreamPlan((Member("Z", (0,)),)),)), "unknown model"),
         (Decision(launch=(StreamPlan((Member("X", (0,)),), join=7),)), "stream 7"),
+        (Decision(launch=(StreamPlan((Member("X", (0,)), Member("Y", (1,))), own_decoding=True),)), "one member"),
         (Decision(checkpoint=("X",)), "cannot checkpoint"),
         (NO_DECISION, "stalled"),
     ],
