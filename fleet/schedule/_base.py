@@ -345,6 +345,9 @@ class Policy(abc.ABC):
     #: True where the policy plans visits of partitioned data (model hopping); only such a
     #: policy runs on partitioned data, and it also runs on whole data (one partition).
     hops: ClassVar[bool] = False
+    #: False where the policy's plans never read a rate (only the model ids): profiling
+    #: cannot change them, so `scheduler.profile: auto` does not profile for it.
+    reads_rates: ClassVar[bool] = True
     #: True where the policy launches streams its member decodes itself
     #: (`StreamPlan.own_decoding`): the runtime's trainers then get ready to decode.
     own_decoding: ClassVar[bool] = False

@@ -28,7 +28,7 @@ from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, choose_policy
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
-from fleet.schedule.planners import HOPPING_POLICIES
+from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec, parse_spec
 
@@ -96,7 +96,8 @@ class RatesDecision:
 def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_epoch: int) -> RatesDecision:
     """Profile when asked to (`fleet profile`) or when the run directory has no profile.json
     that matches the spec: with `scheduler.profile` true, always; with auto (the default),
-    when profiling is predicted to cost little beside the training it plans (`profiling_worth`)."""
+    never for a policy that reads no rate, else when profiling is predicted to cost little
+    beside the training it plans (`profiling_worth`)."""
     path = run_dir / "profile.json"
     document = _read_json(path) if path.exists() else None
     emulated = None
@@ -116,6 +117,9 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_ep
     reuse, why = reuse_verdict(document, spec)
     if reuse:
         return RatesDecision(False, emulated, f"rates from {path}: {why}")
+    named = spec.scheduler.policy
+    if spec.scheduler.profile == AUTO and named != AUTO and not policy_class(named).reads_rates:
+        return RatesDecision(False, emulated, f"not profiling: policy {named} never reads a rate")
     if spec.scheduler.profile == AUTO and emulated is None and not spec.data.partitioned:
         worth, why = profiling_worth(spec, samples_per_epoch)
         return RatesDecision(worth, emulated, why)

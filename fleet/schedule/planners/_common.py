@@ -46,6 +46,7 @@ class RandomOrder(Policy):
     """
 
     uses_refined_rates = False  # the order is random, the GPUs one per model
+    reads_rates = False
 
     def __init__(self, options: NoOptions = NoOptions(), seed: int = 0):
         self.rng = np.random.default_rng(seed)

@@ -71,6 +71,7 @@ class ModelHopper(_Hopper):
 
     name = "mop"
     uses_refined_rates = False  # the draws never read a rate
+    reads_rates = False
 
     def __init__(self, options: NoOptions = NoOptions(), seed: int = 0):
         self.rng = np.random.default_rng(seed)
