@@ -19,8 +19,8 @@ What: the ensemble, data and transforms of `bench/e2e_cpu.py` (8 CNN architectur
   and its preprocessor(s): N + P ranks.
 - fleet-profiled: the same with `scheduler.profile: true`: it measures every model's rates
   before training (the default until 2026-11-26).
-- fleet-baseline: the same with `scheduler.policy: baseline` (and `profile: false`: it never
-  reads a rate), fleet's stand-in for the processes: each model alone on a slot, decoding its
+- fleet-baseline: the same with `scheduler.policy: baseline` (`profile: auto` then does not
+  profile: its plans read no rate), fleet's stand-in for the processes: each model alone on a slot, decoding its
   own data in its trainer process; fleet's "x Baseline" figures mean something only if this
   row is close to the processes'.
 
@@ -216,7 +216,7 @@ def run_fleet_profiled(spec_path: Path, seeds: list[int], work: Path, args) -> O
 
 def run_fleet_baseline(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     """`fleet run` with `scheduler.policy: baseline`: every model decodes its own data."""
-    return fleet_outcome(spec_with(spec_path, "baseline", policy="baseline", profile=False), work, args)
+    return fleet_outcome(spec_with(spec_path, "baseline", policy="baseline"), work, args)
 
 
 def spec_with(spec_path: Path, name: str, **scheduler) -> Path:
