@@ -370,36 +370,44 @@ def test_each_optimizer_updates_as_torch_optim_does_as_the_rate_changes(optimize
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
 def test_a_lone_trainers_step_makes_no_host_copy_and_equals_the_groups_path(optimizer):
-    """A one-trainer step keeps the gradients in TF (the host buffer is not written); a group's
-    step goes through the host buffer: the same parameters, bit for bit."""
-    lone, grouped = engine(MLP, optimizer=optimizer), engine(MLP, optimizer=optimizer)
+    """Without a collective the gradients stay in TF (the host buffer is not written), in two
+    calls or in `train_step`'s one; a group's step goes through the host buffer: the same
+    parameters and optimizer state, bit for bit."""
+    lone, fused, grouped = (engine(MLP, optimizer=optimizer) for _ in range(3))
     buffer = lone.gradient_buffer()
     for x, y in batches(4):
         loss = lone.compute_gradients(x, y)
         lone.apply_gradients()
         assert not buffer.any()
+        assert fused.train_step(x, y) == loss and not fused.gradient_buffer().any()
         assert grouped.compute_gradients(x, y) == loss
         grouped.load_flat_gradients(grouped.gradient_buffer().copy())
         grouped.apply_gradients()
-    np.testing.assert_array_equal(lone.flat_parameters(), grouped.flat_parameters())
-    np.testing.assert_array_equal(lone.state()["optimizer"]["slots"]["exp_avg" if optimizer != "sgd" else "momentum"],
-                                  grouped.state()["optimizer"]["slots"]["exp_avg" if optimizer != "sgd" else "momentum"])
+    for trainee in (fused, grouped):
+        np.testing.assert_array_equal(trainee.flat_parameters(), lone.flat_parameters())
+        for name, slot in lone.state()["optimizer"]["slots"].items():
+            np.testing.assert_array_equal(trainee.state()["optimizer"]["slots"][name], slot)
+    assert lone.steps == fused.steps == grouped.steps == 4
 
 
 def test_steps_retrace_nothing_whatever_the_rate_or_batch_size():
     trainee = engine(MLP, optimizer="adam", schedule=LRSchedule(kind="cosine"), max_epochs=5)
-    for x, y in batches(2, size=16):
-        trainee.train_step(x, y)
-    trainee.load_flat_gradients(np.ones(trainee.num_parameters, dtype=np.float32))
-    trainee.apply_gradients()  # the group's path: its own compiled update
+
+    def every_path(x: np.ndarray, y: np.ndarray) -> None:
+        trainee.train_step(x, y)  # a lone trainer's fused step
+        trainee.compute_gradients(x, y)
+        trainee.apply_gradients()  # the gradients as TF computed them
+        trainee.compute_gradients(x, y)
+        trainee.load_flat_gradients(trainee.gradient_buffer())
+        trainee.apply_gradients()  # a group's: from the host buffer
+
+    every_path(*batches(1, size=16)[0])
     traces = trainee.traces
     for size in (16, 12, 16, 5, 7):
         for x, y in batches(2, size=size):
-            trainee.train_step(x, y)
-            trainee.load_flat_gradients(trainee.gradient_buffer())
-            trainee.apply_gradients()
+            every_path(x, y)
         trainee.end_epoch()
-    assert trainee.traces == traces + 1  # once more for a batch of any size; none per step or rate
+    assert trainee.traces == traces + 2  # both gradient steps once more for a batch of any size; none per rate
 
 
 def test_the_optimizer_state_is_plain_arrays_and_a_wrong_one_is_refused():

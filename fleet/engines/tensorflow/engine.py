@@ -107,11 +107,11 @@ class TensorFlowEngine(Engine):
 
     Gradients stay TF tensors until something asks for the flat float32 numpy array
     (`gradient_buffer`, `flat_gradients`, `scale_gradients`) that fleet's host collectives
-    reduce in place (`Gradients`): a one-trainer group's step is two compiled calls (forward
-    and backward; the optimizer) and no host copy. The optimizer (`GraphOptimizer`) updates the
-    variables in the graph with torch's SGD/Adam/AdamW semantics. Dropout masks come from the
-    model's seeded Keras dropout layers, whose RNG states (integer variables) are part of
-    `state()`.
+    reduce in place (`Gradients`); a lone trainer's `train_step` is one compiled call
+    (forward, backward and the update) and no host copy. The optimizer (`GraphOptimizer`)
+    updates the variables in the graph with torch's SGD/Adam/AdamW semantics. Dropout masks
+    come from the model's seeded Keras dropout layers, whose RNG states (integer variables)
+    are part of `state()`.
 
     Args:
         model: the concrete model; `model.seed` seeds the initial weights and dropout.
@@ -147,6 +147,7 @@ class TensorFlowEngine(Engine):
         batch = [tf.TensorSpec((None, *self.input_shape), tf.float32), tf.TensorSpec((None,), tf.int64)]
         # traced for the first batch size, then once more for any: static shapes make the lstm's loop faster
         self._gradients_fn = tf.function(self._gradients, reduce_retracing=True)
+        self._train_fn = tf.function(self._train, reduce_retracing=True)
         self._eval_fn = tf.function(self._eval_sums, input_signature=batch)
         self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
         self._schedule_lr()
@@ -161,9 +162,18 @@ class TensorFlowEngine(Engine):
     def traces(self) -> int:
         """How often its training step's compiled functions were traced: a few at the start
         (per first batch size, then any), none per step or per learning rate."""
-        return self._gradients_fn.experimental_get_tracing_count() + self._optimizer.traces
+        functions = (self._gradients_fn, self._train_fn)
+        return sum(f.experimental_get_tracing_count() for f in functions) + self._optimizer.traces
 
     # -- training ---------------------------------------------------------------------------
+
+    def train_step(self, x: Rows, y: np.ndarray) -> float:
+        """`compute_gradients` and `apply_gradients` in one compiled call (no collective between)."""
+        inputs, labels = self._batch(x, y)
+        loss = self._train_fn(inputs, labels)
+        self._grads.zero()
+        self._phase, self._steps = EnginePhase.TRAINING, self._steps + 1
+        return float(loss)
 
     def compute_gradients(self, x: Rows, y: np.ndarray) -> float:
         inputs, labels = self._batch(x, y)
@@ -262,6 +272,11 @@ class TensorFlowEngine(Engine):
             loss = mean_loss(self.net(inputs, training=True), labels)
         grads = tape.gradient(loss, self._params)
         return loss, [tf.zeros(p.shape) if g is None else tf.convert_to_tensor(g) for p, g in zip(self._params, grads)]
+
+    def _train(self, inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        loss, grads = self._gradients(inputs, labels)
+        self._optimizer.update(grads)
+        return loss
 
     def _eval_sums(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Summed loss and number of correct predictions of one batch, in inference mode."""

@@ -105,7 +105,7 @@ class GraphOptimizer:
         self.slots = {name: [tf.Variable(tf.zeros(p.shape, p.dtype), trainable=False) for p in self.params]
                       for name in slot_names(self.kind, self.momentum)}
         flat = [tf.TensorSpec((sum(self.sizes),), tf.float32)]
-        self._apply = tf.function(self._update)
+        self._apply = tf.function(self.update)
         self._apply_flat = tf.function(self._update_flat, input_signature=flat)
 
     @property
@@ -144,12 +144,13 @@ class GraphOptimizer:
             assign_flat(variables, np.asarray(slots[name], dtype=np.float32) if step else np.zeros(size, np.float32))
         self.step.assign(step)
 
-    def _update(self, grads: list[tf.Tensor]) -> None:
+    def update(self, grads: Sequence[tf.Tensor]) -> None:
+        """One step, traced into the caller's tf.function (`apply` is this, compiled alone)."""
         self.step.assign_add(1)
         UPDATES[self.kind](self, [tf.cast(g, p.dtype) for p, g in zip(self.params, grads)])
 
     def _update_flat(self, flat: tf.Tensor) -> None:
-        self._update([tf.reshape(g, p.shape) for p, g in zip(self.params, tf.split(flat, self.sizes))])
+        self.update([tf.reshape(g, p.shape) for p, g in zip(self.params, tf.split(flat, self.sizes))])
 
 
 def flatten(variables: Sequence[Any]) -> np.ndarray:
