@@ -8,13 +8,10 @@ the same few numpy batches (`--batches` of them, cycled), with the same optimize
 
 - ``fleet keras``: fleet's `TensorFlowEngine` (``FRAMEWORK.create_engine``), stepped exactly
   as the runtime's trainer steps a replica of a one-trainer group
-  (`fleet.runtime.train.trainer.Trainer._step` with ``size == 1``): ``compute_gradients(x, y)``
-  (returns the loss as a float), then ``apply_gradients()``. A 1-trainer group has no
-  collective, so none is timed, and ``scale_gradients`` is not called (a lone trainer's share of
-  the step's samples is 1). This is all the engine's per-batch work: the tf.function of forward and
-  backward (which also concatenates the gradients), one copy of them into the flat numpy
-  gradient buffer, the numpy optimizer in place on the engine's flat copy of the parameters,
-  and one compiled call writing them back to the variables.
+  (`fleet.runtime.train.trainer.Trainer._step` with ``size == 1``): ``train_step(x, y)``
+  (returns the loss as a float). A 1-trainer group has nothing to reduce, so no collective
+  is timed; the Keras engine's ``train_step`` is one tf.function of forward, backward and its
+  in-graph optimizer (torch's update formulas), with no host copy of the gradients.
 - ``plain keras``: what a user writes by hand without fleet, on the same network (built by the
   same `KerasZoo` with the same seed: same architecture and initial weights, checked before
   timing): a ``@tf.function`` step of ``GradientTape``, Keras' sparse categorical cross-entropy
@@ -25,12 +22,12 @@ the same few numpy batches (`--batches` of them, cycled), with the same optimize
 - ``fleet torch``: fleet's `TorchEngine` for the same family and params (the torch zoo's
   network: the same parameter count, checked), stepped as the Keras engine is.
 - with ``--detail``, ``plain keras fwd+bwd``: the plain step without its optimizer (forward,
-  backward, the gradients returned from the tf.function), the reference for the fleet engines'
-  ``compute_gradients`` share.
-
-For both fleet engines the step's time is also split into ``compute_gradients`` and
-``apply_gradients`` (a clock read between them): what fleet keras spends beyond the plain step
-is then either getting the gradients into its flat host buffer or its optimizer and write-back.
+  backward, the gradients returned from the tf.function), the reference for the
+  ``compute_gradients`` share of the next.
+- with ``--detail``, ``fleet keras 2 calls``: the Keras engine stepped as a member of a group
+  calls it, without the collective: ``compute_gradients`` then ``apply_gradients`` (the
+  gradients stay TF tensors: nothing asks for the host buffer), its time split into the two
+  (a clock read between them).
 
 Method. Both frameworks get the same thread count (`--threads`, default 1, fleet's default
 ``threads_per_trainer``): ``torch.set_num_threads`` and, as fleet's
@@ -83,6 +80,7 @@ PARAMS: dict[str, dict] = {
     "lstm": {"hidden": 64},
 }
 DETAIL = "plain keras fwd+bwd"
+TWO_CALLS = "fleet keras 2 calls"
 SEED = 11
 
 
@@ -110,8 +108,13 @@ def model_spec(family: str, params: dict, framework: str, train: dict):
                      framework=framework)
 
 
-class FleetStep:
-    """One batch as the runtime's trainer runs it in a 1-trainer group (no collective):
+def fleet_step(engine) -> Callable[[np.ndarray, np.ndarray], float]:
+    """One batch as the runtime's trainer runs it in a 1-trainer group: ``train_step``."""
+    return engine.train_step
+
+
+class SplitStep:
+    """`--detail`: one batch as a group member steps it, without the collective:
     ``compute_gradients`` then ``apply_gradients``; the seconds of each are summed in `split`
     (two clock reads a step, nothing else added)."""
 
@@ -158,8 +161,7 @@ def plain_keras_step(tf, keras, net, train: dict) -> Callable[[np.ndarray, np.nd
 
 def plain_keras_gradients(tf, keras, net) -> Callable[[np.ndarray, np.ndarray], float]:
     """`--detail`: the plain step without the optimizer (forward, backward, the gradients
-    returned from the tf.function): what fleet's ``compute_gradients`` does before its copy
-    into the flat host buffer."""
+    returned from the tf.function): what fleet's ``compute_gradients`` does."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -193,10 +195,12 @@ def contenders(family: str, params: dict, args: argparse.Namespace, mods) -> tup
     if torch_engine.num_parameters != keras_engine.num_parameters:
         raise SystemExit(f"engines: {family}: torch has {torch_engine.num_parameters} parameters, "
                          f"keras {keras_engine.num_parameters}")
-    steps = {"fleet keras": FleetStep(keras_engine), "plain keras": plain_keras_step(tf, keras, net, train),
-             "fleet torch": FleetStep(torch_engine)}
+    steps = {"fleet keras": fleet_step(keras_engine), "plain keras": plain_keras_step(tf, keras, net, train),
+             "fleet torch": fleet_step(torch_engine)}
     if args.detail:
         steps[DETAIL] = plain_keras_gradients(tf, keras, net)
+        twin = TF_FRAMEWORK.create_engine(model_spec(family, params, "tensorflow", train), shape, args.classes)
+        steps[TWO_CALLS] = SplitStep(twin)
     return steps, keras_engine.num_parameters
 
 
@@ -211,14 +215,14 @@ def run_block(step: Callable, batches: list, count: int, start: int) -> float:
 
 def measure(steps: dict, batches: list, args: argparse.Namespace) -> tuple[dict, dict]:
     """Warm-up, then `repeats` interleaved blocks per contender (order rotated each repetition);
-    returns each contender's seconds per step per block, and each fleet engine's per-block
+    returns each contender's seconds per step per block, and each split contender's per-block
     seconds per step of ``compute_gradients`` and of ``apply_gradients``."""
     for step in steps.values():
         loss = [step(*batches[i % len(batches)]) for i in range(args.warmup)]
         if not all(np.isfinite(loss)):
             raise SystemExit(f"engines: a contender's warm-up loss is not finite: {loss}")
     names, blocks = list(steps), {name: [] for name in steps}
-    splits = {name: ([], []) for name, step in steps.items() if isinstance(step, FleetStep)}
+    splits = {name: ([], []) for name, step in steps.items() if isinstance(step, SplitStep)}
     for rep in range(args.repeats):
         for name in names[rep % len(names):] + names[: rep % len(names)]:
             gc.collect()
@@ -256,7 +260,7 @@ def print_family(result: dict, args: argparse.Namespace) -> None:
     ratio = result["fleet_over_plain_keras"]
     print(f"\n{result['family']} {json.dumps(result['params'])}: {result['num_parameters']:,} parameters, "
           f"batch {args.batch} of {tuple(args.shape)}, {args.threads} thread(s)")
-    print(f"  {'contender':<21}{'ms/step':>9}   {'blocks min-max':<16}{'compute + apply (fleet engines)'}")
+    print(f"  {'contender':<21}{'ms/step':>9}   {'blocks min-max':<16}{'compute + apply'}")
     for name, values in result["blocks_ms"].items():
         split = result["split_ms"].get(name)
         parts = f"{split['compute_gradients']:.2f} + {split['apply_gradients']:.2f}" if split else ""
@@ -294,7 +298,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--onednn", action="store_true", help="TF's oneDNN rewrites on (fleet turns them off)")
     parser.add_argument("--detail", action="store_true",
-                        help=f"also time '{DETAIL}' (the plain step without its optimizer)")
+                        help=f"also time '{DETAIL}' (the plain step without its optimizer) and '{TWO_CALLS}'")
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args()
     if min(args.steps, args.repeats, args.threads, args.batch, args.batches) < 1 or args.warmup < 0:

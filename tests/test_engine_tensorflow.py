@@ -347,21 +347,81 @@ TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": t
     ("sgd", 0.9, 5e-4), ("sgd", 0.0, 0.0), ("sgd", 0.5, 0.1), ("adam", 0.9, 0.0), ("adam", 0.9, 0.01),
     ("adamw", 0.9, 0.01), ("adamw", 0.9, 0.0),
 ])
-def test_each_optimizer_updates_as_torch_optim_does(optimizer, momentum, weight_decay):
+def test_each_optimizer_updates_as_torch_optim_does_as_the_rate_changes(optimizer, momentum, weight_decay):
+    schedule = LRSchedule(kind="step", step_epochs=1, gamma=0.5, warmup_epochs=1)
     trainee = engine(("mlp", {"hidden": [5]}), optimizer=optimizer, lr=0.03, momentum=momentum,
-                     weight_decay=weight_decay)
-    start = trainee.flat_parameters()
-    param = torch.nn.Parameter(torch.from_numpy(start.copy()))
+                     weight_decay=weight_decay, schedule=schedule, max_epochs=4)
+    param = torch.nn.Parameter(torch.from_numpy(trainee.flat_parameters()))
     options = {"momentum": momentum} if optimizer == "sgd" else {}
-    reference = TORCH_OPTIMIZERS[optimizer]([param], lr=0.03, weight_decay=weight_decay, **options)
+    reference = TORCH_OPTIMIZERS[optimizer]([param], lr=trainee.lr, weight_decay=weight_decay, **options)
     rng = np.random.default_rng(5)
-    for _ in range(3):
+    for step in range(8):
         grads = rng.standard_normal(trainee.num_parameters).astype(np.float32)
         trainee.load_flat_gradients(grads)
         trainee.apply_gradients()
         param.grad = torch.from_numpy(grads.copy())
         reference.step()
         np.testing.assert_allclose(trainee.flat_parameters(), param.detach().numpy(), rtol=1e-6, atol=1e-7)
+        if step % 2:
+            trainee.end_epoch()
+            reference.param_groups[0]["lr"] = trainee.lr
+    assert trainee.lr == 0.03 * 0.5**3  # used: 0.015 (warm-up), 0.03, 0.015, 0.0075
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_a_lone_trainers_step_makes_no_host_copy_and_equals_the_groups_path(optimizer):
+    """Without a collective the gradients stay in TF (the host buffer is not written), in two
+    calls or in `train_step`'s one; a group's step goes through the host buffer: the same
+    parameters and optimizer state, bit for bit."""
+    lone, fused, grouped = (engine(MLP, optimizer=optimizer) for _ in range(3))
+    buffer = lone.gradient_buffer()
+    for x, y in batches(4):
+        loss = lone.compute_gradients(x, y)
+        lone.apply_gradients()
+        assert not buffer.any()
+        assert fused.train_step(x, y) == loss and not fused.gradient_buffer().any()
+        assert grouped.compute_gradients(x, y) == loss
+        grouped.load_flat_gradients(grouped.gradient_buffer().copy())
+        grouped.apply_gradients()
+    for trainee in (fused, grouped):
+        np.testing.assert_array_equal(trainee.flat_parameters(), lone.flat_parameters())
+        for name, slot in lone.state()["optimizer"]["slots"].items():
+            np.testing.assert_array_equal(trainee.state()["optimizer"]["slots"][name], slot)
+    assert lone.steps == fused.steps == grouped.steps == 4
+
+
+def test_steps_retrace_nothing_whatever_the_rate_or_batch_size():
+    trainee = engine(MLP, optimizer="adam", schedule=LRSchedule(kind="cosine"), max_epochs=5)
+
+    def every_path(x: np.ndarray, y: np.ndarray) -> None:
+        trainee.train_step(x, y)  # a lone trainer's fused step
+        trainee.compute_gradients(x, y)
+        trainee.apply_gradients()  # the gradients as TF computed them
+        trainee.compute_gradients(x, y)
+        trainee.load_flat_gradients(trainee.gradient_buffer())
+        trainee.apply_gradients()  # a group's: from the host buffer
+
+    every_path(*batches(1, size=16)[0])
+    traces = trainee.traces
+    for size in (16, 12, 16, 5, 7):
+        for x, y in batches(2, size=size):
+            every_path(x, y)
+        trainee.end_epoch()
+    assert trainee.traces == traces + 2  # both gradient steps once more for a batch of any size; none per rate
+
+
+def test_the_optimizer_state_is_plain_arrays_and_a_wrong_one_is_refused():
+    trainee = engine(MLP, optimizer="adamw")
+    assert trainee.state()["optimizer"] == {"kind": "adamw", "step": 0, "slots": {}}
+    for x, y in batches(2):
+        trainee.train_step(x, y)
+    optimizer = trainee.state()["optimizer"]
+    assert optimizer["step"] == 2 and set(optimizer["slots"]) == {"exp_avg", "exp_avg_sq"}
+    assert all(v.dtype == np.float32 and v.shape == (trainee.num_parameters,) for v in optimizer["slots"].values())
+    state = trainee.state()
+    del state["optimizer"]["slots"]["exp_avg_sq"]
+    with pytest.raises(UserError, match="does not fit its network: optimizer state of 'adamw'"):
+        engine(MLP, optimizer="adamw").load_state(state)
 
 
 # -- the framework ----------------------------------------------------------------------------

@@ -27,7 +27,8 @@ Batches
 
 Training, single replica
     `train_step(x, y)` is forward, backward and optimizer step; it returns the batch's mean
-    loss. It is exactly `compute_gradients(x, y)` followed by `apply_gradients()`.
+    loss. It is exactly `compute_gradients(x, y)` followed by `apply_gradients()` (what a
+    trainer alone in its group calls; an engine may fuse the two, as the Keras one does).
 
 Training, data-parallel group of m replicas
     Each replica calls `compute_gradients` on its shard (equal shard sizes, so the mean of
@@ -44,11 +45,12 @@ The gradient buffer (what a collective may assume)
     (a ``torch.Tensor`` for the torch engine, a numpy array for the emulated one), on the
     engine's device: 1-D, contiguous, float32, `num_parameters` elements in parameter order
     (the layout of `flat_gradients()`). It is the same object for the engine's whole life;
-    `compute_gradients` overwrites it and `apply_gradients` zeroes it. A collective that knows
-    the type may reduce it in place between those two calls and then call
-    `load_flat_gradients(buffer)`, a no-op; one that does not know the type (another
-    framework's engine) goes through `flat_gradients()` on the host instead. Nothing else may
-    keep or resize it.
+    `compute_gradients` overwrites it and `apply_gradients` zeroes it (an engine may fill it
+    only when `gradient_buffer()` or `flat_gradients()` is called after `compute_gradients`,
+    as the Keras one does: ask for it then, not before). A collective that knows the type may
+    reduce it in place between those two calls and then call `load_flat_gradients(buffer)`, a
+    no-op; one that does not know the type (another framework's engine) goes through
+    `flat_gradients()` on the host instead. Nothing else may keep or resize it.
 
 Epochs
     `end_epoch()` advances the epoch counter and sets the learning rate for the next epoch

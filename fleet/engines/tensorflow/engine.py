@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from fleet.engines._base import Engine, EnginePhase, InputShape, check_evaluate, check_flat, check_state
 from fleet.engines.schedule import learning_rate
-from fleet.engines.tensorflow.optim import FlatOptimizer
+from fleet.engines.tensorflow.gradients import Gradients
+from fleet.engines.tensorflow.optim import GraphOptimizer, flatten
 from fleet.engines.tensorflow.zoo import KerasZoo
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
@@ -75,13 +76,6 @@ def is_float(variable: Any) -> bool:
     return keras.backend.standardize_dtype(variable.dtype).startswith(("float", "bfloat"))
 
 
-def flatten(variables: Sequence[Any]) -> np.ndarray:
-    """The variables' values, concatenated into a new 1-D float32 host array."""
-    if not variables:
-        return np.zeros(0, dtype=np.float32)
-    return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).reshape(-1) for v in variables])
-
-
 class FlatAssigner:
     """Overwrites variables, in order, from one 1-D float32 array of their total size, in one
     compiled call (one `assign` per variable from Python costs ~0.15 ms each, every step)."""
@@ -111,11 +105,13 @@ class TensorFlowEngine(Engine):
     """One replica of a `ModelSpec`'s Keras network, its optimizer and LR schedule, on the CPU
     or on the trainer's GPU (the only one TensorFlow sees in its process).
 
-    Gradients live in one flat float32 numpy array (`gradient_buffer`), which fleet's host
-    collectives reduce in place; the optimizer (`FlatOptimizer`) updates a flat copy of the
-    parameters with torch's SGD/Adam/AdamW semantics and writes them back. Dropout masks come
-    from the model's seeded Keras dropout layers, whose RNG states (integer variables) are
-    part of `state()`.
+    Gradients stay TF tensors until something asks for the flat float32 numpy array
+    (`gradient_buffer`, `flat_gradients`, `scale_gradients`) that fleet's host collectives
+    reduce in place (`Gradients`); a lone trainer's `train_step` is one compiled call
+    (forward, backward and the update) and no host copy. The optimizer (`GraphOptimizer`)
+    updates the variables in the graph with torch's SGD/Adam/AdamW semantics. Dropout masks
+    come from the model's seeded Keras dropout layers, whose RNG states (integer variables)
+    are part of `state()`.
 
     Args:
         model: the concrete model; `model.seed` seeds the initial weights and dropout.
@@ -146,14 +142,15 @@ class TensorFlowEngine(Engine):
         self._rng = [v for v in frozen if not is_float(v)]  # dropout layers' seed-generator states
         self.num_parameters = sum(int(np.prod(v.shape)) for v in self._params)
         self._assign_params, self._assign_buffers = FlatAssigner(self._params), FlatAssigner(self._buffers)
-        self._flat = flatten(self._params)  # the parameters' values; only the engine writes them
-        self._grads = np.zeros(self.num_parameters, dtype=np.float32)
-        self._optimizer = FlatOptimizer(model.train)
+        self._grads = Gradients(int(np.prod(v.shape)) for v in self._params)
+        self._optimizer = GraphOptimizer(model.train, self._params)
         batch = [tf.TensorSpec((None, *self.input_shape), tf.float32), tf.TensorSpec((None,), tf.int64)]
-        self._gradients_fn = tf.function(self._gradients, input_signature=batch)  # one trace for all batch sizes
+        # traced for the first batch size, then once more for any: static shapes make the lstm's loop faster
+        self._gradients_fn = tf.function(self._gradients, reduce_retracing=True)
+        self._train_fn = tf.function(self._train, reduce_retracing=True)
         self._eval_fn = tf.function(self._eval_sums, input_signature=batch)
         self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
-        self._lr = self._scheduled_lr()
+        self._schedule_lr()
 
     # -- properties -------------------------------------------------------------------------
 
@@ -161,45 +158,60 @@ class TensorFlowEngine(Engine):
     def lr(self) -> float:
         return self._lr
 
+    @property
+    def traces(self) -> int:
+        """How often its training step's compiled functions were traced: a few at the start
+        (per first batch size, then any), none per step or per learning rate."""
+        functions = (self._gradients_fn, self._train_fn)
+        return sum(f.experimental_get_tracing_count() for f in functions) + self._optimizer.traces
+
     # -- training ---------------------------------------------------------------------------
+
+    def train_step(self, x: Rows, y: np.ndarray) -> float:
+        """`compute_gradients` and `apply_gradients` in one compiled call (no collective between)."""
+        inputs, labels = self._batch(x, y)
+        loss = self._train_fn(inputs, labels)
+        self._grads.zero()
+        self._phase, self._steps = EnginePhase.TRAINING, self._steps + 1
+        return float(loss)
 
     def compute_gradients(self, x: Rows, y: np.ndarray) -> float:
         inputs, labels = self._batch(x, y)
         loss, grads = self._gradients_fn(inputs, labels)
-        np.copyto(self._grads, grads.numpy())
+        self._grads.hold(grads)
         self._phase = EnginePhase.TRAINING
         return float(loss)
 
     def flat_gradients(self) -> np.ndarray:
-        return self._grads
+        return self._grads.host()
 
     def gradient_buffer(self) -> np.ndarray:
-        """The gradient buffer itself: a host numpy array (fleet's host collectives reduce it)."""
-        return self._grads
+        """The gradient buffer itself: a host numpy array (fleet's host collectives reduce it),
+        filled with the last computed gradients when this is called."""
+        return self._grads.host()
 
     def scale_gradients(self, factor: float) -> None:
-        self._grads *= np.float32(factor)
+        self._grads.scale(factor)
 
     def load_flat_gradients(self, flat: Any) -> None:
-        check_flat(flat, self.num_parameters, "load_flat_gradients")
-        if flat is self._grads:
-            return
-        np.copyto(self._grads, np.asarray(flat, dtype=np.float32))
+        self._grads.load(flat)
 
     def apply_gradients(self) -> None:
-        self._optimizer.step(self._flat, self._grads, self._lr)
-        self._assign_params(self._flat, "apply_gradients")
-        self._grads[:] = 0.0
+        tensors = self._grads.tensors
+        if tensors is None:
+            self._optimizer.apply_flat(self._grads.buffer)
+        else:
+            self._optimizer.apply(tensors)
+        self._grads.zero()
         self._steps += 1
 
     # -- replica synchronisation ------------------------------------------------------------
 
     def flat_parameters(self) -> np.ndarray:
-        return self._flat.copy()
+        return flatten(self._params)
 
     def load_flat_parameters(self, flat: np.ndarray) -> None:
         self._assign_params(flat, "load_flat_parameters")
-        np.copyto(self._flat, np.asarray(flat, dtype=np.float32))
 
     def flat_buffers(self) -> np.ndarray:
         return flatten(self._buffers)
@@ -220,7 +232,7 @@ class TensorFlowEngine(Engine):
 
     def end_epoch(self) -> None:
         self._epoch += 1
-        self._lr = self._scheduled_lr()
+        self._schedule_lr()
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -250,18 +262,21 @@ class TensorFlowEngine(Engine):
             raise UserError(f"checkpoint of model {self.model_id!r}: does not fit its network: {problem}") from None
         self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
         self._phase = EnginePhase.BUILT
-        self._lr = self._scheduled_lr()
+        self._schedule_lr()
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _gradients(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Mean loss and the gradients of all parameters, flat in parameter order (zeros for
-        one the loss does not use)."""
+    def _gradients(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """Mean loss and the gradient of each parameter (zeros for one the loss does not use)."""
         with tf.GradientTape() as tape:
             loss = mean_loss(self.net(inputs, training=True), labels)
         grads = tape.gradient(loss, self._params)
-        flat = [tf.zeros(p.shape) if g is None else tf.convert_to_tensor(g) for p, g in zip(self._params, grads)]
-        return loss, tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in flat], axis=0)
+        return loss, [tf.zeros(p.shape) if g is None else tf.convert_to_tensor(g) for p, g in zip(self._params, grads)]
+
+    def _train(self, inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        loss, grads = self._gradients(inputs, labels)
+        self._optimizer.update(grads)
+        return loss
 
     def _eval_sums(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Summed loss and number of correct predictions of one batch, in inference mode."""
@@ -270,9 +285,10 @@ class TensorFlowEngine(Engine):
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32))
         return loss, correct
 
-    def _scheduled_lr(self) -> float:
+    def _schedule_lr(self) -> None:
         train = self.spec.train
-        return learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
+        self._lr = learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
+        self._optimizer.set_lr(self._lr)
 
     def _batch(self, x: Rows, y: np.ndarray) -> tuple[tf.Tensor, tf.Tensor]:
         """Check a batch's shapes and make it tensors (float32 NCHW images, int64 labels)."""

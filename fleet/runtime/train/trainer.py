@@ -164,6 +164,22 @@ def tell_hop(training: GroupTraining, converged: bool) -> None:
     send_object(training.ctx.ctrl, hop, 0, Tag.REPORT, "the coordinator to take a visit's end", training.ctx.timeout_s)
 
 
+def group_step(engine: Any, collective: Any, batch: Batch | None, count: int, total: float) -> float:
+    """One step of a member of a group of 2 or more: its share (`count` of the step's `total`
+    samples) of the gradients, summed over the group, then the update; returns its loss times
+    `count`."""
+    loss_sum = 0.0
+    if count > 0:
+        loss_sum = engine.compute_gradients(batch.x, batch.y) * count
+        if count != total:
+            engine.scale_gradients(count / total)
+    else:
+        engine.scale_gradients(0.0)
+    collective.allreduce_gradients(engine)
+    engine.apply_gradients()
+    return loss_sum
+
+
 class GroupTraining:
     """One model trained by one group until it converges or is asked to leave; on partitioned
     data, for one visit (`Visit`)."""
@@ -303,17 +319,10 @@ class GroupTraining:
 
     def _step(self, batch: Batch | None, count: int, total: float) -> None:
         started = time.monotonic()
-        engine = self.engine
-        if count > 0:
-            loss = engine.compute_gradients(batch.x, batch.y)
-            self.totals.loss_sum += loss * count
-            if count != total:
-                engine.scale_gradients(count / total)
+        if self.size == 1:  # nothing to reduce: the engine's train_step (one compiled call for Keras)
+            self.totals.loss_sum += self.engine.train_step(batch.x, batch.y) * count
         else:
-            engine.scale_gradients(0.0)
-        if self.size > 1:
-            self.collective.allreduce_gradients(engine)
-        engine.apply_gradients()
+            self.totals.loss_sum += group_step(self.engine, self.collective, batch, count, total)
         self.totals.samples += int(total)
         self.totals.compute_s += time.monotonic() - started
 
