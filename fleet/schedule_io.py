@@ -15,7 +15,7 @@ from typing import Any
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
-from fleet.profiling.document import decode_limit, own_decode_rate
+from fleet.profiling.document import decode_limit
 from fleet.schedule.rates import ProfileFormatError, RateTable
 from fleet.schedule.simulator import Cluster, Scenario, SimResult
 
@@ -54,7 +54,7 @@ def profile_scenario(
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
-                    own_decode_rate=own_decode_rate(rates.extra))
+                    own_decode_rate=decode_limit(rates.extra, 1, 1))  # one process's
 
 
 def epochs_from_profile(

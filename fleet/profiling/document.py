@@ -150,11 +150,5 @@ def decode_limit(extra: Mapping[str, Any], nodes: int, per_node: int | str | Non
     return decode_capacity(decode_rates(block), count, nodes)
 
 
-def own_decode_rate(extra: Mapping[str, Any]) -> float | None:
-    """Samples/s one process decodes (a trainer decoding its own stream), from a profile's
-    extra fields; None when the profile measured no decoding."""
-    return decode_capacity(decode_rates(extra.get("preprocessing", {})), 1, 1)
-
-
 def summarize_failures(failures: Sequence[Mapping[str, Any]]) -> list[str]:
     return [f"{f['id']} on {f['gpus']} GPU(s): {f['reason']}" for f in failures]

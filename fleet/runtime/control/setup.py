@@ -17,7 +17,7 @@ import yaml
 from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.inspect import describe_ensemble
-from fleet.profiling.document import decode_limit, own_decode_rate, reuse_verdict
+from fleet.profiling.document import decode_limit, reuse_verdict
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
 from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
@@ -201,7 +201,7 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
         return policy_for(spec, candidates[0]), None
     parts = ledger.partitions
     scenario = Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(spec.cluster.gpus, todo.gpus_per_node),
-                        decode_rate=decode_rate, own_decode_rate=own_decode_rate(todo.extra),
+                        decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1),
                         partition_sizes=parts.sizes if parts else (),
                         visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
                         resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
