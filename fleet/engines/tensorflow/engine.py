@@ -9,10 +9,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fleet.engines._base import Engine, EnginePhase, InputShape, check_evaluate, check_flat, check_state
+from fleet.engines._base import Engine, EnginePhase, InputShape, check_evaluate, check_state
 from fleet.engines.schedule import learning_rate
+from fleet.engines.tensorflow.flat import FlatAssigner, flatten
 from fleet.engines.tensorflow.gradients import Gradients
-from fleet.engines.tensorflow.optim import GraphOptimizer, flatten
+from fleet.engines.tensorflow.optim import GraphOptimizer
 from fleet.engines.tensorflow.zoo import KerasZoo
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
@@ -74,27 +75,6 @@ def configure_tensorflow(threads: int | None, deterministic: bool) -> None:
 
 def is_float(variable: Any) -> bool:
     return keras.backend.standardize_dtype(variable.dtype).startswith(("float", "bfloat"))
-
-
-class FlatAssigner:
-    """Overwrites variables, in order, from one 1-D float32 array of their total size, in one
-    compiled call (one `assign` per variable from Python costs ~0.15 ms each, every step)."""
-
-    def __init__(self, variables: Sequence[Any]):
-        self.variables = list(variables)
-        self.sizes = [int(np.prod(v.shape)) for v in self.variables]
-        self.size = sum(self.sizes)
-        spec = [tf.TensorSpec((self.size,), tf.float32)]
-        self._assign = tf.function(self._assign_all, input_signature=spec) if self.variables else None
-
-    def _assign_all(self, flat: tf.Tensor) -> None:
-        for variable, part in zip(self.variables, tf.split(flat, self.sizes)):
-            variable.assign(tf.reshape(tf.cast(part, variable.dtype), variable.shape))
-
-    def __call__(self, flat: np.ndarray, what: str) -> None:
-        check_flat(flat, self.size, what)
-        if self._assign is not None:
-            self._assign(tf.convert_to_tensor(np.asarray(flat, dtype=np.float32)))
 
 
 def mean_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:

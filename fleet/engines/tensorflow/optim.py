@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from fleet.engines.tensorflow.flat import FlatAssigner, flatten
 from fleet.spec.sections import Optimizer, TrainSpec
 
 BETAS = (0.9, 0.999)
@@ -104,6 +105,7 @@ class GraphOptimizer:
         self.lr = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="learning_rate")
         self.slots = {name: [tf.Variable(tf.zeros(p.shape, p.dtype), trainable=False) for p in self.params]
                       for name in slot_names(self.kind, self.momentum)}
+        self._assign_slots = {name: FlatAssigner(variables) for name, variables in self.slots.items()}
         flat = [tf.TensorSpec((sum(self.sizes),), tf.float32)]
         self._apply = tf.function(self.update)
         self._apply_flat = tf.function(self._update_flat, input_signature=flat)
@@ -140,8 +142,8 @@ class GraphOptimizer:
         if state["kind"] != self.kind.value or set(slots) != expected or any(np.shape(v) != (size,) for v in slots.values()):
             raise ValueError(f"optimizer state of {state['kind']!r} does not fit {self.kind.value!r} "
                              f"over {size} parameters")
-        for name, variables in self.slots.items():
-            assign_flat(variables, np.asarray(slots[name], dtype=np.float32) if step else np.zeros(size, np.float32))
+        for name, assign in self._assign_slots.items():
+            assign(np.asarray(slots[name], dtype=np.float32) if step else np.zeros(size, np.float32), f"slot {name}")
         self.step.assign(step)
 
     def update(self, grads: Sequence[tf.Tensor]) -> None:
@@ -151,19 +153,3 @@ class GraphOptimizer:
 
     def _update_flat(self, flat: tf.Tensor) -> None:
         self.update([tf.reshape(g, p.shape) for p, g in zip(self.params, tf.split(flat, self.sizes))])
-
-
-def flatten(variables: Sequence[Any]) -> np.ndarray:
-    """The variables' values, concatenated into a new 1-D float32 host array."""
-    if not variables:
-        return np.zeros(0, dtype=np.float32)
-    return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).reshape(-1) for v in variables])
-
-
-def assign_flat(variables: Sequence[tf.Variable], flat: np.ndarray) -> None:
-    """Overwrite `variables`, in order, from one flat array of their total size (rarely: checkpoints)."""
-    start = 0
-    for variable in variables:
-        size = int(np.prod(variable.shape))
-        variable.assign(tf.cast(flat[start : start + size].reshape(variable.shape), variable.dtype))
-        start += size
