@@ -6,7 +6,8 @@
 # Step 7 (by number only) builds Horovod with NCCL (the sdist and, where the image lacks Python's
 # headers, a libpython3.X-dev .deb, in .gpu/), checks it on CUDA and runs its CPU tests and
 # bench/collectives.py on this host's cores. Step 6 (asked for by number only) is the 32-model sweep; it keeps its work in runs/e2e-sweep
-# and goes on from there when run again, so it can finish over several 10-minute commands.
+# and goes on from there when run again, so it can finish over several 10-minute commands. Step 8 (by
+# number, after step 2) runs the quickstart under policy baseline: each trainer decodes its own stream.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/fleet-gpu}}
 steps=" ${*:2} "
@@ -52,11 +53,13 @@ python3 -m fleet run "$out/quickstart-gpu.yaml" --run-dir "$out/qs-run" 2>&1 | t
 end=$(date +%s.%N)
 python3 - "$out" "$start" "$end" <<'PY'
 import json, sys
+import os
 r = json.load(open(f"{sys.argv[1]}/qs-run/results.json"))
-p = json.load(open(f"{sys.argv[1]}/qs-run/profile.json"))
+profile = f"{sys.argv[1]}/qs-run/profile.json"
+profiling = json.load(open(profile))["profiler"]["seconds"] if os.path.exists(profile) else 0.0
 wall = float(sys.argv[3]) - float(sys.argv[2])
-print(f"fleet run wall {wall:.1f} s: profiling {p['profiler']['seconds']:.1f} s "
-      f"({100 * p['profiler']['seconds'] / wall:.1f}% of the run), training makespan {r['makespan_s']:.1f} s")
+print(f"fleet run wall {wall:.1f} s: policy {r['policy']}, profiling {profiling:.1f} s "
+      f"({100 * profiling / wall:.1f}% of the run), training makespan {r['makespan_s']:.1f} s, overhead {r['overhead_s']}")
 print(f"makespan {r['makespan_s']:.1f} s, rounds {r['rounds']}, decoded {r['samples_decoded']}")
 for m in r["models"]:
     rate = max(h["samples_per_s"] for h in m["history"])
@@ -140,4 +143,32 @@ PY
 else
     cp /tmp/build-horovod-*.log "$out/" 2>/dev/null; echo "build failed after $(( $(date +%s) - start )) s"
 fi
+fi
+
+if want 8; then
+echo "== 8. policy baseline on the GPU: the trainer decodes its own stream in a thread beside CUDA training"
+[ -f "$out/quickstart-gpu.yaml" ] || { echo "step 8 needs step 2's spec"; exit 1; }
+python3 - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+spec = yaml.safe_load(open(f"{out}/quickstart-gpu.yaml"))
+spec["scheduler"] = {"policy": "baseline"}
+yaml.safe_dump(spec, open(f"{out}/baseline-gpu.yaml", "w"))
+PY
+start=$(date +%s.%N)
+python3 -m fleet run "$out/baseline-gpu.yaml" --run-dir "$out/bl-run" 2>&1 | tail -6
+end=$(date +%s.%N)
+python3 - "$out" "$start" "$end" <<'PY'
+import json, sys
+run = f"{sys.argv[1]}/bl-run"
+r = json.load(open(f"{run}/results.json"))
+events = [json.loads(line) for line in open(f"{run}/events.jsonl")]
+starts = [e for e in events if e["event"] == "stream_start"]
+own = sum(bool(e.get("own_decoding")) for e in starts)
+print(f"baseline on the GPU: wall {float(sys.argv[3]) - float(sys.argv[2]):.1f} s, makespan {r['makespan_s']:.1f} s, "
+      f"{len(r['models'])} models, {own} of {len(starts)} streams decoded by their own trainer, "
+      f"decoded {r['samples_decoded']}")
+for m in r["models"]:
+    print(f"  {m['id']:<14} epochs {len(m['history'])}  best acc {m['best_val_accuracy']:.3f}")
+PY
 fi
