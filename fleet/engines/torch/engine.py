@@ -24,12 +24,12 @@ from fleet.engines.torch._tensors import (
 )
 from fleet.engines.schedule import learning_rate
 from fleet.engines.torch.codec import CODEC
+from fleet.engines.torch.optim import ParamUpdate
 from fleet.errors import UserError
 from fleet.models import InputShape, build_model, set_dropout_generator
 from fleet.rows import Rows
 from fleet.spec.families import is_user_family
 from fleet.spec.search import ModelSpec
-from fleet.spec.sections import Optimizer, TrainSpec
 
 STATE_FORMAT = "fleet.torch_engine/1"
 STATE_KEYS = frozenset({"model_id", "num_parameters", "model", "optimizer", "epoch", "steps", "rng"})
@@ -64,15 +64,6 @@ def configure_torch(device: torch.device, threads: int | None, deterministic: bo
         torch.cuda.set_device(device)
         torch.backends.cudnn.deterministic = deterministic
         torch.backends.cudnn.benchmark = not deterministic
-
-
-def make_optimizer(params: list[torch.nn.Parameter], train: TrainSpec) -> torch.optim.Optimizer:
-    """SGD (momentum, weight decay, no Nesterov), Adam (L2 weight decay) or AdamW."""
-    if train.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-    if train.optimizer is Optimizer.ADAM:
-        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
-    return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
 
 
 def derived_seed(seed: int, purpose: str) -> int:
@@ -123,7 +114,7 @@ class TorchEngine(Engine):
         self._buffers = [b for b in self.net.buffers() if b.is_floating_point()]
         self._grads = bind_flat_gradients(self._params, self.device)
         self._host_grads = self._pinned_like(self._grads)
-        self._optimizer = make_optimizer(self._params, model.train)
+        self._optimizer = ParamUpdate(self._params, model.train)
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(derived_seed(model.seed, "dropout"))
         set_dropout_generator(self.net, self._generator)
@@ -134,7 +125,7 @@ class TorchEngine(Engine):
 
     @property
     def lr(self) -> float:
-        return float(self._optimizer.param_groups[0]["lr"])
+        return self._optimizer.lr
 
     # -- training ---------------------------------------------------------------------------
 
@@ -244,8 +235,7 @@ class TorchEngine(Engine):
     def _set_lr(self) -> None:
         train = self.spec.train
         lr = learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
-        for group in self._optimizer.param_groups:
-            group["lr"] = lr
+        self._optimizer.lr = lr
 
     def _batch(self, x: Rows, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Check a batch's shapes and move it to the device."""
