@@ -243,16 +243,23 @@ def fleet_outcome(spec_path: Path, work: Path, args) -> Outcome:
 def fleet_phases(work: Path, results: dict, launched: float, ended: float) -> dict:
     """Fleet's wall time in phases that add up to it: launch (the CLI, mpiexec, imports and
     MPI start-up, until the ranks' clock starts), profiling, the rest of the start-up (data,
-    warm-up, planning), the training makespan, and what follows (the report, shutdown)."""
-    events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()
-              if '"run_start"' in line or '"run_end"' in line]
+    warm-up, planning), the training makespan (its first part: to the first training batch),
+    and what follows (the report, shutdown)."""
+    from fleet.runtime.events import first_batch_s, read_events  # after REPO is on sys.path
+
+    every = read_events(work / "events.jsonl")
+    events = [e for e in every if e["event"] in ("run_start", "run_end")]
     run_start = next(e for e in events if e["event"] == "run_start")
     run_end = next(e for e in events if e["event"] == "run_end")
     profile = work / "profile.json"
     profiling = json.loads(profile.read_text())["profiler"]["seconds"] if profile.exists() else 0.0
     startup = results["overhead_s"]["startup"]
-    return {"launch_s": run_start["time"] - startup - launched, "profiling_s": profiling,
-            "startup_s": startup - profiling, "makespan_s": results["makespan_s"], "after_s": ended - run_end["time"]}
+    first_batch = first_batch_s(every) or 0.0  # also of runs from before results.json held it
+    phases = {"launch_s": run_start["time"] - startup - launched, "profiling_s": profiling,
+              "startup_s": startup - profiling, "first_batch_s": first_batch, "makespan_s": results["makespan_s"],
+              "after_s": ended - run_end["time"]}
+    phases["outside_training_s"] = phases["launch_s"] + startup + first_batch + phases["after_s"]
+    return phases
 
 
 RUNNERS = {"processes": run_processes, "fleet": run_fleet, "ray": run_ray, "fleet-profiled": run_fleet_profiled,
@@ -339,8 +346,9 @@ def print_details(rounds: list[dict[str, Outcome]]) -> None:
             d = one[fleet].details
             predicted = "" if d["predicted_s"] is None else f", predicted {d['predicted_s']:.1f} s"
             print(f"round {k} {fleet}: launch {d['launch_s']:.1f} s, profiling {d['profiling_s']:.1f} s, rest of "
-                  f"start-up {d['startup_s']:.1f} s, training makespan {d['makespan_s']:.1f} s, after training "
-                  f"(report, shutdown) {d['after_s']:.1f} s; policy {d['policy']}{predicted}")
+                  f"start-up {d['startup_s']:.1f} s, to the first batch {d['first_batch_s']:.1f} s (of the "
+                  f"training makespan {d['makespan_s']:.1f} s), after training (report, shutdown) {d['after_s']:.1f} s: "
+                  f"{d['outside_training_s']:.1f} s outside training; policy {d['policy']}{predicted}")
         if "processes" in one:
             print(f"round {k} processes: each process's wall outside training (start-up, data, validation set) "
                   f"{one['processes'].details['process_overhead_s']:.1f} s on average")

@@ -205,7 +205,8 @@ def test_a_batch_job_ends_with_the_best_models_and_its_report(tmp_path):
     assert "fleet: the best 2 of 2 models" in done.stdout, done.stdout[-2000:]
     assert f"fleet: report: {run_dir / 'report.html'}" in done.stdout, done.stdout[-2000:]
     assert (run_dir / "report.html").stat().st_size > 0 and (run_dir / "report" / "gantt.png").is_file()
-    assert results(run_dir)["overhead_s"]["report"] > 0
+    overhead = results(run_dir)["overhead_s"]
+    assert overhead["report"] > 0 and 0 < overhead["first_batch"] < results(run_dir)["makespan_s"]
 
 
 def test_an_error_in_rank_0s_set_up_leaves_the_run_directory_unlocked(tmp_path):

@@ -17,6 +17,7 @@ from fleet.runtime.control.tuning import RateTuner
 from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, Regroup, StartMember, StreamLayout, StreamSource, stream_tag
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue, Share
+from fleet.runtime.events import first_batch_s
 from fleet.runtime.data.stream import GroupSends, MemberClock, SlotClaims, own_rows
 from fleet.runtime.train.trainer import GroupTraining, MemberCosts
 from fleet.runtime import waiting
@@ -70,6 +71,23 @@ def test_layout_owner_pairs_preprocessors_with_masters():
     assert [layout.owner(k) for k in range(4)] == [3, 5, 3, 5]
     one = StreamLayout(1, 1, (0, 9, 4), (8,))
     assert {one.owner(k) for k in range(6)} == {8}
+
+
+def test_the_first_batch_is_the_earliest_member_start_plus_its_start_of_this_run():
+    events = [
+        {"time": 50.0, "event": "run_start"}, {"time": 51.0, "event": "member_start", "model": "old"},
+        {"time": 60.0, "event": "epoch", "model": "old", "start_s": 0.5},  # an earlier run of the directory
+        {"time": 100.0, "event": "run_start"},
+        {"time": 100.5, "event": "member_start", "model": "a"}, {"time": 100.6, "event": "member_start", "model": "b"},
+        {"time": 104.0, "event": "member_start", "model": "c"},
+        {"time": 109.0, "event": "epoch", "model": "c", "start_s": 0.1},  # started last, trained first
+        {"time": 110.0, "event": "epoch", "model": "a", "start_s": 3.7},
+        {"time": 111.0, "event": "epoch", "model": "b", "start_s": 3.0},
+        {"time": 112.0, "event": "epoch", "model": "b", "start_s": 0.0},
+    ]
+    assert first_batch_s(events) == pytest.approx(3.6)  # b: 100.6 + 3.0
+    assert first_batch_s(events[:7]) is None  # no member has reported its first batch yet
+    assert first_batch_s([]) is None
 
 
 def test_member_clock_ends_each_epoch_at_exactly_its_samples():

@@ -51,3 +51,21 @@ def read_events(path: str | os.PathLike) -> list[dict]:
         if isinstance(record, dict):
             events.append(record)
     return events
+
+
+def first_batch_s(events: list[dict]) -> float | None:
+    """Seconds from the last ``run_start`` of `events` to that run's first training batch: the
+    earliest member start plus its ``start_s`` (StartMember to first batch, in the member's
+    first report); None before any member has reported one."""
+    starts = [k for k, e in enumerate(events) if e.get("event") == "run_start"]
+    if not starts:
+        return None
+    began, launched, first = events[starts[-1]]["time"], {}, None
+    for event in events[starts[-1]:]:
+        kind, model = event.get("event"), event.get("model")
+        if kind == "member_start":
+            launched[model] = event["time"]
+        elif kind in ("epoch", "member_left") and event.get("start_s") and model in launched:
+            at = launched.pop(model) + float(event["start_s"])
+            first = at if first is None else min(first, at)
+    return None if first is None else max(0.0, first - began)

@@ -22,7 +22,7 @@ from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
 from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
-from fleet.runtime.events import read_events
+from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, choose_policy
@@ -289,7 +289,8 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=makespan,
         rounds=coordinator.ledger.round + 1, samples_decoded=membership.samples_decoded,
         overhead_s={"planning": coordinator.planning_s, "checkpoint": account.checkpoint_s,
-                    "checkpoint_gpu": account.checkpoint_gpu_s, "startup": startup_s},
+                    "checkpoint_gpu": account.checkpoint_gpu_s, "startup": startup_s,
+                    "first_batch": first_batch_s(read_events(run_dir / "events.jsonl")) or 0.0},
         validation_samples_decoded=account.val_decoded,
         chunks_in_shared_memory=membership.chunks_shared,
         interrupted=coordinator.interrupted,
