@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from fleet.engines.torch.optim import ParamUpdate
+from fleet.engines.torch.optim import ParamUpdate, update_chunks
 from fleet.spec import TrainSpec
 
 TRAININGS = {
@@ -118,3 +118,10 @@ def test_training_never_loads_the_torch_compiler():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_cpu_updates_go_in_cache_sized_runs_of_tensors_and_gpu_ones_all_at_once():
+    sizes = [10, 20, 100, 5, 5, 3, 200]
+    assert update_chunks(sizes, one=False, elements=40) == [(0, 2), (2, 3), (3, 6), (6, 7)]
+    assert update_chunks(sizes, one=True, elements=40) == [(0, 7)]
+    assert update_chunks([], one=False) == []
