@@ -142,3 +142,43 @@ def test_measured_rates_refine_a_wrong_profile_between_rounds(tmp_path):
     assert ("rates refined" in done.stdout) or ("rates kept" in done.stdout)
     assert {m["id"]: m["epochs"] for m in json.loads((run_dir / "results.json").read_text())["models"]} == {
         "a": 3, "b": 2, "c": 4, "d": 4}
+
+
+def test_policy_auto_hands_the_run_to_another_policy_when_measured_rates_change_the_ranking(tmp_path):
+    """The profile has most rates wrong (e.g. d: 800 samples/s for 3,200 on the emulated
+    device); on it `policy: auto` takes fleet-l. At the first convergence the measured rates
+    are weighed: with them fleet-l is predicted far behind another candidate, even going on
+    with its plan, so the running job checkpoints its models and that policy plans the rest.
+    Every model still trains exactly its epochs; results.json names the policy that finished
+    the job, and the switch."""
+    from test_runtime_mpi import digits_train_size
+
+    n = digits_train_size(0.2, 3)
+    epochs = dict(zip("abcdef", (3, 3, 2, 2, 1, 3)))
+
+    def profile(rates) -> dict:
+        return {"schema": 1, "gpus_per_node": 4, "samples_per_epoch": n, "models": [
+            {"id": m, "rates": {"1": r, "2": 1.8 * r, "3": 2.5 * r, "4": 3.1 * r}, "epochs": epochs[m]}
+            for m, r in zip(epochs, rates)]}
+
+    (tmp_path / "truth.json").write_text(json.dumps(profile((1600, 1600, 800, 3200, 1600, 400))))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "profile.json").write_text(json.dumps(profile((1600, 800, 400, 800, 1600, 400))))
+    cluster = {"nodes": 1, "gpus_per_node": 4, "preprocessors_per_node": 1, "device": "emulated",
+               "emulated_profile": str(tmp_path / "truth.json")}
+    spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp", "name": m} for m in epochs], cluster,
+                      train={"batch_size": 32, "max_epochs": 5}, scheduler={"policy": "auto"},
+                      runtime={"timeout_s": 90, "qp_samples": 256, "qt_samples": 128, "qd_batches": 2})
+    done = run_mpi(5, "train", str(spec), "--run-dir", str(run_dir), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    switches = [e for e in events(run_dir) if e["event"] == "policy_switch"]
+    assert switches and switches[0]["old"] == "fleet-l", [e["event"] for e in events(run_dir)]
+    first = switches[0]
+    assert first["new"] in ("fleet-g", "fleet-adaptive", "homogeneous")  # not baseline: no trainer decodes here
+    assert first["predicted_s"][first["new"]] + first["cost_s"] < 0.9 * first["predicted_s"]["fleet-l"]
+    assert f"policy auto: switching from fleet-l to {first['new']}" in done.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["policy"] == switches[-1]["new"] and results["policy_choice"]["chosen"] == "fleet-l"
+    assert [w["to"] for w in results["policy_choice"]["switched"]] == [e["new"] for e in switches]
+    assert {m["id"]: m["epochs"] for m in results["models"]} == epochs

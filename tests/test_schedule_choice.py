@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fleet.schedule import Cluster, RateTable, Scenario, create_policy, paper100, simulate
-from fleet.schedule.choice import CANDIDATES, PREDICTION_COSTS, PolicyChoice, choose_policy, pick
+from fleet.schedule import Cluster, ModelState, RateTable, Scenario, create_policy, paper100, simulate
+from fleet.schedule.choice import CANDIDATES, PREDICTION_COSTS, PolicyChoice, choose_policy, pick, reconsider
 
 
 def make(name: str):
@@ -41,3 +41,48 @@ def test_ties_go_to_the_candidate_listed_first_and_describe_names_them_all():
                  "baseline": 20.0, "other": 1.0}).name == "fleet-adaptive"  # only candidates count
     text = PolicyChoice("fleet-l", {"fleet-g": 12.0, "fleet-l": 11.0}).describe()
     assert text == "fleet-l (predicted 11.0 s; fleet-g 12.0 s)"
+
+
+def view_of(scenario: Scenario, done: dict[str, int] | None = None, converged: tuple[str, ...] = (),
+            running: tuple[str, ...] = ()):
+    """The driver's view at the start of `scenario`, with some epochs done, models converged
+    and models running (each on its own GPU)."""
+    from fleet.schedule.ledger import Ledger
+
+    ledger = Ledger(scenario.rates, list(scenario.epochs_estimate), scenario.cluster.total_gpus, scenario.cluster.gpus_per_node)
+    for model, epochs in (done or {}).items():
+        ledger.epoch_done(model, epochs)
+    for model in converged:
+        ledger.release(model, ModelState.CONVERGED)
+    ledger.begin_launch()
+    for gpu, model in enumerate(running):
+        ledger.reserve(model, (gpu,), ledger.open_stream())
+    return ledger.view(0.0)
+
+
+def test_a_running_auto_hands_over_when_another_candidate_beats_it_by_more_than_the_margin_and_cost():
+    """On the eight models of 1-4 epochs FLEET-G's rounds wait for their longest member: with
+    nothing running, auto running FLEET-G switches to the candidate predicted first; one
+    already running the best stays; so does FLEET-G when a switch would cost more than it saves."""
+    scenario = equal_rates((1, 2, 3, 4, 1, 2, 3, 4), 4)
+    switch = reconsider("fleet-g", view_of(scenario), make, PREDICTION_COSTS, CANDIDATES)
+    best = choose_policy(make, scenario)
+    assert switch is not None and (switch.current, switch.to) == ("fleet-g", best.name)
+    assert switch.predicted_s == best.predicted_s and switch.cost_s == 0.0  # nothing runs: nothing to checkpoint
+    assert f"switching costs about 0.0 s" in switch.describe()
+    assert reconsider(best.name, view_of(scenario), make, PREDICTION_COSTS, CANDIDATES) is None
+    assert reconsider("fleet-g", view_of(scenario), make, PREDICTION_COSTS, ("fleet-g",)) is None
+    busy = view_of(scenario, running=("m0", "m1"))
+    assert reconsider("fleet-g", busy, make, PREDICTION_COSTS, CANDIDATES).cost_s > 0
+    pair = ("fleet-adaptive", "fleet-l")  # predicted 5 s and 7 s
+    assert reconsider("fleet-l", view_of(scenario), make, PREDICTION_COSTS, pair).to == "fleet-adaptive"
+    assert reconsider("fleet-l", busy, make, PREDICTION_COSTS, pair) is None  # 5 s + 1.6 s of checkpoints > 0.9 x 7 s
+
+
+def test_what_is_left_is_the_estimated_epochs_not_yet_done_of_the_unconverged_models():
+    scenario = equal_rates((1, 2, 3, 4, 1, 2, 3, 4), 4)
+    view = view_of(scenario, done={"m3": 3, "m7": 3, "m1": 1}, converged=("m0", "m4"))
+    switch = reconsider("fleet-g", view, make, PREDICTION_COSTS, CANDIDATES)
+    left = equal_rates((1, 1, 3, 2, 1, 1), 4)  # m1 2-1, m2 3, m3 4-3, m5 2, m6 3, m7 4-3, in table order
+    rest = choose_policy(make, Scenario(left.rates, (1, 3, 1, 2, 3, 1), (1.0, 3.0, 1.0, 2.0, 3.0, 1.0), left.cluster))
+    assert switch is not None and switch.predicted_s == rest.predicted_s

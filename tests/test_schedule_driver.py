@@ -228,3 +228,47 @@ def test_the_simulator_shows_a_stream_s_planned_pace_before_it_starts():
     model, when, streams = seen[0]
     assert (model, when) == ("a", 35.0)  # b launched at 25, starts at 40
     assert [(s.members, s.pace) for s in streams] == [(("b",), 10.0)]
+
+
+class LaunchesBoth(Policy):
+    """Starts a and b on their own GPUs; counts its calls."""
+
+    name = "launches-both"
+
+    def __init__(self):
+        self.calls = 0
+
+    def start(self, view):
+        self.calls += 1
+        return Decision(launch=tuple(StreamPlan((Member(m, (k,)),)) for k, m in enumerate(view.waiting())))
+
+    def on_event(self, event, view):
+        self.calls += 1
+        return NO_DECISION
+
+
+def test_a_switched_run_is_checkpointed_and_started_again_by_the_new_policy_only():
+    first, second = LaunchesBoth(), LaunchesBoth()
+    driver, world = driver_for(first)
+    driver.start()
+    assert driver.switch_policy(second) == ["a", "b"]
+    assert world.told[-3:] == [("round_ending", 0), ("checkpoint", "a"), ("checkpoint", "b")]
+    driver.checkpointed("a", 1)  # b still saves: nobody plans yet
+    assert (first.calls, second.calls, driver.name) == (1, 0, "launches-both")
+    driver.converged("b", 2, 10.0)  # its last epoch ended as it saved
+    assert (first.calls, second.calls) == (1, 1) and driver.policy is second
+    assert world.told[-1] == ("launch", (Launch(2, (Member("a", (0,)),), False),), True)  # a resumes
+    assert driver.ledger.round == 1
+
+
+def test_a_switch_waits_for_the_models_still_checkpointing():
+    old, new = LaunchesBoth(), LaunchesBoth()
+    driver, world = driver_for(old)
+    driver.start()
+    for model in ("a", "b"):
+        driver.ledger.start_checkpoint(model)  # the old policy's checkpoints, under way
+    driver.checkpointed("a", 0)
+    driver.switch_policy(new)
+    assert new.calls == 0 and ("round_ending", 0) not in world.told  # nothing ran: no round to end
+    driver.checkpointed("b", 0)
+    assert (old.calls, new.calls) == (2, 1) and len(world.told[-1][1]) == 2  # both resumed by the new one

@@ -30,7 +30,7 @@ from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
 from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for, prepare_run_dir,
-                                         rates_decision, write_run)
+                                         rates_decision, switch_candidates, write_run)
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
@@ -55,6 +55,7 @@ from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.trainer import TrainerLoop
 from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, recv_object,
                                    send_object, use_busy_polling, wait_requests)
+from fleet.schedule.choice import reconsider
 from fleet.spec import Device, SpecError, load_spec
 from profiler.job import run_profiling
 
@@ -456,8 +457,12 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         f"rates {plan.rates_source}; groups reduce with {collective}"
     )
 
+    named = lambda name: policy_for(spec, name)  # noqa: E731
+    candidates = switch_candidates(spec, plan)
+    rechoose = (lambda current, view, costs, going_on: reconsider(current, view, named, costs, candidates,
+                                                                 current_s=going_on)) if candidates else None
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
-                              make_policy=lambda: policy_for(spec, plan.policy_name))
+                              make_policy=lambda: named(plan.policy_name), reconsider=rechoose, policy_named=named)
     coordinator.run()
     makespan = time.monotonic() - started
     result = write_run(spec, run_dir, coordinator, makespan, startup_s, plan)

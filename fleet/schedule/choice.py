@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fleet.schedule._base import Policy
+from fleet.schedule._base import ClusterView, ModelState, Policy
 from fleet.schedule.costs import Overheads
-from fleet.schedule.simulator import Scenario, simulate
+from fleet.schedule.rates import RateTable
+from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
 
 AUTO = "auto"
 CANDIDATES = ("fleet-g", "fleet-adaptive", "fleet-l", "homogeneous", "baseline")
@@ -46,3 +47,53 @@ def pick(predicted: dict[str, float], candidates: Sequence[str] = CANDIDATES) ->
     """The choice among `candidates` given each one's predicted makespan (`predicted` may hold more)."""
     best = min(candidates, key=lambda name: predicted[name])  # min keeps the first of equals
     return PolicyChoice(best, {name: predicted[name] for name in candidates})
+
+
+SWITCH_MARGIN = 0.10
+"""A switch must save this share of the running policy's predicted remaining makespan, its cost
+besides: predictions from rates measured over a few epochs are not exact."""
+
+
+@dataclass(frozen=True)
+class PolicySwitch:
+    """``policy: auto`` re-deciding on measured rates: from `current` to `to`."""
+
+    current: str
+    to: str
+    predicted_s: dict[str, float]  # each candidate's predicted makespan of the remaining work
+    cost_s: float  # checkpointing the running models and restarting them
+
+    def describe(self) -> str:
+        others = ", ".join(f"{n} {s:,.1f} s" for n, s in self.predicted_s.items() if n not in (self.current, self.to))
+        return (f"{self.to} is predicted to finish the rest in {self.predicted_s[self.to]:,.1f} s, {self.current} in "
+                f"{self.predicted_s[self.current]:,.1f} s; switching costs about {self.cost_s:,.1f} s"
+                + (f" (also predicted: {others})" if others else ""))
+
+
+def reconsider(current: str, view: ClusterView, make_policy: Callable[[str], Policy], overheads: Overheads,
+               candidates: Sequence[str], margin: float = SWITCH_MARGIN,
+               current_s: float | None = None) -> PolicySwitch | None:
+    """Whether ``policy: auto`` should hand the rest of the run to another candidate, now that
+    `view.rates` holds measured rates: each candidate runs the models still to train (their
+    estimated epochs left) in the simulator; the best one is taken when it beats the running
+    policy by `margin` of that policy's prediction plus the switch's cost (the running models'
+    checkpoints and restarts, in parallel). `current_s`: the running policy's predicted rest
+    where it plans on (the rate tuner's: it may finish sooner going on with its plan than
+    planning afresh). None: keep the running policy."""
+    left = [m for m in view.models if m.state is not ModelState.CONVERGED]
+    if not left or current not in candidates:
+        return None
+    rates = view.rates
+    table = RateTable(tuple(rates.profile(m.id) for m in left), rates.gpus_per_node, rates.samples_per_epoch, rates.extra)
+    epochs = [max(1.0, m.epochs_estimate - m.epochs_done) for m in left]
+    scenario = Scenario(table, whole_epochs(epochs), tuple(epochs), Cluster(view.total_gpus, view.gpus_per_node),
+                        decode_rate=view.decode_rate)
+    predicted = {name: simulate(make_policy(name), scenario, overheads).makespan for name in candidates}
+    if current_s is not None:
+        predicted[current] = min(predicted[current], current_s)
+    best = pick(predicted, candidates).name
+    running = any(m.state is ModelState.RUNNING for m in left)
+    cost = overheads.checkpoint_s(None) + overheads.restore_s(None) + overheads.start_s if running else 0.0
+    if best == current or predicted[best] + cost > (1 - margin) * predicted[current]:
+        return None
+    return PolicySwitch(current, best, predicted, cost)

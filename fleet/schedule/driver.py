@@ -9,7 +9,8 @@ the two is a `World`: it says what time it is and carries the decisions out.
 
 Calls from the world (one thread; each may call back into the world before it returns)
     ``start()`` once; then, as things happen, ``epoch_completed``, ``converged``,
-    ``checkpointed``, and with partitioned data ``visit_completed`` (a visit ended: the world
+    ``checkpointed``, ``switch_policy`` (under ``policy: auto``, from ``before_policy``),
+    and with partitioned data ``visit_completed`` (a visit ended: the world
     hops the model by itself and reports ``checkpointed``, or ``converged`` instead of both
     when the stop rule ended it there); ``interrupt()`` on the checkpoint signal (every running model is
     checkpointed, and the policy is not asked again). The books take each report in at once;
@@ -109,6 +110,7 @@ class Driver:
         self.interrupted = False
         self._deciding = False
         self._later: deque[Event] = deque()  # events that came while a decision was applied
+        self._next: Policy | None = None  # the policy the run is being handed to (`switch_policy`)
 
     @property
     def name(self) -> str:
@@ -153,6 +155,22 @@ class Driver:
         gpus = self.ledger.release(model, ModelState.PAUSED)
         self._notify(CheckpointCompleted(model, self.world.now(), gpus))
 
+    def switch_policy(self, policy: Policy) -> list[str]:
+        """Hand the run to `policy` (``policy: auto`` re-deciding): every running model is
+        checkpointed as at the end of a round, the old policy is not asked again, and once no
+        model runs or checkpoints `policy.start` plans the rest. Returns the models checkpointed."""
+        if policy.hops != self.policy.hops:
+            raise PolicyError(f"{self.name}: cannot hand the run to {policy.name} (hopping and non-hopping policies)")
+        self._next = policy
+        running = self.ledger.ids_in(ModelState.RUNNING)
+        if running:
+            self.world.round_ending(self.ledger.round)
+        for model in running:
+            self._checkpoint(model)
+        if not self._deciding:
+            self._hand_over()
+        return running
+
     def interrupt(self) -> list[str]:
         """The checkpoint signal: checkpoint every running model; returns them."""
         self.interrupted = True
@@ -174,8 +192,19 @@ class Driver:
     def _deliver(self, event: Event) -> None:
         if self.interrupted:
             return
+        asked = self.policy
         self.world.before_policy(event)
+        if self._next is not None or self.policy is not asked:  # the world switched policies: the event is the old one's
+            self._hand_over()
+            return
         self._decide(lambda view: self.policy.on_event(event, view))
+
+    def _hand_over(self) -> None:
+        """The new policy's first call, once the old one's models are all checkpointed."""
+        if self._next is None or self.ledger.ids_in(ModelState.RUNNING, ModelState.CHECKPOINTING):
+            return
+        self.policy, self._next = self._next, None
+        self._decide(self.policy.start)
 
     def _decide(self, call: Callable[[ClusterView], Decision]) -> None:
         if self.interrupted:

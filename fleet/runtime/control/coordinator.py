@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,16 @@ from fleet.runtime.protocol import (
     VisitEnded,
 )
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
-from fleet.schedule import CheckpointCompleted, Event, ModelConverged, ModelState, Policy
+from fleet.schedule import CheckpointCompleted, ClusterView, Event, ModelConverged, ModelState, Policy
+from fleet.schedule.choice import PolicySwitch
+from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
 from fleet.schedule.ledger import Ledger
+from fleet.schedule.rates import RateTable
+from fleet.schedule.refine import rate_changes
+
+
+RECONSIDER_SHARE = 0.01  # of the run's time, at most, spent reconsidering `policy: auto`'s choice
 
 
 class Coordinator:
@@ -46,8 +54,14 @@ class Coordinator:
     checkpoint signal's checkpoints are done."""
 
     def __init__(self, ctx: RunContext, policy: Policy, ledger: Ledger, records: dict[str, ModelRecord],
-                 log: EventLog, console: Console, make_policy: Callable[[], Policy] | None = None):
+                 log: EventLog, console: Console, make_policy: Callable[[], Policy] | None = None,
+                 reconsider: Callable[[str, ClusterView, Overheads, float | None], PolicySwitch | None] | None = None,
+                 policy_named: Callable[[str], Policy] | None = None):
         self.ctx, self.ledger, self.log, self.console = ctx, ledger, log, console
+        self.reconsider, self.policy_named = reconsider, policy_named  # policy auto: re-deciding on measured rates
+        self.switches: list[PolicySwitch] = []
+        self.reconsidered = ledger.rates  # the rates the policy choice was made or last reconsidered on
+        self.reconsider_s = 0.0
         self.started = time.monotonic()
         self.account = RunAccount(records)
         self.membership = Membership(ctx, ledger, self.account, self._send, log, console)
@@ -72,7 +86,7 @@ class Coordinator:
 
     @property
     def planning_s(self) -> float:
-        return self.driver.planning_s + self.tuner.seconds
+        return self.driver.planning_s + self.tuner.seconds + self.reconsider_s
 
     @property
     def records(self) -> dict[str, ModelRecord]:
@@ -220,7 +234,34 @@ class Coordinator:
 
     def before_policy(self, event: Event) -> None:
         if isinstance(event, (ModelConverged, CheckpointCompleted)):
-            self.tuner.refine(self.now())
+            weighed = self.tuner.refine(self.now())
+            if weighed is not None:
+                self._reconsider_policy(weighed[0], min(weighed[1].predicted_keep_s, weighed[1].predicted_new_s))
+            elif not self.tuner.policy.uses_refined_rates:  # a policy that weighs no rate: they may still rank it
+                self._reconsider_policy(self.tuner.refiner.propose(self.ledger.rates), None)
+
+    def _reconsider_policy(self, measured: RateTable, going_on: float | None) -> None:
+        """Under ``policy: auto``, the measured rates (adopted or not: they may change no plan
+        of the running policy's) may make another policy finish first (`going_on`: the running
+        policy's predicted rest where the tuner weighed it)."""
+        if self.reconsider is None or self.policy_named is None:
+            return
+        if not rate_changes(self.reconsidered, measured) or self.reconsider_s > RECONSIDER_SHARE * self.now():
+            return  # nothing moved since the choice was last made, or reconsidering took its share
+        self.reconsidered = measured
+        began = time.perf_counter()
+        view = replace(self.driver.view(), rates=measured)
+        switch = self.reconsider(self.driver.name, view, self.account.measured_overheads(), going_on)
+        self.reconsider_s += time.perf_counter() - began
+        if switch is None:
+            return
+        self.switches.append(switch)
+        self.log.write("policy_switch", at=self.now(), old=switch.current, new=switch.to,
+                       predicted_s=switch.predicted_s, cost_s=switch.cost_s)
+        self.console.banner(f"policy auto: switching from {switch.current} to {switch.to}: {switch.describe()}")
+        named = self.policy_named
+        self.tuner.policy, self.tuner.make_policy = named(switch.to), lambda: named(switch.to)
+        self.driver.switch_policy(self.tuner.policy)
 
     def round_ending(self, index: int) -> None:
         self.log.write("round_end", index=index, at=self.now())

@@ -53,6 +53,14 @@ class RunPlan:
             return {}
         return {"by": AUTO, "chosen": self.choice.name, "predicted_makespan_s": self.choice.predicted_s}
 
+    def choice_record_after(self, switches) -> dict:
+        """`choice_record` with the switches a running ``policy: auto`` made (`PolicySwitch`es)."""
+        record = self.choice_record()
+        if switches:
+            record["switched"] = [{"from": w.current, "to": w.to, "predicted_remaining_s": w.predicted_s,
+                                   "cost_s": w.cost_s} for w in switches]
+        return record
+
 
 def check_same_ensemble(run_dir: Path, spec: Spec) -> None:
     """A run directory holds one ensemble: resuming it with another spec is an error."""
@@ -209,6 +217,16 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
     return policy_for(spec, choice.name), choice
 
 
+def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
+    """The policies a running ``policy: auto`` job may hand its rest to when measured rates
+    change the ranking: its candidates, except those that decode each model in its own trainer
+    unless it started with one (those decoders start with the job); none on partitioned data
+    (visits are re-planned at every hop anyway) or for a policy the spec named."""
+    if plan.choice is None or plan.ledger.partitions is not None:
+        return ()
+    return tuple(n for n in CANDIDATES if plan.policy.own_decoding or not policy_class(n).own_decoding)
+
+
 def _resumed_epochs(ledger: Ledger, model: str, epochs_done: dict[str, int]) -> float | None:
     """Epochs a resumed model trained (with the partitions it visited in its epoch), or None."""
     if model not in epochs_done:
@@ -284,7 +302,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
     """results.json, leaderboard.csv and plan.json of a finished run."""
     account, membership = coordinator.account, coordinator.membership
     models = [model_result(m.id, account.records[m.id], m.train.stop.metric.value) for m in spec.models]
-    policy = plan.policy_name
+    policy = coordinator.driver.name if coordinator.switches else plan.policy_name
     result = RunResult(
         name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=makespan,
         rounds=coordinator.ledger.round + 1, samples_decoded=membership.samples_decoded,
@@ -295,7 +313,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         chunks_in_shared_memory=membership.chunks_shared,
         interrupted=coordinator.interrupted,
         models=models,
-        policy_choice=plan.choice_record(),
+        policy_choice=plan.choice_record_after(coordinator.switches),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}

@@ -60,20 +60,23 @@ class RateTuner:
         """A measured rate of `model` on `gpus` GPUs."""
         self.refiner.observe(model, gpus, samples_per_s)
 
-    def refine(self, now: float) -> None:
-        """Weigh what was measured, where it could change a plan; adopt it when it pays."""
+    def refine(self, now: float) -> tuple[RateTable, Refinement] | None:
+        """Weigh what was measured, where it could change a plan; adopt it when it pays.
+        Returns the measured table it weighed (adopted or not) and the verdict, else None."""
         if not self.refiner.measured or not self.policy.uses_refined_rates:
-            return
+            return None
         if self.policy.hops:
             self._adopt_at_hops()
-            return
+            return None
         if self.policy.plans_only_when_drained and not self.ledger.drained:
-            return
+            return None
         began = time.perf_counter()
         weighed = self.weigh(now)
         self.seconds += time.perf_counter() - began
-        if weighed is not None:
-            self._settle(*weighed)
+        if weighed is None:
+            return None
+        self._settle(*weighed)
+        return weighed
 
     def weigh(self, now: float) -> tuple[RateTable, Refinement] | None:
         """(proposal, verdict) over the unfinished models, or None when there is nothing new to weigh."""
