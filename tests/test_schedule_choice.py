@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleet.schedule import Cluster, ModelState, RateTable, Scenario, create_policy, paper100, simulate
 from fleet.schedule.choice import CANDIDATES, PREDICTION_COSTS, PolicyChoice, choose_policy, pick, reconsider
+from fleet.schedule.ledger import Ledger
 
 
 def make(name: str):
@@ -47,8 +48,6 @@ def view_of(scenario: Scenario, done: dict[str, int] | None = None, converged: t
             running: tuple[str, ...] = ()):
     """The driver's view at the start of `scenario`, with some epochs done, models converged
     and models running (each on its own GPU)."""
-    from fleet.schedule.ledger import Ledger
-
     ledger = Ledger(scenario.rates, list(scenario.epochs_estimate), scenario.cluster.total_gpus, scenario.cluster.gpus_per_node)
     for model, epochs in (done or {}).items():
         ledger.epoch_done(model, epochs)
@@ -69,7 +68,7 @@ def test_a_running_auto_hands_over_when_another_candidate_beats_it_by_more_than_
     best = choose_policy(make, scenario)
     assert switch is not None and (switch.current, switch.to) == ("fleet-g", best.name)
     assert switch.predicted_s == best.predicted_s and switch.cost_s == 0.0  # nothing runs: nothing to checkpoint
-    assert f"switching costs about 0.0 s" in switch.describe()
+    assert "switching costs about 0.0 s" in switch.describe()
     assert reconsider(best.name, view_of(scenario), make, PREDICTION_COSTS, CANDIDATES) is None
     assert reconsider("fleet-g", view_of(scenario), make, PREDICTION_COSTS, ("fleet-g",)) is None
     busy = view_of(scenario, running=("m0", "m1"))

@@ -16,6 +16,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -457,7 +458,7 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         f"rates {plan.rates_source}; groups reduce with {collective}"
     )
 
-    named = lambda name: policy_for(spec, name)  # noqa: E731
+    named = partial(policy_for, spec)
     candidates = switch_candidates(spec, plan)
     rechoose = (lambda current, view, costs, going_on: reconsider(current, view, named, costs, candidates,
                                                                  current_s=going_on)) if candidates else None

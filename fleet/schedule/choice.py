@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from fleet.schedule._base import ClusterView, ModelState, Policy
 from fleet.schedule.costs import Overheads
-from fleet.schedule.rates import RateTable
 from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
 
 AUTO = "auto"
@@ -83,12 +82,11 @@ def reconsider(current: str, view: ClusterView, make_policy: Callable[[str], Pol
     left = [m for m in view.models if m.state is not ModelState.CONVERGED]
     if not left or current not in candidates:
         return None
-    rates = view.rates
-    table = RateTable(tuple(rates.profile(m.id) for m in left), rates.gpus_per_node, rates.samples_per_epoch, rates.extra)
+    table = view.rates.subset([m.id for m in left])
     epochs = [max(1.0, m.epochs_estimate - m.epochs_done) for m in left]
     scenario = Scenario(table, whole_epochs(epochs), tuple(epochs), Cluster(view.total_gpus, view.gpus_per_node),
                         decode_rate=view.decode_rate)
-    predicted = {name: simulate(make_policy(name), scenario, overheads).makespan for name in candidates}
+    predicted = dict(choose_policy(make_policy, scenario, overheads, candidates).predicted_s)
     if current_s is not None:
         predicted[current] = min(predicted[current], current_s)
     best = pick(predicted, candidates).name

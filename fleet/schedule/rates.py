@@ -150,6 +150,10 @@ class RateTable:
         """The :class:`ModelProfile` of ``model_id``."""
         return self.models[self.index(model_id)]
 
+    def subset(self, ids: Sequence[str]) -> "RateTable":
+        """The table of the models `ids`, in that order (the same machine facts)."""
+        return RateTable(tuple(self.profile(i) for i in ids), self.gpus_per_node, self.samples_per_epoch, self.extra)
+
     def rate(self, model_id: str, m: int) -> float:
         """``r_i(m)`` in samples per second."""
         return self.profile(model_id).rate(m, self.gpus_per_node)

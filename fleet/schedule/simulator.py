@@ -319,7 +319,7 @@ def resumed_scenario(scenario: Scenario, result: SimResult) -> Scenario | None:
     def subset(table: RateTable | None) -> RateTable | None:
         if table is None:
             return None
-        return RateTable(tuple(table.models[i] for i in keep), table.gpus_per_node, table.samples_per_epoch, table.extra)
+        return table.subset([table.models[i].id for i in keep])
 
     before = scenario.resumed or (None,) * len(scenario.true_epochs)
     launched = {r.model for r in result.timeline.members}

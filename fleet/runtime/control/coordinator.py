@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,8 @@ class Coordinator:
                  reconsider: Callable[[str, ClusterView, Overheads, float | None], PolicySwitch | None] | None = None,
                  policy_named: Callable[[str], Policy] | None = None):
         self.ctx, self.ledger, self.log, self.console = ctx, ledger, log, console
-        self.reconsider, self.policy_named = reconsider, policy_named  # policy auto: re-deciding on measured rates
+        # policy auto, re-deciding on measured rates: the rule, and the policy of a name (given together)
+        self.reconsider, self.policy_named = reconsider, policy_named
         self.switches: list[PolicySwitch] = []
         self.reconsidered = ledger.rates  # the rates the policy choice was made or last reconsidered on
         self.reconsider_s = 0.0
@@ -235,6 +236,8 @@ class Coordinator:
     def before_policy(self, event: Event) -> None:
         if isinstance(event, (ModelConverged, CheckpointCompleted)):
             weighed = self.tuner.refine(self.now())
+            if self.reconsider is None:
+                return
             if weighed is not None:
                 self._reconsider_policy(weighed[0], min(weighed[1].predicted_keep_s, weighed[1].predicted_new_s))
             elif not self.tuner.policy.uses_refined_rates:  # a policy that weighs no rate: they may still rank it
@@ -244,8 +247,6 @@ class Coordinator:
         """Under ``policy: auto``, the measured rates (adopted or not: they may change no plan
         of the running policy's) may make another policy finish first (`going_on`: the running
         policy's predicted rest where the tuner weighed it)."""
-        if self.reconsider is None or self.policy_named is None:
-            return
         if not rate_changes(self.reconsidered, measured) or self.reconsider_s > RECONSIDER_SHARE * self.now():
             return  # nothing moved since the choice was last made, or reconsidering took its share
         self.reconsidered = measured

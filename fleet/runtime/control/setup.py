@@ -8,6 +8,7 @@ PAUSED with their epochs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate,
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
-from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, choose_policy
+from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, PolicySwitch, choose_policy
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
@@ -47,15 +48,12 @@ class RunPlan:
     choice: PolicyChoice | None = None  # policy auto: what it chose and why
     policy_name: str = ""
 
-    def choice_record(self) -> dict:
-        """What results.json says of `policy: auto`'s choice ({} for a policy the spec named)."""
+    def choice_record(self, switches: Sequence[PolicySwitch] = ()) -> dict:
+        """What results.json says of `policy: auto`'s choice ({} for a policy the spec named),
+        with the switches the running job made."""
         if self.choice is None:
             return {}
-        return {"by": AUTO, "chosen": self.choice.name, "predicted_makespan_s": self.choice.predicted_s}
-
-    def choice_record_after(self, switches) -> dict:
-        """`choice_record` with the switches a running ``policy: auto`` made (`PolicySwitch`es)."""
-        record = self.choice_record()
+        record = {"by": AUTO, "chosen": self.choice.name, "predicted_makespan_s": self.choice.predicted_s}
         if switches:
             record["switched"] = [{"from": w.current, "to": w.to, "predicted_remaining_s": w.predicted_s,
                                    "cost_s": w.cost_s} for w in switches]
@@ -244,7 +242,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
     converged = [i for i, info in infos.items() if info and info.get("converged")]
     remaining = [p for p in rates.models if p.id in {m.id for m in spec.models} and p.id not in converged]
-    todo = RateTable(tuple(remaining), rates.gpus_per_node, rates.samples_per_epoch, rates.extra)
+    todo = rates.subset([p.id for p in remaining])
     resumed = [p.id for p in remaining if infos.get(p.id)]
     epochs_done = {i: int(infos[i]["epochs"]) for i in resumed}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
@@ -313,7 +311,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         chunks_in_shared_memory=membership.chunks_shared,
         interrupted=coordinator.interrupted,
         models=models,
-        policy_choice=plan.choice_record_after(coordinator.switches),
+        policy_choice=plan.choice_record(coordinator.switches),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}

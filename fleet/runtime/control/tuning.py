@@ -33,10 +33,6 @@ from fleet.schedule.refine import (
 )
 
 
-def _subset(rates: RateTable, ids: list[str]) -> RateTable:
-    return RateTable(tuple(rates.profile(i) for i in ids), rates.gpus_per_node, rates.samples_per_epoch, rates.extra)
-
-
 class RateTuner:
     """Weighs measured rates for one run's policy and adopts them into its `Ledger`.
 
@@ -86,7 +82,7 @@ class RateTuner:
         if not unfinished or (self.rejected is not None and not rate_changes(self.rejected, proposal)):
             return None
         ids = [v.id for v in unfinished]
-        old, new = _subset(current, ids), _subset(proposal, ids)
+        old, new = current.subset(ids), proposal.subset(ids)
         if not rate_changes(old, new) or (self.policy.plans_only_when_drained and self._same_next_plan(proposal, now)):
             return None
         remaining = [max(1.0, v.epochs_estimate - v.epochs_done) for v in unfinished]
