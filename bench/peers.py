@@ -8,6 +8,10 @@ What: the ensemble, data and transforms of `bench/e2e_cpu.py` (8 CNN architectur
   `xargs -P N` runs them. Each process trains its model with the plain PyTorch loop of
   `bench/plain_loop.py` and decodes its own JPEGs with its own DataLoader: its training set
   every epoch, its validation set once (when it opens the data).
+- pool: N long-lived Python processes (a `multiprocessing` pool, or N job steps that each
+  loop over a share of the models), each opening the data once and then training models one
+  after another with the same plain loop, in the spec's order: the processes' training and
+  decoding without a new interpreter, torch import and validation set per model.
 - ray: Ray Tune, N concurrent trials of 1 CPU each, a trial training one model with the same
   plain loop, from a driver process the bench starts (so Ray's imports and `ray.init` count).
   Ray is a dependency of this bench only (`.venv/bin/pip install 'ray[tune]'`); without it the
@@ -22,7 +26,7 @@ What: the ensemble, data and transforms of `bench/e2e_cpu.py` (8 CNN architectur
 - fleet-baseline: the same with `scheduler.policy: baseline` (`profile: auto` then does not
   profile: its plans read no rate), fleet's stand-in for the processes: each model alone on a slot, decoding its
   own data in its trainer process; fleet's "x Baseline" figures mean something only if this
-  row is close to the processes'.
+  row is close to the peers' (the pool's, whose processes also live for the whole job).
 
 How: every contender uses `--threads` torch threads per slot, and its wall time runs from its
 first process's launch to its last process's exit, start-up and shutdown included. The
@@ -36,7 +40,8 @@ until the ranks' clock starts), profiling (profile.json), the rest of the ranks'
 (results.json's `overhead_s.startup`, which includes profiling, less profiling), the training
 makespan, and what follows it (the report, shutdown; from events.jsonl's `run_end`). For the
 processes, the mean of each process's wall time outside `train_model` (interpreter, imports,
-reading the data, decoding the validation set); for Ray, `ray.init` and `Tuner.fit` seconds.
+reading the data, decoding the validation set); for the pool, its workers' mean time outside
+training; for Ray, `ray.init` and `Tuner.fit` seconds.
 
 `--setting decode-heavy` puts 256-pixel JPEGs on disk (the default `light`: 96), so that
 decoding dominates; `--source-size` sets the side directly. `--keep DIR` keeps the data (reused
@@ -45,7 +50,7 @@ by a later invocation with the same samples and side) and every round's run dire
 
 Usage: .venv/bin/python bench/peers.py [--sweep 4] [--epochs 2] [--samples 3000] [--slots 4]
        [--setting light|decode-heavy] [--source-size PX] [--image-size 24] [--preprocessors 1]
-       [--threads 1] [--rounds 1] [--contenders processes,fleet,ray,fleet-profiled,fleet-baseline]
+       [--threads 1] [--rounds 1] [--contenders processes,pool,fleet,ray,fleet-profiled,fleet-baseline]
        [--timeout 3600]
        [--keep DIR] [--json FILE]
 """
@@ -75,12 +80,13 @@ from pipeline import at_least  # bench/pipeline.py
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 PLAIN_LOOP = BENCH / "plain_loop.py"
-CONTENDERS = ("processes", "fleet", "ray", "fleet-profiled", "fleet-baseline")  # the order of each round
+CONTENDERS = ("processes", "pool", "fleet", "ray", "fleet-profiled", "fleet-baseline")  # the order of each round
 FLEETS = ("fleet", "fleet-profiled")  # the rows the others are compared with
 FLEET_RUNS = (*FLEETS, "fleet-baseline")  # the rows with fleet's phases
 SOURCE_SIZES = {"light": 96, "decode-heavy": 256}  # --setting: the side of the JPEGs on disk
 WAIT_TIMEOUT_S = 600  # fleet's runtime.timeout_s: how long a rank waits before it aborts the job
 RAY_DRIVER = "import peers; peers.ray_driver()"  # the Ray contender's process (`python -c`)
+POOL_DRIVER = "import peers; peers.pool_driver()"  # the pool contender's process
 sys.path.insert(0, str(REPO))
 
 
@@ -181,6 +187,25 @@ def run_processes(spec_path: Path, seeds: list[int], work: Path, args) -> Outcom
                    {"process_overhead_s": statistics.fmean(outside)})
 
 
+def run_pool(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
+    """`--slots` long-lived plain-loop processes (`pool_driver`), started by a process of its
+    own so that its interpreter and imports count as the others' do."""
+    out = work / "pool.json"
+    command = [sys.executable, "-c", POOL_DRIVER, str(spec_path), str(args.slots), str(args.threads),
+               json.dumps(seeds), str(out)]
+    wall = run_command(command, "the pool", args.timeout, env=bench_env())
+    models = json.loads(out.read_text())
+    busy = sum(model["seconds"] for model in models) / min(args.slots, len(models))
+    return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models),
+                   {"worker_overhead_s": wall - busy})
+
+
+def bench_env() -> dict:
+    """The environment of a driver process that imports this script's modules."""
+    path = os.pathsep.join(filter(None, [str(BENCH), str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def ray_missing() -> bool:
     """True (after a note on how to install it) when Ray cannot be imported."""
     try:
@@ -196,8 +221,7 @@ def run_ray(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     out = work / "tune.json"
     command = [sys.executable, "-c", RAY_DRIVER, str(spec_path), str(args.slots), str(args.threads),
                json.dumps(seeds), str(work), str(out)]
-    path = os.pathsep.join(filter(None, [str(BENCH), str(REPO), os.environ.get("PYTHONPATH")]))
-    wall = run_command(command, "Ray Tune", args.timeout, env={**os.environ, "PYTHONPATH": path})
+    wall = run_command(command, "Ray Tune", args.timeout, env=bench_env())
     tune_run = json.loads(out.read_text())
     models = tune_run.pop("models")
     return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models), tune_run)
@@ -262,11 +286,27 @@ def fleet_phases(work: Path, results: dict, launched: float, ended: float) -> di
     return phases
 
 
-RUNNERS = {"processes": run_processes, "fleet": run_fleet, "ray": run_ray, "fleet-profiled": run_fleet_profiled,
+RUNNERS = {"processes": run_processes, "pool": run_pool, "fleet": run_fleet, "ray": run_ray, "fleet-profiled": run_fleet_profiled,
            "fleet-baseline": run_fleet_baseline}
 
 
-# ----------------------------------------------------------------------------- Ray Tune's own process
+# ----------------------------------------------------------------------------- the pool's and Ray Tune's processes
+
+
+def pool_driver() -> None:
+    """`python -c POOL_DRIVER SPEC SLOTS THREADS SEEDS OUT`: SLOTS spawned worker processes
+    train every model of SPEC with the plain loop, in the spec's order; OUT gets the results."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from plain_loop import worker_init, worker_train
+
+    spec, slots, threads, seeds, out = sys.argv[1:]
+    seeds = json.loads(seeds)
+    with ProcessPoolExecutor(int(slots), mp_context=get_context("spawn"), initializer=worker_init,
+                             initargs=(spec, int(threads))) as pool:
+        models = list(pool.map(worker_train, range(len(seeds)), seeds))
+    Path(out).write_text(json.dumps(models))
 
 
 def tune_trial(config: dict) -> None:
@@ -324,7 +364,7 @@ def summary(rounds: list[dict[str, Outcome]], contenders: list[str]) -> dict:
 def print_table(rows: dict, args, models: int) -> None:
     print(f"{models} models ({len(MODELS)} CNNs x {args.sweep} learning rate(s)) x {args.epochs} epoch(s) on "
           f"{args.samples} JPEGs ({source_size(args)} px on disk, {args.image_size} px trained; setting "
-          f"{args.setting}), {args.slots} slots of {args.threads} torch thread(s): processes and ray run "
+          f"{args.setting}), {args.slots} slots of {args.threads} torch thread(s): processes, pool and ray run "
           f"{args.slots} processes at a time, fleet {args.slots} trainers + {args.preprocessors} preprocessor(s)")
     fleets = [fleet for fleet in FLEETS if fleet in rows]
     print(f"{'contender':<16}{'wall s':>9}  {'each round s':<24}{'decoded':>11}{'mean best acc':>15}"
@@ -333,9 +373,9 @@ def print_table(rows: dict, args, models: int) -> None:
         walls = ", ".join(f"{w:.1f}" for w in row["walls_s"])
         ratios = "".join(f"{'-' if name == fleet else format(row['vs'][fleet], '.2f') + 'x':>22}" for fleet in fleets)
         print(f"{name:<16}{row['wall_s']:>9.1f}  {walls:<24}{row['decoded']:>11,}{row['accuracy']:>15.3f}{ratios}")
-    if "processes" in rows and "fleet-baseline" in rows:
-        ratio = rows["fleet-baseline"]["wall_s"] / rows["processes"]["wall_s"]
-        print(f"fleet-baseline's wall / the processes': {ratio:.2f} (target: within 10%, 0.90-1.10)")
+    for peer in (peer for peer in ("processes", "pool") if peer in rows and "fleet-baseline" in rows):
+        ratio = rows["fleet-baseline"]["wall_s"] / rows[peer]["wall_s"]
+        print(f"fleet-baseline's wall / the {peer}': {ratio:.2f} (target: within 10%, 0.90-1.10)")
     print("wall: median over rounds, launch to last exit; vs fleet: the contender's wall / that fleet's (above 1: "
           "fleet is faster); fleet-profiled: scheduler.profile true; fleet-baseline: scheduler.policy baseline")
 
@@ -352,6 +392,9 @@ def print_details(rounds: list[dict[str, Outcome]]) -> None:
         if "processes" in one:
             print(f"round {k} processes: each process's wall outside training (start-up, data, validation set) "
                   f"{one['processes'].details['process_overhead_s']:.1f} s on average")
+        if "pool" in one:
+            print(f"round {k} pool: wall less each worker's mean time training (its start-up, data, validation "
+                  f"set, idle at the end) {one['pool'].details['worker_overhead_s']:.1f} s")
         if "ray" in one:
             d = one["ray"].details
             print(f"round {k} ray: ray.init {d['init_s']:.1f} s, Tuner.fit {d['fit_s']:.1f} s")

@@ -259,8 +259,13 @@ def worker_init(spec_path: str, threads: int) -> None:
 
 
 def worker_train(index: int, seed: int) -> dict:
-    """Train the spec's model `index` in this worker (see `worker_init`)."""
-    return train_model(_WORKER["spec"].models[index], _WORKER["data"], seed)
+    """Train the spec's model `index` in this worker (see `worker_init`), with the samples it
+    decoded for it: its training set every epoch, and the worker's validation set with the
+    worker's first model (`PlainData.open` decoded it once)."""
+    data = _WORKER["data"]
+    result = train_model(_WORKER["spec"].models[index], data, seed)
+    first, _WORKER["trained"] = not _WORKER.get("trained"), True
+    return {**result, "samples_decoded": len(data.train) * result["epochs"] + (len(data.val_y) if first else 0)}
 
 
 # ----------------------------------------------------------------------------- one model per process
