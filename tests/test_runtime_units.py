@@ -21,7 +21,7 @@ from fleet.runtime.events import first_batch_s
 from fleet.runtime.data.stream import GroupSends, MemberClock, SlotClaims, own_rows
 from fleet.runtime.train.trainer import GroupTraining, MemberCosts
 from fleet.runtime import waiting
-from fleet.runtime.waiting import Backoff, WaitTimeout, busy_polling_fits, poll, use_busy_polling
+from fleet.runtime.waiting import Backoff, WaitTimeout, busy_polling_fits, poll, polling_threads, use_busy_polling
 from fleet.schedule import Member, ModelState, Overheads, PolicyError, RateTable, StreamPlan, create_policy
 from fleet.schedule.ledger import Ledger
 from fleet.spec import parse_spec
@@ -236,6 +236,15 @@ def test_busy_polling_fits_the_cores_this_job_may_use(monkeypatch, affinity, nod
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)), raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert busy_polling_fits(node_threads) is fits
+
+
+def test_a_trainer_that_decodes_its_own_data_polls_in_one_more_thread(monkeypatch):
+    """Baseline's models decode in their trainer (a decoder thread beside its stream and
+    training threads): 4 trainers and a preprocessor fit 12 cores with shared streams, not
+    with their own decoders."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    assert polling_threads(4, 1, own_decoding=False) == 9 and busy_polling_fits(9)
+    assert polling_threads(4, 1, own_decoding=True) == 13 and not busy_polling_fits(13)
 
 
 def test_the_polling_choice_reaches_horovods_waits(monkeypatch):

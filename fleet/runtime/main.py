@@ -54,8 +54,8 @@ from fleet.runtime.launch.topology import (
 from fleet.runtime.protocol import Tag
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.trainer import TrainerLoop
-from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, recv_object,
-                                   send_object, use_busy_polling, wait_requests)
+from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, polling_threads,
+                                   recv_object, send_object, use_busy_polling, wait_requests)
 from fleet.schedule.choice import reconsider
 from fleet.spec import Device, SpecError, load_spec
 from profiler.job import run_profiling
@@ -184,6 +184,8 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     ctx.rates = rates["emulated"] or shared["rates"]
     ctx.extras["epoch_limits"] = shared["epoch_limits"]
     ctx.extras["own_decoding"] = shared["own_decoding"]
+    if shared["own_decoding"]:  # each trainer also runs a decoder thread: one more poller
+        _choose_polling(spec, topology, placement.node, own_decoding=True)
     return ctx
 
 
@@ -365,12 +367,13 @@ def _count_model_costs(spec, run_dir: Path) -> None:
         pass
 
 
-def _choose_polling(spec, topology, node: int) -> None:
-    """Busy polling where the node has a core for each polling thread (a trainer's stream
-    and training threads, a preprocessor's loop), sleeping polls where ranks share cores."""
+def _choose_polling(spec, topology, node: int, own_decoding: bool = False) -> None:
+    """Busy polling where the node has a core for each polling thread (`polling_threads`),
+    sleeping polls where ranks share cores."""
     mode = spec.runtime.poll
     if mode == "auto":
-        threads = 2 * len(topology.trainer_ranks(node)) + len(topology.preprocessor_ranks(node))
+        threads = polling_threads(len(topology.trainer_ranks(node)), len(topology.preprocessor_ranks(node)),
+                                  own_decoding)
         use_busy_polling(busy_polling_fits(threads))
     else:
         use_busy_polling(mode == "busy")

@@ -63,6 +63,12 @@ def use_busy_polling(busy: bool) -> None:
     os.environ["FLEET_MPI_WAIT"] = "busy" if busy else "sleep"
 
 
+def polling_threads(trainers: int, preprocessors: int, own_decoding: bool) -> int:
+    """Threads on a node that poll: a trainer's stream and training threads (and its own
+    decoder's, where its models decode their own data), a preprocessor's loop."""
+    return (3 if own_decoding else 2) * trainers + preprocessors
+
+
 def busy_polling_fits(threads_on_node: int) -> bool:
     """True when the cores this process may run on (its affinity: a Slurm job's cgroup, a
     launcher's binding) number at least the node's polling threads. A rank bound to cores of
