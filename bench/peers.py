@@ -30,9 +30,9 @@ What: the ensemble, data and transforms of `bench/e2e_cpu.py` (8 CNN architectur
 
 How: every contender uses `--threads` torch threads per slot, and its wall time runs from its
 first process's launch to its last process's exit, start-up and shutdown included. The
-contenders alternate (processes, fleet, ray, fleet-profiled, fleet-baseline, processes, ...) for `--rounds` rounds, so drift in
-the machine's load falls on all of them; the table gives the median wall time and each
-round's, the JPEGs decoded (fleet: its training streams plus every trainer's validation set, as
+contenders alternate (processes, pool, fleet, ray, fleet-profiled, fleet-baseline, processes,
+...) for `--rounds` rounds, so drift in the machine's load falls on all of them; the table
+gives the median wall time and each round's, the JPEGs decoded (fleet: its training streams plus every trainer's validation set, as
 results.json counts them, profiling not included), the mean best validation accuracy over the
 models, and each peer's wall time over fleet's (above 1: fleet is faster). Fleet's wall time is
 also split into phases that add up to it: launch (the CLI, mpiexec, imports and MPI start-up,
@@ -286,8 +286,8 @@ def fleet_phases(work: Path, results: dict, launched: float, ended: float) -> di
     return phases
 
 
-RUNNERS = {"processes": run_processes, "pool": run_pool, "fleet": run_fleet, "ray": run_ray, "fleet-profiled": run_fleet_profiled,
-           "fleet-baseline": run_fleet_baseline}
+RUNNERS = {"processes": run_processes, "pool": run_pool, "fleet": run_fleet, "ray": run_ray,
+           "fleet-profiled": run_fleet_profiled, "fleet-baseline": run_fleet_baseline}
 
 
 # ----------------------------------------------------------------------------- the pool's and Ray Tune's processes
