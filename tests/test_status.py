@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -40,6 +41,17 @@ def test_replay_follows_each_model_through_a_killed_job_and_its_resume():
     assert time_left(resumed, now=101.0) is None  # no epoch in this job yet
 
 
+def status_while_training(command: list[str], job: subprocess.Popen, tries: int = 20) -> subprocess.CompletedProcess:
+    """`fleet status` on a running job, asked again (up to `tries` times) until a model is
+    training: at a round's end every model may be checkpointing or waiting for a moment."""
+    for _ in range(tries):
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=mpi_env(), timeout=60)
+        if done.returncode != 0 or " training " in done.stdout or job.poll() is not None:
+            break
+        time.sleep(0.2)
+    return done
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_fleet_status_on_a_running_and_on_a_finished_job(tmp_path):
@@ -51,7 +63,7 @@ def test_fleet_status_on_a_running_and_on_a_finished_job(tmp_path):
     job = start_train(3, spec, run_dir)
     try:
         wait_for_epochs(job, run_dir, 1, "fleet status")
-        done = subprocess.run(status, capture_output=True, text=True, cwd=REPO, env=mpi_env(), timeout=60)
+        done = status_while_training(status, job)
     finally:
         job.wait(timeout=300)
         if job.returncode is None:
