@@ -265,16 +265,17 @@ def worker_train(index: int, seed: int) -> dict:
     data = _WORKER["data"]
     result = train_model(_WORKER["spec"].models[index], data, seed)
     first, _WORKER["trained"] = not _WORKER.get("trained"), True
-    return {**result, "samples_decoded": len(data.train) * result["epochs"] + (len(data.val_y) if first else 0)}
+    return {**result, "samples_decoded": samples_decoded(data, result["epochs"], validation=first)}
 
 
 # ----------------------------------------------------------------------------- one model per process
 
 
-def samples_decoded(data: PlainData, epochs: int) -> int:
-    """JPEGs one process decodes: the training set every epoch (the Dataset decodes a sample
-    each time it is drawn) and the validation set once (`PlainData.open` keeps its tensors)."""
-    return len(data.train) * epochs + len(data.val_y)
+def samples_decoded(data: PlainData, epochs: int, validation: bool = True) -> int:
+    """JPEGs a process decodes for a model: the training set every epoch (the Dataset decodes
+    a sample each time it is drawn) and, with `validation`, the validation set once
+    (`PlainData.open` keeps its tensors: a worker decodes it for its first model only)."""
+    return len(data.train) * epochs + (len(data.val_y) if validation else 0)
 
 
 def train_one(spec_path: str, index: int, seed: int, threads: int) -> dict:
