@@ -38,7 +38,7 @@ test: $(INSTALLED)
 HOROVOD := $(VENV)/.horovod
 horovod: $(HOROVOD)
 
-$(HOROVOD): $(INSTALLED) tools/build-horovod.sh tools/horovod-nospin.h
+$(HOROVOD): $(INSTALLED) tools/build-horovod.sh tools/horovod-nospin.h tools/horovod-wake.h
 	tools/build-horovod.sh $(BIN)/python
 	touch $@
 

@@ -1,7 +1,10 @@
 """The runtime's pure pieces, without processes: chunks, stream order, queues, books, regroups, launch."""
 
+import ctypes
 import os
 import shutil
+import sys
+import threading
 from collections import deque
 from types import SimpleNamespace
 
@@ -255,6 +258,25 @@ def test_the_polling_choice_reaches_horovods_waits(monkeypatch):
     assert os.environ["FLEET_MPI_WAIT"] == "busy" and waiting.HOT is waiting.BUSY
     use_busy_polling(False)
     assert os.environ["FLEET_MPI_WAIT"] == "sleep" and waiting.HOT is waiting.SHARING
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_fine_sleeps_sets_the_calling_threads_timer_slack_only():
+    """A 20 us sleep of a backoff overran by Linux's default 50 us timer slack."""
+    libc = ctypes.CDLL(None)
+    get_slack = lambda: libc.prctl(30, 0, 0, 0, 0)  # noqa: E731  PR_GET_TIMERSLACK, nanoseconds
+    seen = []
+
+    def worker() -> None:
+        libc.prctl(29, 50_000, 0, 0, 0)  # PR_SET_TIMERSLACK: Linux's default
+        waiting.fine_sleeps()
+        seen.append(get_slack())
+
+    before = get_slack()
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [1000] and get_slack() == before
 
 
 def rates3() -> RateTable:

@@ -51,9 +51,11 @@ fi
 tar -xzf "$work/horovod-$VERSION.tar.gz" -C "$work"
 src=$work/horovod-$VERSION
 
-patch_line() {  # FILE OLD NEW: replace a line that must be there
+patch_line() {  # FILE OLD NEW: replace text that must be there (OLD literal; NEW may hold \n)
     grep -qF "$2" "$1" || fail "$1 has no '$2': not the sdist this script knows (HOROVOD_VERSION=$VERSION)"
-    sed -i "s|$2|$3|" "$1"
+    local old
+    old=$(printf '%s' "$2" | sed 's/[][\.*^$|]/\\&/g')
+    sed -i "s|$old|$3|" "$1"
 }
 patch_line "$src/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
 patch_line "$src/horovod/torch/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)"
@@ -62,6 +64,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 cp "$here/horovod-nospin.h" "$src/horovod/common/mpi/fleet_nospin.h"
 patch_line "$src/horovod/common/mpi/mpi_controller.cc" '#include "../logging.h"' '#include "../logging.h"\n#include "fleet_nospin.h"'
 patch_line "$src/horovod/common/ops/mpi_operations.cc" '#include "mpi_operations.h"' '#include "mpi_operations.h"\n#include "../mpi/fleet_nospin.h"'
+# Its background thread wakes when an operation is enqueued, instead of sleeping out its cycle (tools/horovod-wake.h)
+cp "$here/horovod-wake.h" "$src/horovod/common/fleet_wake.h"
+patch_line "$src/horovod/common/operations.cc" '#include "operations.h"' '#include "operations.h"\n#include "fleet_wake.h"'
+patch_line "$src/horovod/common/operations.cc" 'std::this_thread::sleep_for(sleep_duration);' 'fleet_wake::sleep_cycle(state, sleep_duration);'
+patch_line "$src/horovod/common/operations.cc" 'void BackgroundThreadLoop(HorovodGlobalState& state) {' 'void BackgroundThreadLoop(HorovodGlobalState\& state) {\n  fleet_wake::fine_sleeps();'
+patch_line "$src/horovod/common/tensor_queue.h" '  void RemoveJoinTensor();' '  void RemoveJoinTensor();\n  bool FleetPending() const { std::lock_guard<std::mutex> guard(mutex_); return !tensor_table_.empty(); }'
+patch_line "$src/horovod/common/tensor_queue.cc" '#include "logging.h"' '#include "logging.h"\n#include "fleet_wake.h"'
+patch_line "$src/horovod/common/tensor_queue.cc" 'tensor_table_.emplace(e.tensor_name, std::move(e));' 'tensor_table_.emplace(e.tensor_name, std::move(e));\n  fleet_wake::enqueued();'
+patch_line "$src/horovod/common/tensor_queue.cc" 'tensor_table_.emplace(entries[i].tensor_name, std::move(entries[i]));' 'tensor_table_.emplace(entries[i].tensor_name, std::move(entries[i]));\n    fleet_wake::enqueued();'
 if [ -n "${HOROVOD_WITH_TENSORFLOW:-}" ]; then
     sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
 fi
