@@ -4,8 +4,8 @@
 // Horovod's background thread runs a cycle every HOROVOD_CYCLE_TIME (1 ms by default): it
 // sleeps out the rest of the cycle, then negotiates with the other ranks which of the queued
 // operations every rank has asked for, and runs those. An operation therefore waits for the
-// next cycle of every member: on 2 ranks a 1 MB allreduce took 6-8x its raw MPI_Allreduce time,
-// a 16 MB one 1.5-2x. fleet's trainers ask for one operation per step (the flat gradient
+// next cycle of every member: on 2 ranks (2-core VM) a 1 MB allreduce took 6-11x its raw
+// MPI_Allreduce time, a 16 MB one about 2x; with HOROVOD_CYCLE_TIME=5, 1 MB took 5.0 ms. fleet's trainers ask for one operation per step (the flat gradient
 // buffer, or a weights broadcast), so there is nothing to fuse by waiting:
 //
 // - an enqueued operation wakes the thread from its sleep at once;
@@ -18,7 +18,8 @@
 // The thread's sleeps are short (20-250 us in tools/horovod-nospin.h, PENDING_CYCLE here),
 // and Linux lets a sleep overrun by the thread's timer slack, 50 us by default: a 20 us sleep
 // took about 70. The background thread asks for a slack of 1 us (`fine_sleeps`, from
-// BackgroundThreadLoop): on 2 ranks that halved a 1 MB allreduce's time.
+// BackgroundThreadLoop). Both together: a 1 MB allreduce on 2 ranks 1.8-2x faster (0.61 ms
+// with a 5 ms cycle), the other sizes within the VM's noise (bench/RESULTS.md, Collectives).
 #pragma once
 
 #include <algorithm>
