@@ -97,11 +97,14 @@ def start_fleet_run(spec: Path, run_dir: Path) -> subprocess.Popen:
 
 
 def wait_for_training(run_dir: Path, job: subprocess.Popen) -> list[dict]:
+    """The ranks, once a model trains and `fleet run`'s watch has had time to read ranks.json
+    (it looks every 0.2 s until the file is there; these small models reach their first epoch
+    within 0.1 s of it)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and job.poll() is None:
-        events = run_dir / "events.jsonl"
-        if events.exists() and '"event": "epoch"' in events.read_text():
-            return json.loads((run_dir / "ranks.json").read_text())["ranks"]
+        events, ranks = run_dir / "events.jsonl", run_dir / "ranks.json"
+        if events.exists() and '"event": "epoch"' in events.read_text() and time.time() - ranks.stat().st_mtime > 1.0:
+            return json.loads(ranks.read_text())["ranks"]
         time.sleep(0.1)
     raise AssertionError(f"no epoch before the test could act (exit {job.poll()})")
 
