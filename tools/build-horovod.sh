@@ -51,7 +51,7 @@ fi
 tar -xzf "$work/horovod-$VERSION.tar.gz" -C "$work"
 src=$work/horovod-$VERSION
 
-patch_line() {  # FILE OLD NEW: replace text that must be there (OLD literal; NEW may hold \n)
+patch_line() {  # FILE OLD NEW: replace text that must be there (OLD literal; NEW sed's replacement: \n, \&)
     grep -qF "$2" "$1" || fail "$1 has no '$2': not the sdist this script knows (HOROVOD_VERSION=$VERSION)"
     local old
     old=$(printf '%s' "$2" | sed 's/[][\.*^$|]/\\&/g')

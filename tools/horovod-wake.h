@@ -5,8 +5,9 @@
 // sleeps out the rest of the cycle, then negotiates with the other ranks which of the queued
 // operations every rank has asked for, and runs those. An operation therefore waits for the
 // next cycle of every member: on 2 ranks (2-core VM) a 1 MB allreduce took 6-11x its raw
-// MPI_Allreduce time, a 16 MB one about 2x; with HOROVOD_CYCLE_TIME=5, 1 MB took 5.0 ms. fleet's trainers ask for one operation per step (the flat gradient
-// buffer, or a weights broadcast), so there is nothing to fuse by waiting:
+// MPI_Allreduce time, a 16 MB one about 2x; with HOROVOD_CYCLE_TIME=5, 1 MB took 5.0 ms.
+// fleet's trainers ask for one operation per step (the flat gradient buffer, or a weights
+// broadcast), so there is nothing to fuse by waiting:
 //
 // - an enqueued operation wakes the thread from its sleep at once;
 // - while an operation of this rank waits for the other ranks, the cycle is PENDING_CYCLE
