@@ -60,6 +60,8 @@ def test_given_options_reach_the_policy():
         ("fleet-adaptive", {"target_factor": 0.9}, "option 'target_factor': must be a number >= 1, got 0.9"),
         ("fleet-adaptive", {"hard_tolerance": 0.05},
          "option 'hard_tolerance': must be at least match_tolerance (0.1), got 0.05"),
+        ("fleet-adaptive", {"tight_tolerance": 0.2},
+         "option 'tight_tolerance': must be at most match_tolerance (0.1), got 0.2"),
     ],
 )
 def test_values_are_checked_by_the_policys_declaration(name, options, message):

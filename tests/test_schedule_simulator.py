@@ -131,6 +131,27 @@ def test_fleet_adaptive_opens_no_stream_past_the_decoding_there_is():
     assert result.makespan < alone.makespan and result.samples_decoded < alone.samples_decoded
 
 
+def close_rates(each: int) -> Scenario:
+    """``each`` models of rate 100 and ``each`` of 104 (ln ratio 0.039) on one GPU apiece."""
+    rates = RateTable(tuple(ModelProfile(f"m{r}-{i}", (float(r), float(r) * 1.5)) for r in (100, 104)
+                            for i in range(each)), 2 * each, 1000)
+    return Scenario(rates, (2,) * 2 * each, (2.0,) * 2 * each, Cluster(2 * each, 2 * each))
+
+
+def test_fleet_adaptive_matches_closer_where_the_decoding_budget_has_room():
+    # 12 + 12 models: one stream of 24 would decode 1/24 of what it trains, far under the
+    # budget of 1/5.5, so the 104s open their own stream rather than be paced at 100.
+    roomy = close_rates(12)
+    result = simulate(create_policy("fleet-adaptive"), roomy, FREE)
+    assert len(streams_at_start(result)) == 2 and result.gpu_time.pacing == pytest.approx(0, abs=1e-6)
+    loose = simulate(create_policy("fleet-adaptive", tight_tolerance=0.10), roomy, FREE)
+    assert len(streams_at_start(loose)) == 1 and loose.gpu_time.pacing > 0
+    assert result.samples_decoded == pytest.approx(2 * loose.samples_decoded, rel=0.05)
+    # 2 + 2 models: a second stream would decode 1/2 of what they train, past the budget
+    crowded = simulate(create_policy("fleet-adaptive"), close_rates(2), FREE)
+    assert len(streams_at_start(crowded)) == 1
+
+
 def test_decode_rate_must_be_positive():
     with pytest.raises(ValueError, match="decode_rate"):
         Scenario(TINY, (1, 1), (1.0, 1.0), Cluster(2, 2), decode_rate=0.0)

@@ -18,7 +18,10 @@ busy:
    matches does the head of the queue open a new stream. A decoding budget keeps about
    ``min_members`` members per stream, counted per sample: once the running streams decode
    more than ``1 / min_members`` of the samples their members train, the tolerance widens to
-   ``hard_tolerance`` before a new stream is opened. Matched rates keep pacing slack low; a
+   ``hard_tolerance`` before a new stream is opened; below the budget, the tolerance narrows
+   with the share of it in use (``match_tolerance`` times that share cubed, at least
+   ``tight_tolerance``): where the budget has room, as with many models, streams match
+   closer at the cost of more decoding. Matched rates keep pacing slack low; a
    stream slower than the median model's single-GPU rate is matched tighter, in proportion
    (its slack costs more GPU-seconds per sample than a fast stream's).
 4. **Leftovers.** GPUs left over when the queue empties at a launch go to the new members
@@ -120,6 +123,9 @@ class FleetAdaptiveOptions(PolicyOptions):
             plan beats the bound; larger gives each model fewer, more efficient GPUs at first
             and leaves more to the tail (see the module docstring).
         match_tolerance: largest ``ln(max rate / min rate)`` among a stream's members, >= 0.
+        tight_tolerance: the least it narrows to while the decoding budget has room (the
+            tolerance is ``match_tolerance`` times the share of the budget in use, cubed, and
+            at least this); from 0 to ``match_tolerance``.
         hard_tolerance: the same, allowed when the stream budget is used up; at least
             ``match_tolerance``.
         min_members: aim for at least this many members per stream, per sample (the
@@ -140,6 +146,7 @@ class FleetAdaptiveOptions(PolicyOptions):
 
     target_factor: float = option(1.7, ge=1)
     match_tolerance: float = option(0.10, ge=0)
+    tight_tolerance: float = option(0.02, ge=0)
     hard_tolerance: float = option(0.35, ge=0)
     min_members: float = option(5.5, ge=1)
     window: int = option(8, integer=True, ge=1)
@@ -154,6 +161,9 @@ class FleetAdaptiveOptions(PolicyOptions):
         if self.hard_tolerance < self.match_tolerance:
             raise OptionError("hard_tolerance", f"must be at least match_tolerance ({self.match_tolerance:g}), "
                                                 f"got {self.hard_tolerance:g}")
+        if self.tight_tolerance > self.match_tolerance:
+            raise OptionError("tight_tolerance", f"must be at most match_tolerance ({self.match_tolerance:g}), "
+                                                 f"got {self.tight_tolerance:g}")
 
 
 class FleetAdaptive(Policy):
@@ -176,6 +186,7 @@ class FleetAdaptive(Policy):
                  overheads: Overheads | None = None):
         self.target_factor = options.target_factor
         self.tolerance = options.match_tolerance
+        self.tight_tolerance = options.tight_tolerance
         self.hard_tolerance = options.hard_tolerance
         self.min_members = options.min_members
         self.window = options.window
@@ -293,7 +304,8 @@ class FleetAdaptive(Policy):
         if _decoding_used_up(view, drafts):
             limit = math.inf
         else:
-            limit = self.hard_tolerance if self._crowded(view, drafts) else self.tolerance
+            used = self._budget_used(drafts)
+            limit = self.hard_tolerance if used > 1 else max(self.tight_tolerance, self.tolerance * used ** 3)
         options = [(rank, model, gpus) for rank, model in enumerate(self._candidates(free))
                    for gpus in self._count_options(view, model, free)]
         if drafts and options:
@@ -312,12 +324,13 @@ class FleetAdaptive(Policy):
         head = self.queue[0]
         return head, min(self.counts[head], free), None
 
-    def _crowded(self, view: ClusterView, drafts: list[_Draft]) -> bool:
-        """True when the drafted streams already decode more than ``1 / min_members`` of the
-        samples their members train (each stream decodes once what all its members train)."""
+    def _budget_used(self, drafts: list[_Draft]) -> float:
+        """Share of the decoding budget the drafted streams use: what they decode against
+        ``1 / min_members`` of what their members train (each stream decodes once what all its
+        members train); above 1 the streams are crowded."""
         decoded = sum(min(d.rates) for d in drafts if d.rates)
         trained = sum(len(d.rates) * min(d.rates) for d in drafts if d.rates)
-        return trained > 0 and decoded * self.min_members > trained
+        return decoded * self.min_members / trained if trained > 0 else 0.0
 
     def _candidates(self, free: int) -> list[str]:
         fitting, used = 0, 0
