@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fleet.schedule import Overheads, create_policy, noisy_scenario, paper100, simulate
-from fleet.schedule.planners._tail import Running, common_goal, finish_curves, rebalance
+from fleet.schedule.planners._tail import Running, common_goal, finish_curves, grow_into_free, rebalance
 from fleet.schedule.simulator import Outcome
 
 LINEAR = np.array([10.0, 20.0, 30.0, 40.0])  # r(m) = 10 m
@@ -51,6 +51,27 @@ def test_nothing_moves_for_a_gain_below_the_switch_cost_or_the_gain_share():
     late, early = running("late", 1, 2400.0), running("early", 1, 600.0)
     assert rebalance(0.0, [late, early], free=2, margin=2.0, gain=0.7) == {}  # 240 -> 80 s: 67 % of 240 s
     assert rebalance(0.0, [], free=4, margin=2.0) == {}
+
+
+def test_a_last_model_at_its_fastest_count_does_not_hold_free_gpus_back():
+    # "last" is on its fastest count (its rates stop at 2 GPUs): 200 s, no GPU makes it faster,
+    # so rebalance moves nothing; "next" (150 s on 1 GPU) still gains from 2 free GPUs: 50 s
+    last = running("last", 2, 4000.0, rates=np.array([10.0, 20.0]))
+    nxt = running("next", 1, 1500.0)
+    assert rebalance(0.0, [last, nxt], free=2, margin=2.0, shrink=False) == {}
+    assert grow_into_free(0.0, [last, nxt], free=2, margin=2.0) == {"next": 3}
+    assert grow_into_free(0.0, [last, nxt], free=0, margin=2.0) == {}
+
+
+def test_free_gpus_go_past_a_last_model_whose_gain_is_below_the_gate():
+    # "last" (200 s) would finish 3 s earlier on its one useful GPU more, switch included: below
+    # the gate of 2 x 15 s; "next" goes from 150 s to 15 + 50 s on 3 GPUs
+    last = running("last", 1, 2000.0, switch=15.0, rates=np.array([10.0, 11.0]))
+    nxt = running("next", 1, 1500.0, switch=15.0)
+    assert rebalance(0.0, [last, nxt], free=2, margin=2.0, shrink=False) == {}
+    assert grow_into_free(0.0, [last, nxt], free=2, margin=2.0) == {"next": 3}
+    # where no model gains enough, nothing moves
+    assert grow_into_free(0.0, [last, running("flat", 1, 100.0, switch=15.0)], free=2, margin=2.0) == {}
 
 
 @pytest.mark.parametrize("noise_model", ["uniform", "stop-rule"])

@@ -10,6 +10,10 @@ water-filled (a model changes its count only through a checkpoint and a restore:
 cost is in every finish that needs one). Nothing moves unless the latest finish improves by
 more than ``margin`` times the largest switch cost involved and by more than a share ``gain``
 of the time left to it (each move checkpoints models: small gains are not worth the churn).
+`grow_into_free` is the policy's entry point without shrinking: where the model predicted last
+cannot finish earlier (it is at its fastest count, or its gain is below the gate), it does not
+hold the free GPUs back from the others: they go to the models that still gain from them,
+which would otherwise wait idle beside it.
 
 Pure: numbers in, new GPU counts out.
 """
@@ -99,3 +103,29 @@ def rebalance(now: float, running: Sequence[Running], free: int, margin: float, 
             counts[running[i].model] = int(need[i])
             deficit -= int(held[i] - need[i])
     return counts
+
+
+def grow_into_free(now: float, running: Sequence[Running], free: int, margin: float, gain: float = 0.0,
+                   tries: int = 4) -> dict[str, int]:
+    """`rebalance` without shrinking; where nothing is worth moving, the models that cannot gain
+    from the free GPUs (by more than ``margin`` switch costs, given all of them) are left out,
+    and then up to ``tries`` of the latest of the others, one at a time, until some model is
+    worth growing."""
+    counts = rebalance(now, running, free, margin, gain, shrink=False)
+    if counts or free <= 0:
+        return counts
+    gaining = sorted((r for r in running if _gains(now, r, free, margin)), key=lambda r: -r.finish)
+    for skip in range(min(len(gaining), tries)):
+        counts = rebalance(now, gaining[skip:], free, margin, gain, shrink=False)
+        if counts:
+            return counts
+    return {}
+
+
+def _gains(now: float, r: Running, free: int, margin: float) -> bool:
+    """True when ``r`` would finish more than ``margin`` switch costs earlier on some count it can
+    reach with ``free`` more GPUs."""
+    top = min(r.rates.size, r.gpus + free)
+    if top <= r.gpus:
+        return False
+    return r.finish - (now + r.switch_s + r.remaining / float(r.rates[r.gpus:top].max())) > margin * r.switch_s

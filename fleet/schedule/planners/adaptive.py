@@ -37,7 +37,10 @@ busy:
    fewest GPUs that finish it by then. A change of GPU count is a checkpoint and a restore, so
    a model grows only when the latest predicted finish improves by more than
    ``resize_margin`` times that cost (``Overheads``) and by ``rebalance_gain`` of the time
-   left. A resized model joins a stream that matches its new rate or opens its own. (Taking
+   left. Where the model predicted last cannot finish earlier (at its fastest count), the free
+   GPUs still go to the others that gain from them (`_tail.grow_into_free`): idle, they would
+   buy nothing, and a model predicted to finish just before the last is at risk of
+   finishing after it. A resized model joins a stream that matches its new rate or opens its own. (Taking
    GPUs back from models far ahead, which `rebalance` can do, was measured on paper100 and
    lost: four times the checkpoints for a makespan ~0.5 % longer.)
 
@@ -89,7 +92,7 @@ from fleet.schedule.forecast import EpochForecast
 from fleet.schedule.options import OptionError, PolicyOptions, option
 from fleet.schedule.placement import place
 from fleet.schedule.planners._regroup import Costs, Group, Seat, regroup
-from fleet.schedule.planners._tail import Running, rebalance
+from fleet.schedule.planners._tail import Running, grow_into_free
 
 
 _MAX_CANDIDATES = 64  # queued models weighed at once, at most (planning time at 1,000 models)
@@ -402,7 +405,7 @@ class FleetAdaptive(Policy):
         available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
         finish = _predicted_finish(view, self._remaining)
         running = [self._running(view, m, *finish[m]) for m in sorted(finish) if m not in self.resizing]
-        counts = rebalance(view.time, running, max(available, 0), self.margin, self.rebalance_gain, shrink=False)
+        counts = grow_into_free(view.time, running, max(available, 0), self.margin, self.rebalance_gain)
         self.resizing.update(counts)
         return Decision(checkpoint=tuple(counts)) if counts else NO_DECISION
 
