@@ -22,6 +22,7 @@ from fleet.schedule import (
     StreamPlan,
     create_policy,
     lower_bounds,
+    noisy_scenario,
     paper100,
     simulate,
 )
@@ -269,6 +270,27 @@ def test_join_reads_the_stream_from_its_current_position():
     assert result.makespan == pytest.approx(20)
     assert result.samples_decoded == pytest.approx(120)
     assert len(result.timeline.streams) == 1
+
+
+class LeaveAndJoin(JoinLater):
+    """Fake policy: after X's first epoch, checkpoints X and launches Y into X's stream in the
+    same decision (the checkpoint comes first, so the stream has ended)."""
+
+    def on_epoch(self, event, view):
+        decision = super().on_epoch(event, view)
+        return Decision(launch=decision.launch, checkpoint=("X",)) if decision.launch else decision
+
+
+def test_joining_a_stream_the_same_decision_empties_is_a_protocol_error():
+    with pytest.raises(PolicyError, match="stream 0 is not running"):
+        simulate(LeaveAndJoin(), scenario([2, 1]), FREE)
+
+
+def test_fleet_adaptive_never_moves_the_last_member_out_of_a_stream_it_joins():
+    # paper100 seed 9 on 60 GPUs, estimates x U(0.7,1.3): a regrouping once moved a stream's
+    # lone member out in the decision that launched a model into that stream
+    scen = noisy_scenario(paper100(9), 60, 9, 0.3)
+    _check_invariants(simulate(create_policy("fleet-adaptive", seed=9), scen), scen)
 
 
 def _check_invariants(result, scen):

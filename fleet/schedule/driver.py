@@ -243,7 +243,7 @@ class Driver:
             if state is not ModelState.RUNNING:
                 raise PolicyError(f"{self.name}: cannot checkpoint {model}, it is {state.value}")
         if decision.launch:
-            self.ledger.check_launch(decision.launch, self.name)
+            self.ledger.check_launch(decision.launch, self.name, decision.checkpoint)
 
     def _apply(self, decision: Decision, planning_s: float) -> None:
         if decision.end_round:

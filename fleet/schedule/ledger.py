@@ -171,11 +171,15 @@ class Ledger:
 
     # -- decisions --------------------------------------------------------------------------
 
-    def check_launch(self, plans: Iterable[StreamPlan], policy: str) -> None:
-        """Raise `PolicyError` unless every plan follows the protocol (see `_base.py`)."""
+    def check_launch(self, plans: Iterable[StreamPlan], policy: str, leaving: Iterable[str] = ()) -> None:
+        """Raise `PolicyError` unless every plan follows the protocol (see `_base.py`);
+        ``leaving``: the models the same decision checkpoints first (a stream they all leave
+        has ended before the launch)."""
+        leaving = set(leaving)
+        running = {s for s, members in self.streams.items() if not leaving.issuperset(members) or not members}
         check_launch(
             plans, policy, lambda model_id: self.model(model_id).state,
-            lambda g: 0 <= g < self.total_gpus and not self.owner[g], set(self.streams),
+            lambda g: 0 <= g < self.total_gpus and not self.owner[g], running,
         )
         if self.partitions is not None:
             check_visits(plans, policy, self.partitions, lambda model_id: self.model(model_id).visited)

@@ -293,7 +293,7 @@ class FleetAdaptive(Policy):
             self._boost(view, drafts, free)
         launch = _place(view, drafts)
         decision = launch if launch.launch or self.queue or not view.free_gpus else self._resize(view)
-        moves = self._regroup(view)
+        moves = self._regroup(view, {plan.join for plan in decision.launch if plan.join is not None})
         return Decision(launch=decision.launch, checkpoint=decision.checkpoint + moves) if moves else decision
 
     def _pick(self, view: ClusterView, drafts: list[_Draft], free: int):
@@ -385,12 +385,17 @@ class FleetAdaptive(Policy):
 
     # -- regrouping running members -----------------------------------------------------
 
-    def _regroup(self, view: ClusterView) -> tuple[str, ...]:
-        """Members to checkpoint now and move to a better stream (`on_checkpointed` joins it)."""
+    def _regroup(self, view: ClusterView, joined: set[int]) -> tuple[str, ...]:
+        """Members to checkpoint now and move to a better stream (`on_checkpointed` joins it);
+        none that would leave a stream in ``joined`` (one this decision launches into) empty."""
         costs = Costs(lambda m: self._remaining(view.model(m)) * view.rates.samples_per_epoch,
                       lambda m: _switch_cost(view, self.costs, m))
         moves = {m: t for m, t in regroup(_groups(view, self._rate), costs, self.margin, self.move_gain).items()
                  if m not in self.resizing}
+        for stream in view.streams:
+            if stream.id in joined and all(m in moves for m in stream.members):
+                for m in stream.members:
+                    del moves[m]
         for model, stream in moves.items():
             self.resizing[model] = len(view.model(model).gpus)
             self.moving[model] = stream
