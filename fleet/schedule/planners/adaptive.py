@@ -307,7 +307,7 @@ class FleetAdaptive(Policy):
         if _decoding_used_up(view, drafts):
             limit = math.inf
         else:
-            used = self._budget_used(drafts)
+            used = _budget_used(drafts, self.min_members)
             limit = self.hard_tolerance if used > 1 else max(self.tight_tolerance, self.tolerance * used ** 3)
         options = [(rank, model, gpus) for rank, model in enumerate(self._candidates(free))
                    for gpus in self._count_options(view, model, free)]
@@ -326,14 +326,6 @@ class FleetAdaptive(Policy):
                 return model, gpus, drafts[best % len(drafts)]
         head = self.queue[0]
         return head, min(self.counts[head], free), None
-
-    def _budget_used(self, drafts: list[_Draft]) -> float:
-        """Share of the decoding budget the drafted streams use: what they decode against
-        ``1 / min_members`` of what their members train (each stream decodes once what all its
-        members train); above 1 the streams are crowded."""
-        decoded = sum(min(d.rates) for d in drafts if d.rates)
-        trained = sum(len(d.rates) * min(d.rates) for d in drafts if d.rates)
-        return decoded * self.min_members / trained if trained > 0 else 0.0
 
     def _candidates(self, free: int) -> list[str]:
         fitting, used = 0, 0
@@ -430,6 +422,15 @@ class FleetAdaptive(Policy):
 def _capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:
     """Rates no faster than decoding, where the view knows its throughput."""
     return rates if view.decode_rate is None else np.minimum(rates, view.decode_rate)
+
+
+def _budget_used(drafts: list[_Draft], min_members: float) -> float:
+    """Share of the decoding budget the drafted streams use: what they decode against
+    ``1 / min_members`` of what their members train (each stream decodes once what all its
+    members train); above 1 the streams are crowded."""
+    decoded = sum(min(d.rates) for d in drafts if d.rates)
+    trained = sum(len(d.rates) * min(d.rates) for d in drafts if d.rates)
+    return decoded * min_members / trained if trained > 0 else 0.0
 
 
 def _decoding_used_up(view: ClusterView, drafts: list[_Draft]) -> bool:
