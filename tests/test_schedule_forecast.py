@@ -59,6 +59,40 @@ def test_curves_tell_a_flattening_model_from_one_that_keeps_improving():
     assert forecast.remaining("steep", 8.0, 6) > 20  # still improving fast: far past its estimate
 
 
+def converge(forecast, model, curve, estimate, epochs):
+    """Report ``curve`` up to ``epochs`` and converge ``model`` there against ``estimate``."""
+    for epoch, value in enumerate(curve[: epochs - 1], start=1):
+        forecast.observe_epoch(model, epoch, value)
+    forecast.observe_converged(model, estimate, epochs, curve[epochs - 1])
+
+
+def test_estimates_proven_exact_win_over_curves_that_mislead():
+    # every curve has the same shape, but the models stop anywhere from epoch 8 to 24: the curve
+    # cannot tell when, while each estimate was exact
+    forecast = EpochForecast()
+    stops = [8, 24, 10, 22, 12, 20, 14, 18, 16, 9, 23, 11, 21, 13, 19, 15, 17]
+    for k, epochs in enumerate(stops[:14]):
+        converge(forecast, f"m{k}", flattening(30), float(epochs), epochs)
+    assert forecast.curve_trusted  # 11 models scored (the first 3 only taught the stop rule)
+    for epoch, value in enumerate(flattening(6), start=1):
+        forecast.observe_epoch("new", epoch, value)
+    by_curve = forecast.remaining("new", 22.0, 6)
+    converge(forecast, "m14", flattening(30), 15.0, 15)
+    assert not forecast.curve_trusted  # 12 scored: the estimates' error is 0, the curve's is not
+    assert forecast.remaining("new", 22.0, 6) == pytest.approx(16.0)  # the estimate, all ratios 1
+    assert by_curve != pytest.approx(16.0)
+
+
+def test_a_curve_stays_trusted_where_estimates_are_far_off():
+    forecast = EpochForecast()
+    for k in range(20):  # every model stops where its curve flattens, at 12; estimated at 7 or 20
+        converge(forecast, f"m{k}", flattening(30), 7.0 if k % 2 else 20.0, 12)
+    assert forecast.curve_trusted
+    for epoch, value in enumerate(flattening(6), start=1):
+        forecast.observe_epoch("new", epoch, value)
+    assert forecast.remaining("new", 30.0, 6) == pytest.approx(6.0, abs=1.0)  # to 12, not to 30
+
+
 def test_without_curves_the_estimate_holds_until_ratios_are_known():
     forecast = EpochForecast()
     assert forecast.remaining("a", 20.0, 5) == 15.0

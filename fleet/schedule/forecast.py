@@ -16,6 +16,15 @@ Two things sharpen it as models train:
   median of their own fits at their last epoch): the stop rule's ``min_delta`` and patience,
   learned rather than told. A curve that keeps improving is forecast to go on; one that
   flattens, to stop.
+* **Which of the two to believe.** Every converged model scores both against the epochs it
+  really took: the curve's forecast at each of its epochs, and its estimate at the same epochs
+  (the median of the absolute log errors, per model). The curve's forecast is used where it
+  has one, unless the estimates have proven much better: once ``_MIN_SCORED`` models are
+  scored, their typical error (the median over the models) under ``_ESTIMATE_TRUSTED`` times
+  the curve's. Near-exact estimates are then not traded for a noisier curve (exact estimates
+  with curves, 160 GPUs: 1.066 x LB2 instead of 1.096; bench/HISTORY.md); with estimates off
+  by +-20 % or more the curve serves better, even where its errors are about as large (they
+  shrink as the curve grows; an estimate's do not).
 
 :func:`stop_epoch` is the curve part on its own, for tests and tools.
 """
@@ -31,6 +40,8 @@ import numpy as np
 
 _MIN_RATIOS = 3  # converged models needed before their ratios are trusted
 _MIN_CURVE = 4  # epochs of a curve needed before it is fitted
+_ESTIMATE_TRUSTED = 0.5  # estimates replace the curve once their typical error is below this share of its
+_MIN_SCORED = 12  # models scored before that (fewer: a few lucky estimates would decide)
 _TAUS = np.geomspace(0.5, 400.0, 48)  # time constants (epochs) the curve fit tries
 _HORIZON = 10_000  # epochs past which a curve is taken to never flatten
 
@@ -101,6 +112,9 @@ class EpochForecast:
         self.stop_gains: list[float] = []  # fitted improvement of converged curves at their end
         self.curves: dict[str, list[float]] = {}
         self.fits: dict[str, CurveFit] = {}  # each curve's latest fit
+        self.fit_history: dict[str, list[tuple[int, CurveFit]]] = {}  # (epochs fitted, fit) per model
+        self.errors: tuple[list[float], list[float]] = ([], [])  # per scored model: curve's, estimate's
+        self.curve_trusted = True
 
     def observe_epoch(self, model: str, epoch: int, metric: float | None) -> None:
         """A model finished ``epoch`` with validation ``metric`` (lower is better; None: unknown)."""
@@ -108,17 +122,21 @@ class EpochForecast:
             return
         curve = self.curves.setdefault(model, [])
         del curve[epoch - 1:]
+        history = self.fit_history.setdefault(model, [])
+        history[:] = [(fitted, fit) for fitted, fit in history if fitted < epoch]
         if len(curve) == epoch - 1:
             curve.append(float(metric))
         fit = fit_curve(curve)
         if fit is not None:
             self.fits[model] = fit
+            history.append((len(curve), fit))
         else:
             self.fits.pop(model, None)
 
     def observe_converged(self, model: str, estimate: float, epochs: int, metric: float | None = None) -> None:
         """A model converged after ``epochs`` against an estimate of ``estimate``."""
         self.observe_epoch(model, epochs, metric)
+        self._score(self.fit_history.pop(model, []), estimate, epochs)
         if estimate > 0:
             bisect.insort(self.ratios, epochs / estimate)
         fit = self.fits.pop(model, None)
@@ -129,7 +147,7 @@ class EpochForecast:
 
     def remaining(self, model: str, estimate: float, done: float, level: float = 0.5) -> float:
         """Forecast epochs ``model`` still needs (at least one) after ``done`` of them."""
-        by_curve = self._by_curve(model, done)
+        by_curve = self._by_curve(model, done) if self.curve_trusted else None
         if by_curve is not None:
             return max(by_curve - done, 1.0)
         if len(self.ratios) < _MIN_RATIOS or estimate <= 0:
@@ -143,5 +161,23 @@ class EpochForecast:
         fit = self.fits.get(model)
         if fit is None or len(self.stop_gains) < _MIN_RATIOS or len(self.curves[model]) + 1e-9 < done:
             return None
-        forecast = fit.first_epoch_below(self.stop_gains[len(self.stop_gains) // 2], len(self.curves[model]))
+        forecast = fit.first_epoch_below(self._stop_gain(), len(self.curves[model]))
         return None if math.isinf(forecast) else forecast
+
+    def _stop_gain(self) -> float:
+        return self.stop_gains[len(self.stop_gains) // 2]
+
+    def _score(self, history: list[tuple[int, CurveFit]], estimate: float, epochs: int) -> None:
+        """Score a converged model's curve forecasts (at each epoch where it gave one: a curve that
+        never flattens gives none) and its estimate at the same epochs against its ``epochs``."""
+        if len(self.stop_gains) < _MIN_RATIOS or estimate <= 0 or epochs <= 0:
+            return
+        scored = [(fitted, fit.first_epoch_below(self._stop_gain(), fitted)) for fitted, fit in history]
+        scored = [(fitted, forecast) for fitted, forecast in scored if fitted < epochs and not math.isinf(forecast)]
+        if not scored:
+            return
+        for errors, guesses in zip(self.errors, ([f for _, f in scored], [estimate] * len(scored))):
+            errors.append(float(np.median([abs(math.log(max(g, fitted + 1.0) / epochs))
+                                           for (fitted, _), g in zip(scored, guesses)])))
+        curve, guess = (float(np.median(e)) for e in self.errors)
+        self.curve_trusted = len(self.errors[0]) < _MIN_SCORED or guess >= _ESTIMATE_TRUSTED * curve
