@@ -172,12 +172,16 @@ class EpochForecast:
         never flattens gives none) and its estimate at the same epochs against its ``epochs``."""
         if len(self.stop_gains) < _MIN_RATIOS or estimate <= 0 or epochs <= 0:
             return
-        scored = [(fitted, fit.first_epoch_below(self._stop_gain(), fitted)) for fitted, fit in history]
-        scored = [(fitted, forecast) for fitted, forecast in scored if fitted < epochs and not math.isinf(forecast)]
-        if not scored:
+        gain = self._stop_gain()
+        forecasts = [(fitted, fit.first_epoch_below(gain, fitted)) for fitted, fit in history if fitted < epochs]
+        forecasts = [(fitted, forecast) for fitted, forecast in forecasts if not math.isinf(forecast)]
+        if not forecasts:
             return
-        for errors, guesses in zip(self.errors, ([f for _, f in scored], [estimate] * len(scored))):
-            errors.append(float(np.median([abs(math.log(max(g, fitted + 1.0) / epochs))
-                                           for (fitted, _), g in zip(scored, guesses)])))
+
+        def error(guess: float, fitted: int) -> float:
+            return abs(math.log(max(guess, fitted + 1.0) / epochs))
+
+        self.errors[0].append(float(np.median([error(forecast, fitted) for fitted, forecast in forecasts])))
+        self.errors[1].append(float(np.median([error(estimate, fitted) for fitted, _ in forecasts])))
         curve, guess = (float(np.median(e)) for e in self.errors)
         self.curve_trusted = len(self.errors[0]) < _MIN_SCORED or guess >= _ESTIMATE_TRUSTED * curve
