@@ -39,10 +39,10 @@ busy:
    ``resize_margin`` times that cost (``Overheads``) and by ``rebalance_gain`` of the time
    left. Where the model predicted last cannot finish earlier (at its fastest count), the free
    GPUs still go to the others that gain from them (`_tail.grow_into_free`): idle, they would
-   buy nothing, and a model predicted to finish just before the last is at risk of
-   finishing after it. A resized model joins a stream that matches its new rate or opens its own. (Taking
-   GPUs back from models far ahead, which `rebalance` can do, was measured on paper100 and
-   lost: four times the checkpoints for a makespan ~0.5 % longer.)
+   buy nothing, and a model predicted to finish just before the last is at risk of finishing
+   after it. A resized model joins a stream that matches its new rate or opens its own.
+   (Taking GPUs back from models far ahead, which `rebalance` can do, was measured on paper100
+   and lost: four times the checkpoints for a makespan ~0.5 % longer.)
 
 A run resumed from checkpoints queues its partly trained (``PAUSED``) models with the
 untouched ones, by their estimated remaining time.
@@ -428,15 +428,18 @@ def _budget_used(drafts: list[_Draft], min_members: float) -> float:
     """Share of the decoding budget the drafted streams use: what they decode against
     ``1 / min_members`` of what their members train (each stream decodes once what all its
     members train); above 1 the streams are crowded."""
-    decoded = sum(min(d.rates) for d in drafts if d.rates)
     trained = sum(len(d.rates) * min(d.rates) for d in drafts if d.rates)
-    return decoded * min_members / trained if trained > 0 else 0.0
+    return _paces(drafts) * min_members / trained if trained > 0 else 0.0
 
 
 def _decoding_used_up(view: ClusterView, drafts: list[_Draft]) -> bool:
     """True when the drafted streams' paces already take all the decoding there is."""
-    paces = sum(min(d.rates) for d in drafts if d.rates)
-    return view.decode_rate is not None and paces >= view.decode_rate * (1 - 1e-9)
+    return view.decode_rate is not None and _paces(drafts) >= view.decode_rate * (1 - 1e-9)
+
+
+def _paces(drafts: list[_Draft]) -> float:
+    """Samples/s the drafted streams decode together (each at its slowest member's rate)."""
+    return sum(min(d.rates) for d in drafts if d.rates)
 
 
 def _switch_cost(view: ClusterView, costs: Overheads, model: str) -> float:
