@@ -74,3 +74,23 @@ def test_no_extra_nodes_when_a_node_local_choice_exists(gpn, counts):
     if gpn > 1:
         pair = place([1, gpn - 1], range(nodes * gpn), gpn)
         assert all(node_count(r, gpn) == 1 for r in pair)
+
+
+def test_ten_thousand_members_place_without_recursion():
+    # One member per frame of a recursive search overflowed Python's stack from about 1,000
+    # members left to Alg. 4 (no multiple of gpn, no pair summing to one).
+    counts = [1] * 9_000 + [3] * 1_000
+    runs = place(counts, range(12_800), 8)
+    used = [g for r in runs for g in r]
+    assert [len(r) for r in runs] == counts
+    assert len(set(used)) == len(used) == 12_000
+    assert all(node_count(r, 8) == 1 for r in runs[:9_000])
+
+
+def test_pairing_skips_a_partner_too_large_for_the_whole_free_nodes():
+    # gpn = 8: nodes 0 and 1 wholly free (16 GPUs), nodes 2 and 3 with 6 free each.
+    # In descending order 13, 11, 3: 13 + 11 = 24 is a multiple of 8 but exceeds the 16
+    # whole-node GPUs, 13 + 3 = 16 fits, so 13 and 3 share nodes 0-1 and 11 takes the rest.
+    free = [*range(16), *range(17, 23), *range(25, 31)]
+    runs = place([13, 11, 3], free, 8)
+    assert runs == (tuple(range(13)), (*range(17, 23), *range(25, 30)), (13, 14, 15))

@@ -118,23 +118,23 @@ def create_flotilla(
 def _add_matched_members(
     table: np.ndarray, counts: dict[int, int], free: int, r_fast: float, tolerance: float
 ) -> None:
-    """Step 2 of Alg. 2; fills ``counts`` (candidate row -> GPU count) in place."""
-    available = np.ones(len(table), dtype=bool)
-    available[list(counts)] = False
-    gaps = np.abs(table - r_fast)
-    gaps[gaps > tolerance] = np.inf
-    gaps[~useful_counts(table)] = np.inf
-    while free > 0 and available.any():
-        gap = gaps[:, :free].copy()
-        gap[~available] = np.inf
-        # argmin over the transposed array prefers the smaller m, then the earlier candidate.
-        flat = int(np.argmin(gap.T))
-        m_index, row = divmod(flat, len(table))
-        if not np.isfinite(gap[row, m_index]):
-            return
-        counts[row] = m_index + 1
-        available[row] = False
-        free -= m_index + 1
+    """Step 2 of Alg. 2; fills ``counts`` (candidate row -> GPU count) in place.
+
+    Each step adds the available (model, m) of smallest gap that fits the free GPUs, the
+    smaller m and then the earlier candidate on ties. Models only leave and the free GPUs only
+    shrink, so the pairs within tolerance are sorted once and taken in that order.
+    """
+    gaps = np.abs(table[:, :free] - r_fast)
+    matched = (gaps <= tolerance) & useful_counts(table[:, :free])
+    matched[list(counts)] = False
+    rows, columns = np.nonzero(matched)
+    taken = set(counts)
+    for k in np.lexsort((rows, columns, gaps[rows, columns])):
+        row, m = int(rows[k]), int(columns[k]) + 1
+        if m <= free and row not in taken:
+            counts[row] = m
+            taken.add(row)
+            free -= m
 
 
 def useful_counts(table: np.ndarray) -> np.ndarray:
@@ -149,13 +149,13 @@ def _hand_out_leftovers(table: np.ndarray, counts: dict[int, int], free: int) ->
     """Step 3 of Alg. 2: leftover GPUs go to the currently slowest members (all of those tied
     at the slowest rate, or none), each to its next useful count (one GPU more unless its
     measured curve dips there first)."""
-    useful = useful_counts(table)
+    useful = {row: useful_counts(table[row : row + 1])[0] for row in counts}
     while free > 0:
         rate = {row: table[row, m - 1] for row, m in counts.items()}
         pace = min(rate.values())
         lifts, left = {}, free
         for row in sorted(r for r in counts if rate[r] <= pace * (1 + TIE)):
-            higher = np.flatnonzero(useful[row, counts[row]:counts[row] + left])
+            higher = np.flatnonzero(useful[row][counts[row] : counts[row] + left])
             if not higher.size:
                 return
             lifts[row] = 1 + int(higher[0])

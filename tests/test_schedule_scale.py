@@ -1,0 +1,45 @@
+"""Planning at supercomputer scale: thousands of models on thousands of GPUs.
+
+No recursion proportional to the number of models may sit in a planner: Python's stack holds
+about a thousand frames, and a job of 1,500 models planned with fleet-adaptive died of a
+recursive placement search.
+"""
+
+import pytest
+
+from fleet.schedule import ModelState, create_policy, scale
+from fleet.schedule.driver import Driver
+from fleet.schedule.ledger import Ledger
+
+
+class LaunchesOnly:
+    """A world that records what the driver launches and nothing else."""
+
+    def __init__(self):
+        self.members = []
+
+    def now(self) -> float:
+        return 0.0
+
+    def before_policy(self, event) -> None:
+        pass
+
+    def round_ending(self, index: int) -> None:
+        pass
+
+    def checkpoint(self, model: str) -> None:
+        pass
+
+    def launch(self, launches, new_round: bool, planning_s: float) -> None:
+        self.members += [m for launch in launches for m in launch.members]
+
+
+@pytest.mark.parametrize("policy", ["fleet-adaptive", "fleet-g", "baseline"])
+def test_the_first_plan_of_2000_models_on_2000_gpus(policy):
+    workload = scale(seed=0, models=2000, gpus_per_node=8)
+    ledger = Ledger(workload.rates, workload.scenario(2000).epochs_estimate, 2000, 8)
+    world = LaunchesOnly()
+    Driver(create_policy(policy, seed=0), ledger, world).start()
+    gpus = [g for m in world.members for g in m.gpus]
+    assert world.members and len(gpus) == len(set(gpus)) and set(gpus) <= set(range(2000))
+    assert all(ledger.model(m.model).state is ModelState.RUNNING for m in world.members)
