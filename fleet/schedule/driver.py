@@ -119,6 +119,12 @@ class Driver:
     def view(self) -> ClusterView:
         return self.ledger.view(self.world.now())
 
+    @property
+    def finished(self) -> bool:
+        """The run is over: every model converged, or the checkpoint signal came and every
+        checkpoint it asked for is done. Both worlds run until this holds."""
+        return self.ledger.unfinished == 0 or (self.interrupted and self.ledger.drained)
+
     # -- from the world --------------------------------------------------------------------
 
     def start(self) -> None:

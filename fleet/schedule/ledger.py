@@ -223,14 +223,24 @@ class Ledger:
         partition visited; the visits start again)."""
         if self.partitions is None or not 0 <= partition < self.partitions.count:
             raise PolicyError(f"{model_id}: a visit of partition {partition}, which this run does not have")
+        ended = self.visit_ends_epoch(model_id, partition)
+        if self.model(model_id).state is not ModelState.CHECKPOINTING:  # (the checkpoint signal came first)
+            self.start_checkpoint(model_id)
+        visited = self.model(model_id).visited
+        self._set(model_id, visited=() if ended else tuple(sorted((*visited, partition))))
+        return ended
+
+    def visit_ends_epoch(self, model_id: str, partition: int) -> bool:
+        """Whether a visit of `partition` now would end the model's epoch (it is the last
+        partition it has not visited in this epoch).
+
+        Raises:
+            PolicyError: it visited `partition` in this epoch already.
+        """
         visited = self.model(model_id).visited
         if partition in visited:
             raise PolicyError(f"{model_id}: visited partition {partition} twice in one epoch")
-        if self.model(model_id).state is not ModelState.CHECKPOINTING:  # (the checkpoint signal came first)
-            self.start_checkpoint(model_id)
-        ended = len(visited) + 1 == self.partitions.count
-        self._set(model_id, visited=() if ended else tuple(sorted((*visited, partition))))
-        return ended
+        return len(visited) + 1 == self.partitions.count
 
     def start_checkpoint(self, model_id: str) -> None:
         view = self.model(model_id)

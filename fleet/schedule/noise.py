@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fleet.schedule.simulator import Scenario
+from fleet.schedule.scenario import Scenario
 from fleet.schedule.workloads import Workload, noisy_estimates
 
 NOISE_MODELS = ("uniform", "stop-rule")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleet.schedule.rates import ModelProfile, RateTable, threshold_gpus
-from fleet.schedule.simulator import Cluster, Scenario
+from fleet.schedule.scenario import Cluster, Scenario
 
 CALTECH256_SAMPLES = 30_606
 PAPER_GPUS_PER_NODE = 4

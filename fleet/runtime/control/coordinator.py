@@ -97,7 +97,7 @@ class Coordinator:
 
     def run(self) -> None:
         self.driver.start()
-        while (self.ledger.unfinished and not self.interrupted) or self.membership.busy:
+        while not self.driver.finished or self.membership.busy:
             self._handle(self._next_report())
         self._broadcast_command(Shutdown("checkpointed" if self.interrupted else "done"))
 
