@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_mpi
+import switch_case
+from conftest import run_fleet, run_mpi
 from fleet.schedule_io import load_profile
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -150,21 +151,16 @@ def test_policy_auto_hands_the_run_to_another_policy_when_measured_rates_change_
     are weighed: with them fleet-l is predicted far behind another candidate, even going on
     with its plan, so the running job checkpoints its models and that policy plans the rest.
     Every model still trains exactly its epochs; results.json names the policy that finished
-    the job, and the switch."""
+    the job, and the switch. `fleet simulate` given the two profiles (and the run's measured
+    checkpoint cost) predicts the same switch, through the same driver code."""
     from test_runtime_mpi import digits_train_size
 
     n = digits_train_size(0.2, 3)
-    epochs = dict(zip("abcdef", (3, 3, 2, 2, 1, 3)))
-
-    def profile(rates) -> dict:
-        return {"schema": 1, "gpus_per_node": 4, "samples_per_epoch": n, "models": [
-            {"id": m, "rates": {"1": r, "2": 1.8 * r, "3": 2.5 * r, "4": 3.1 * r}, "epochs": epochs[m]}
-            for m, r in zip(epochs, rates)]}
-
-    (tmp_path / "truth.json").write_text(json.dumps(profile((1600, 1600, 800, 3200, 1600, 400))))
+    epochs = switch_case.EPOCHS
+    (tmp_path / "truth.json").write_text(json.dumps(switch_case.profile(switch_case.TRUE, n)))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "profile.json").write_text(json.dumps(profile((1600, 800, 400, 800, 1600, 400))))
+    (run_dir / "profile.json").write_text(json.dumps(switch_case.profile(switch_case.PLANNED, n)))
     cluster = {"nodes": 1, "gpus_per_node": 4, "preprocessors_per_node": 1, "device": "emulated",
                "emulated_profile": str(tmp_path / "truth.json")}
     spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp", "name": m} for m in epochs], cluster,
@@ -181,4 +177,8 @@ def test_policy_auto_hands_the_run_to_another_policy_when_measured_rates_change_
     results = json.loads((run_dir / "results.json").read_text())
     assert results["policy"] == switches[-1]["new"] and results["policy_choice"]["chosen"] == "fleet-l"
     assert [w["to"] for w in results["policy_choice"]["switched"]] == [e["new"] for e in switches]
+    predicted = run_fleet("simulate", str(run_dir / "profile.json"), "--gpus", "4", "--policies", "auto",
+                        "--true-rates", str(tmp_path / "truth.json"), "--checkpoint-s", f"{first['cost_s'] / 2:.3f}")
+    assert predicted.returncode == 0, predicted.stderr
+    assert f"switched fleet-l -> {first['new']} at" in predicted.stdout, predicted.stdout
     assert {m["id"]: m["epochs"] for m in results["models"]} == epochs

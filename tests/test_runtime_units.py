@@ -15,8 +15,6 @@ from fleet.errors import UserError
 from fleet.runtime.data.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.membership import Group, LiveStream, Membership
-from fleet.runtime.control.rates_source import estimated_profile
-from fleet.runtime.control.tuning import RateTuner
 from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
 from fleet.runtime.protocol import Paused, Regroup, StartMember, StreamLayout, StreamSource, stream_tag
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue, Share
@@ -326,117 +324,6 @@ class RecordingLog:
 
     def shared_stream(self, *args):
         pass
-
-
-def rate_tuner(policy_name: str, checkpoint_s: float, rates: RateTable | None = None,
-               epochs: tuple = (3, 3, 3)) -> RateTuner:
-    """A `RateTuner` over a real ledger and policy, its log recorded, at a save cost of `checkpoint_s`."""
-    rates = rates or rates3()
-    ledger = Ledger(rates, epochs, total_gpus=4, gpus_per_node=rates.gpus_per_node)
-    costs = Overheads(latency_s=checkpoint_s, bandwidth=float("inf"), planning_s=0.0)
-    log = RecordingLog()
-    return RateTuner(ledger, create_policy(policy_name), lambda: create_policy(policy_name), lambda: costs, log, log)
-
-
-def test_measured_rates_are_weighed_only_where_they_can_change_a_plan_and_once_within_ten_percent():
-    # baseline and homogeneous never read a rate; fleet-adaptive rescales its own curves by
-    # each epoch's measured rate: the coordinator's weighing could not change their plans
-    for name in ("baseline", "homogeneous", "fleet-adaptive"):
-        blind = rate_tuner(name, checkpoint_s=0.0)
-        blind.observe("a", 1, 25.0)
-        blind.refine(0.0)
-        assert blind.log.logged == [] and blind.ledger.rates == rates3()
-    costly = rate_tuner("fleet-g", checkpoint_s=1e6)  # no gain pays for the change
-    costly.observe("a", 1, 25.0)
-    costly.refine(0.0)
-    assert costly.log.logged == ["rates_kept"] and costly.ledger.rates == rates3()
-    costly.observe("a", 1, 26.0)  # the proposal moves by 2%: the same verdict, not simulated again
-    costly.refine(0.0)
-    assert costly.log.logged == ["rates_kept"]
-    costly.observe("a", 1, 5.0)  # now by a third: weighed again
-    costly.refine(0.0)
-    assert costly.log.logged == ["rates_kept", "rates_kept"] and costly.seconds > 0
-
-
-def test_fleet_hop_takes_measured_rates_unweighed_at_its_hops():
-    """Every visit ends with a checkpoint and is planned afresh: new rates cost nothing."""
-    tuner = rate_tuner("fleet-hop", checkpoint_s=1e6)  # a weighing could never pay for a change
-    tuner.observe("a", 1, 25.0)
-    tuner.refine(0.0)
-    assert tuner.log.logged == ["rates_refined"] and tuner.ledger.rates.rate("a", 1) == 25.0
-    assert tuner.seconds == 0  # nothing simulated
-    tuner.observe("a", 1, 25.5)  # within 10% of the table: nothing to adopt
-    tuner.refine(0.0)
-    assert tuner.log.logged == ["rates_refined"]
-    mop = rate_tuner("mop", checkpoint_s=0.0)  # draws at random: never reads a rate
-    mop.observe("a", 1, 25.0)
-    mop.refine(0.0)
-    assert mop.log.logged == [] and mop.ledger.rates == rates3()
-
-
-def test_estimated_rates_measure_models_that_train_alike_as_one():
-    """A sweep's copies of one architecture (they differ in learning rate) get one estimated rate
-    and are measured as one, as the profiler would time them: noise in their epoch reports
-    cannot pull them apart (and out of one shared stream)."""
-    spec = parse_spec({"name": "s", "data": {"source": "digits"}, "models": [
-        {"family": "mlp", "name": "slow", "train": {"lr": 0.1}},
-        {"family": "mlp", "name": "fast", "train": {"lr": 0.01}},
-        {"family": "mlp", "name": "wide", "params": {"hidden": [512]}}]})
-    rates = RateTable.from_dict(estimated_profile(spec, 1000, {"slow": 1000, "fast": 1000, "wide": 5000}))
-    assert [p.extra.get("timed_as") for p in rates.models] == [None, "slow", None]
-    tuner = RateTuner(Ledger(rates, (3, 3, 3), total_gpus=2, gpus_per_node=1), create_policy("fleet-hop"),
-                      lambda: create_policy("fleet-hop"), Overheads, RecordingLog(), RecordingLog())
-    tuner.observe("slow", 1, 40.0)
-    tuner.observe("fast", 1, 60.0)
-    tuner.refine(0.0)
-    assert tuner.ledger.rates.rate("slow", 1) == tuner.ledger.rates.rate("fast", 1) == pytest.approx(50.0)
-
-
-def test_fleet_g_s_rates_are_weighed_only_once_its_cluster_is_drained():
-    """FLEET-G plans only when no model runs or checkpoints: a weighing before then is wasted."""
-    tuner = rate_tuner("fleet-g", checkpoint_s=0.01)
-    ledger = tuner.ledger
-    ledger.begin_launch()
-    stream = ledger.open_stream()
-    ledger.reserve("a", (0,), stream)
-    ledger.reserve("b", (1,), stream)
-    tuner.observe("b", 1, 22.0)
-    ledger.release("a", ModelState.CONVERGED)
-    tuner.refine(0.0)  # b still runs
-    ledger.start_checkpoint("b")
-    tuner.refine(0.0)  # b still saves
-    assert tuner.log.logged == [] and tuner.seconds == 0
-    ledger.release("b", ModelState.PAUSED)
-    tuner.refine(0.0)
-    assert tuner.log.logged in (["rates_refined"], ["rates_kept"]) and tuner.seconds > 0
-
-
-def test_fleet_g_s_rates_are_weighed_only_when_they_change_the_plan_about_to_be_made():
-    tuner = rate_tuner("fleet-g", checkpoint_s=0.01)
-    tuner.observe("b", 1, 100.0)  # 11% faster than profiled: still matched with a
-    tuner.refine(0.0)
-    assert tuner.log.logged == [] and tuner.rejected is None and tuner.ledger.rates == rates3()
-    tuner.observe("b", 1, 40.0)  # averaged, 70: b no longer runs at a's side
-    tuner.refine(0.0)
-    assert tuner.log.logged in (["rates_refined"], ["rates_kept"])
-
-
-def test_measured_rates_are_weighed_at_the_checkpoint_cost_the_run_measured():
-    """b trains 11% slower than profiled: planned on that, FLEET-G's schedule is 0.24 s shorter but
-    has two rounds more. At this run's 0.05-s saves that pays; the simulator's default costs (a
-    cluster's 5 s per checkpoint and per restore) would have priced each extra round at ~10 s."""
-    rates = RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 1000, "models": [
-        {"id": m, "rates": {str(k + 1): r * f for k, f in enumerate((1.0, 1.8, 2.4, 2.8))}}
-        for m, r in (("a", 200), ("b", 200), ("c", 400))]})
-    tuner = rate_tuner("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
-    tuner.observe("b", 1, 178.0)
-    tuner.refine(0.0)
-    assert tuner.log.logged == ["rates_refined"] and tuner.ledger.rates.rate("b", 1) == 178.0
-    fresh = rate_tuner("fleet-g", checkpoint_s=0.05, rates=rates, epochs=(4, 2, 4))
-    fresh.observe("b", 1, 178.0)
-    _, verdict = fresh.weigh(0.0)
-    assert verdict.cost_s == pytest.approx(0.1)  # one model moved: a save and a restore
-    assert 0.1 < verdict.gain_s < 1.0, verdict
 
 
 def test_mpiexec_command_for_one_and_several_nodes():

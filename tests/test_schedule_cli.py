@@ -138,13 +138,19 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
          "--partitions: on --gpus 6 (3 nodes of 2): 2 partitions do not fit 3 nodes"),
         (["simulate", "{profile}", "--gpus", "4", "--partitions", "2", "--policies", "mop,fleet-g"],
          "--policies: fleet-g cannot run on partitioned data (--partitions); choose from mop, fleet-hop"),
+        (["simulate", "{profile}", "--gpus", "4", "--true-rates", "missing.json"], "missing.json: no such file"),
+        (["simulate", "{profile}", "--gpus", "4", "--true-rates", "{partial}"],
+         "--true-rates: {partial} has no rates for 1 model(s) of the input, e.g. tiny"),
+        (["simulate", "{profile}", "--gpus", "4", "--checkpoint-s", "-1"], "--checkpoint-s: expected a number >= 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):
-    done = fleet_cli(*[a.format(profile=profile) for a in args], cwd=tmp_path)
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(dict(PROFILE, models=PROFILE["models"][:3])))
+    done = fleet_cli(*[a.format(profile=profile, partial=partial) for a in args], cwd=tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert len(lines) == 1 and message.format(partial=partial) in lines[0], done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -170,6 +176,23 @@ def test_simulate_profile_table_json_and_chart(profile, tmp_path, fleet_cli):
         assert r["makespan_lb2"] >= 1 - 1e-9 and r["makespan_lb1"] >= r["makespan_lb2"] - 1e-9
     baseline = next(r for r in rows if r["policy"] == "baseline")
     assert baseline["decoded_vs_baseline"] == pytest.approx(1.0)
+
+
+def test_simulate_with_true_rates_predicts_policy_auto_s_switch(tmp_path, fleet_cli):
+    """The policies plan with the profile and train at --true-rates; auto hands over as a run would."""
+    import switch_case
+
+    planned, truth = tmp_path / "planned.json", tmp_path / "truth.json"
+    planned.write_text(json.dumps(switch_case.profile(switch_case.PLANNED, 1438)))
+    truth.write_text(json.dumps(switch_case.profile(switch_case.TRUE, 1438)))
+    done = fleet_cli("simulate", str(planned), "--gpus", "4", "--policies", "auto,fleet-l", "--true-rates",
+                     str(truth), "--checkpoint-s", "0.05", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"true rates from {truth}" in done.stdout and "auto (fleet-l)" in done.stdout
+    assert "auto on 4 GPUs, seed 0: switched fleet-l -> fleet-g at 1s" in done.stdout, done.stdout
+    same = fleet_cli("simulate", str(planned), "--gpus", "4", "--policies", "auto", "--json", cwd=tmp_path)
+    row = json.loads(same.stdout)["rows"][0]
+    assert row["chosen"] == ["fleet-l"] and row["switches"] == [[]]
 
 
 def test_simulate_builtin_workload(tmp_path, fleet_cli):

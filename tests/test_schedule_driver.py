@@ -67,9 +67,6 @@ class ReplayWorld:
     def now(self) -> float:
         return self.clock
 
-    def before_policy(self, event) -> None:
-        pass
-
     def round_ending(self, index: int) -> None:
         self.told.append(("round_ending", index))
 

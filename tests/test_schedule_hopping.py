@@ -127,9 +127,6 @@ class Quiet:
     def now(self):
         return 0.0
 
-    def before_policy(self, event):
-        pass
-
     def round_ending(self, index):
         pass
 

@@ -21,9 +21,6 @@ class LaunchesOnly:
     def now(self) -> float:
         return 0.0
 
-    def before_policy(self, event) -> None:
-        pass
-
     def round_ending(self, index: int) -> None:
         pass
 

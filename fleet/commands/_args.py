@@ -37,6 +37,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in [0, 1)."""
     value = _number(text)

@@ -8,6 +8,11 @@ paper-style charts. ``--workload scale --models 1000`` is a large synthetic ense
 ``--noise-model stop-rule`` takes the true epochs from each model's learning curve
 (:mod:`fleet.schedule.noise`). ``--partitions P`` splits the data into P partitions on the
 nodes (model hopping): the hopping policies are compared with ``mop``, Cerebro's scheduler.
+
+``--true-rates PROFILE`` makes the models train at PROFILE's rates while the policies plan with
+the input's: each run then weighs the rates it measures and adopts them where that pays, and
+``auto`` (``policy: auto``) may hand the run to another policy, as a real run does (the same
+driver code, `fleet.schedule.adapting`); the switches are listed under the table.
 """
 
 from __future__ import annotations
@@ -17,11 +22,19 @@ import json
 import math
 from dataclasses import replace
 
-from fleet.commands._args import fraction, names_of, positive_float, positive_int, positive_int_list
+from fleet.commands._args import (
+    fraction,
+    names_of,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    positive_int_list,
+)
 from fleet.errors import UserError
 from fleet.report.schedule_charts import write_schedule_charts
 from fleet.report.table import format_duration, format_table
-from fleet.schedule import POLICIES, WORKLOADS, Scenario, noisy_estimates, whole_epochs
+from fleet.schedule import POLICIES, WORKLOADS, Overheads, RateTable, Scenario, noisy_estimates, whole_epochs
+from fleet.schedule.choice import AUTO
 from fleet.schedule.partitions import PartitionError, nodes_per_partition
 from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule.compare import compare, summarize
@@ -43,8 +56,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--models", type=positive_int, help="models in the built-in workload (paper100: 100, scale: 1000)")
     parser.add_argument("--gpus", required=True, type=positive_int_list, help="GPU counts, e.g. 20,40,80")
     parser.add_argument(
-        "--policies", type=names_of(POLICIES),
-        help=f"comma-separated (default: {DEFAULT_POLICIES}; with --partitions: {DEFAULT_HOPPING_POLICIES})",
+        "--policies", type=names_of([*POLICIES, AUTO]),
+        help=f"comma-separated (default: {DEFAULT_POLICIES}; with --partitions: {DEFAULT_HOPPING_POLICIES}); "
+             f"{AUTO}: the one predicted first, switching as policy: auto does",
+    )
+    parser.add_argument(
+        "--true-rates", metavar="PROFILE",
+        help="profile.json of the rates the models really train at (the same model ids); the policies plan "
+             "with the input's and adapt to what they measure, as a run does",
     )
     parser.add_argument(
         "--partitions", type=positive_int,
@@ -63,6 +82,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="uniform: estimates x U(1-x, 1+x); stop-rule: true epochs from each model's learning curve and "
              "the stop rule, the curve reported every epoch, estimates as uniform (built-in workloads only)",
     )
+    parser.add_argument(
+        "--checkpoint-s", type=non_negative_float, metavar="SECONDS",
+        help="seconds each checkpoint and each restore takes, whatever the model's size (as a run measured "
+             "them; default: 5 s + 3 x the parameter bytes at 1 GB/s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--chart", help="write a PNG with speedup and GPU-time charts")
     parser.set_defaults(func=run)
@@ -75,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
     scenarios, label = _scenarios(args, noise)
     if args.partitions:
         scenarios, label = _partitioned(scenarios, args.partitions), f"{label}, {args.partitions} partitions"
-    summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds)))
+    if args.true_rates:
+        scenarios, label = _true_rates(scenarios, args.true_rates), f"{label}, true rates from {args.true_rates}"
+    costs = Overheads() if args.checkpoint_s is None else Overheads(latency_s=args.checkpoint_s,
+                                                                      bandwidth=float("inf"))
+    summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds), costs, adapt=bool(args.true_rates)))
     if args.chart:
         _chart(summary, args.chart, label)
     if args.json:
@@ -92,7 +120,7 @@ def _policies(args: argparse.Namespace) -> list[str]:
     if not args.partitions:
         return args.policies or DEFAULT_POLICIES.split(",")
     chosen = args.policies or list(HOPPING_POLICIES)
-    if wrong := [name for name in chosen if name not in HOPPING_POLICIES]:
+    if wrong := [name for name in chosen if name not in (*HOPPING_POLICIES, AUTO)]:
         raise UserError(f"--policies: {', '.join(wrong)} cannot run on partitioned data (--partitions); "
                         f"choose from {', '.join(HOPPING_POLICIES)}")
     return chosen
@@ -112,6 +140,30 @@ def _partitioned(scenarios, parts: int):
         return replace(scenario, partition_sizes=(scenario.rates.samples_per_epoch / parts,) * parts)
 
     return split
+
+
+def _true_rates(scenarios, path: str):
+    """The scenarios with the models training at `path`'s rates, planned with the input's."""
+    truth = load_profile(path)
+
+    def measured(gpus: int, seed: int) -> Scenario:
+        scenario = scenarios(gpus, seed)
+        return replace(scenario, rates=_same_models(truth, scenario.rates, path), planning_rates=scenario.rates)
+
+    return measured
+
+
+def _same_models(truth: RateTable, planned: RateTable, path: str) -> RateTable:
+    """`truth` in `planned`'s order and machine facts; a model missing from it is an error."""
+    known = set(truth.ids)
+    if missing := [m for m in planned.ids if m not in known]:
+        raise UserError(f"--true-rates: {path} has no rates for {len(missing)} model(s) of the input, "
+                        f"e.g. {', '.join(missing[:3])}")
+    if truth.gpus_per_node != planned.gpus_per_node:
+        raise UserError(f"--true-rates: {path} has gpus_per_node {truth.gpus_per_node}, the input "
+                        f"{planned.gpus_per_node}")
+    return RateTable(tuple(truth.profile(m) for m in planned.ids), planned.gpus_per_node,
+                     planned.samples_per_epoch, planned.extra)
 
 
 def _scenarios(args: argparse.Namespace, noise: float):
@@ -146,17 +198,35 @@ def _render(summary: list[dict], label: str, seeds: int, noise: float, chart: st
     versus = (["vs mop", "hops"], lambda s: [f"{s['speedup_mop']:.2f}x", f"{s['hops']:.0f}"]) if hopping else \
         (["vs base", "vs homog"], lambda s: [f"{s['speedup_baseline']:.2f}x", f"{s['speedup_homogeneous']:.2f}x"])
     rows = [
-        [s["gpus"], s["policy"], format_duration(s["makespan_s"]), *versus[1](s), f"{s['makespan_lb2']:.2f}",
+        [s["gpus"], _policy_cell(s), format_duration(s["makespan_s"]), *versus[1](s), f"{s['makespan_lb2']:.2f}",
          f"{s['makespan_lb1']:.2f}", f"{s['rounds']:.1f}", format_duration(s["mean_gpu_wait_s"]),
          f"{s['decoded_vs_baseline']:.2f}"]
         for s in summary
     ]
     headers = ["gpus", "policy", "makespan", *versus[0], "/LB2", "/LB1", "rounds", "gpu wait", "decoded"]
     noise_note = f", epoch estimates x U({1 - noise:g},{1 + noise:g})" if noise else ""
-    lines = [f"{label}; mean of {seeds} seed(s){noise_note}", format_table(headers, rows)]
+    lines = [f"{label}; mean of {seeds} seed(s){noise_note}", format_table(headers, rows), *_switch_lines(summary)]
     if chart:
         lines.append(f"wrote {chart}")
     return "\n".join(lines)
+
+
+def _policy_cell(row: dict) -> str:
+    """The policy, and for ``auto`` what it chose first (``auto (fleet-g)``)."""
+    if row["policy"] != AUTO:
+        return row["policy"]
+    return f"{AUTO} ({'/'.join(row['chosen'])})"
+
+
+def _switch_lines(summary: list[dict]) -> list[str]:
+    """One line per ``auto`` run that handed over to another policy, in time order."""
+    lines = []
+    for row in summary:
+        for seed, switches in enumerate(row["switches"]):
+            steps = ", then ".join(f"{w['from']} -> {w['to']} at {format_duration(w['at_s'])}" for w in switches)
+            if steps:
+                lines.append(f"{AUTO} on {row['gpus']} GPUs, seed {seed}: switched {steps}")
+    return lines
 
 
 def _chart(summary: list[dict], path: str, label: str) -> None:

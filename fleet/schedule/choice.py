@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from fleet.schedule._base import ClusterView, ModelState, Policy
 from fleet.schedule.costs import Overheads
+from fleet.schedule.planners import policy_class
 from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
 
 AUTO = "auto"
@@ -46,6 +47,13 @@ def pick(predicted: dict[str, float], candidates: Sequence[str] = CANDIDATES) ->
     """The choice among `candidates` given each one's predicted makespan (`predicted` may hold more)."""
     best = min(candidates, key=lambda name: predicted[name])  # min keeps the first of equals
     return PolicyChoice(best, {name: predicted[name] for name in candidates})
+
+
+def switch_targets(started: Policy, candidates: Sequence[str] = CANDIDATES) -> tuple[str, ...]:
+    """The candidates a running ``policy: auto`` job that started with `started` may hand its
+    rest to: those that decode each model in its own trainer only if it started with one
+    (those decoders start with the job)."""
+    return tuple(n for n in candidates if started.own_decoding or not policy_class(n).own_decoding)
 
 
 SWITCH_MARGIN = 0.10

@@ -3,6 +3,11 @@
 For each GPU count and seed, every policy is simulated on the same scenario; Baseline and
 Homogeneous are always run as references (`mop`, Cerebro's scheduler, on partitioned data). Rows carry the raw numbers; :func:`summarize`
 averages them over seeds (speedups are averaged per seed, as ratios of the same scenario).
+
+``auto`` runs as ``policy: auto`` does (`fleet.schedule.adapting.simulate_auto`): the candidate
+predicted first on the planning rates, handing over to another where measured rates say so.
+With ``adapt``, every policy weighs the rates it measures, as the runtime does (the scenario's
+true ``rates`` where it plans with ``planning_rates``).
 """
 
 from __future__ import annotations
@@ -12,10 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleet.schedule.adapting import simulate_auto, simulation_adapter
 from fleet.schedule.bounds import lower_bounds
+from fleet.schedule.choice import AUTO
 from fleet.schedule.costs import Overheads
 from fleet.schedule.planners import create_policy
-from fleet.schedule.simulator import GpuTime, Scenario, SimResult, simulate
+from fleet.schedule.sim_records import GpuTime, SimResult, SwitchRecord
+from fleet.schedule.scenario import Scenario
+from fleet.schedule.simulator import simulate
 
 REFERENCES = ("baseline", "homogeneous")
 HOPPING_REFERENCES = ("mop",)
@@ -46,6 +55,8 @@ class Row:
         speedup_baseline, speedup_homogeneous, speedup_mop: reference makespan / this
             makespan (NaN where the reference cannot run on the scenario's data).
         hops: visits of partitioned data that ended with a hop.
+        chosen: for ``auto``, the policy it chose first; else the policy.
+        switches: the policy switches ``auto`` made.
     """
 
     gpus: int
@@ -65,6 +76,8 @@ class Row:
     speedup_homogeneous: float = float("nan")
     speedup_mop: float = float("nan")
     hops: int = 0
+    chosen: str = ""
+    switches: tuple[SwitchRecord, ...] = ()
 
 
 ScenarioFactory = Callable[[int, int], Scenario]
@@ -77,19 +90,35 @@ def compare(
     policies: Sequence[str],
     seeds: Iterable[int],
     overheads: Overheads = Overheads(),
+    adapt: bool = False,
 ) -> list[Row]:
-    """Simulate every policy (and the references) for every GPU count and seed."""
+    """Simulate every policy (and the references) for every GPU count and seed; with `adapt`,
+    each run weighs the rates it measures."""
     rows: list[Row] = []
     for gpus in gpu_counts:
         for seed in seeds:
             scenario = scenarios(gpus, seed)
             runs = list(dict.fromkeys([*policies, *references(scenario)]))
             bounds = lower_bounds(scenario.rates, scenario.true_epochs, gpus)
-            results = {name: simulate(create_policy(name, seed=seed), scenario, overheads) for name in runs}
-            refs = {name: results[name].makespan for name in references(scenario)}
+            results = {name: run_policy(name, scenario, overheads, seed, adapt) for name in runs}
+            refs = {name: results[name][0].makespan for name in references(scenario)}
             for name in policies:
-                rows.append(_row(results[name], scenario, seed, bounds.lb1, bounds.lb2, refs))
+                rows.append(_row(name, *results[name], scenario, seed, bounds.lb1, bounds.lb2, refs))
     return rows
+
+
+def run_policy(name: str, scenario: Scenario, overheads: Overheads, seed: int,
+               adapt: bool = False) -> tuple[SimResult, str]:
+    """One simulated run of the policy `name` (or ``auto``), its policies seeded with `seed`,
+    and the policy it started with (``auto``'s choice; else `name`)."""
+
+    def named(policy: str):
+        return create_policy(policy, seed=seed)
+
+    if name == AUTO:
+        choice, result = simulate_auto(named, scenario, overheads)
+        return result, choice.name
+    return simulate(named(name), scenario, overheads, adapt=simulation_adapter(named) if adapt else None), name
 
 
 def summarize(rows: Sequence[Row]) -> list[dict]:
@@ -123,6 +152,8 @@ def summarize(rows: Sequence[Row]) -> list[dict]:
                 "plan_ms": mean(lambda r: r.plan_ms),
                 "plan_ms_max": max(r.plan_ms_max for r in group),
                 "checkpoints": mean(lambda r: r.checkpoints),
+                "chosen": sorted({r.chosen for r in group}),
+                "switches": [[{"at_s": w.at, "from": w.current, "to": w.to} for w in r.switches] for r in group],
                 "gpu_time": {
                     k: mean(lambda r, k=k: getattr(r.gpu_time, k))
                     for k in ("training", "pacing", "overhead", "idle")
@@ -132,12 +163,14 @@ def summarize(rows: Sequence[Row]) -> list[dict]:
     return out
 
 
-def _row(result: SimResult, scenario: Scenario, seed: int, lb1: float, lb2: float, refs: dict) -> Row:
+def _row(name: str, result: SimResult, chosen: str, scenario: Scenario, seed: int, lb1: float, lb2: float, refs: dict) -> Row:
     trained = sum(scenario.true_epochs) * scenario.rates.samples_per_epoch
     planning = result.planning_s or (0.0,)
     return Row(
         gpus=result.total_gpus,
-        policy=result.policy,
+        policy=name,
+        chosen=chosen,
+        switches=result.switches,
         seed=seed,
         makespan=result.makespan,
         lb1=lb1,

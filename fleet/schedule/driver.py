@@ -9,7 +9,7 @@ the two is a `World`: it says what time it is and carries the decisions out.
 
 Calls from the world (one thread; each may call back into the world before it returns)
     ``start()`` once; then, as things happen, ``epoch_completed``, ``converged``,
-    ``checkpointed``, ``switch_policy`` (under ``policy: auto``, from ``before_policy``),
+    ``checkpointed``, ``rate_measured`` (a model's samples/s over an epoch, for the adapter),
     and with partitioned data ``visit_completed`` (a visit ended: the world
     hops the model by itself and reports ``checkpointed``, or ``converged`` instead of both
     when the stop rule ended it there); ``interrupt()`` on the checkpoint signal (every running model is
@@ -21,8 +21,14 @@ Calls into the world, in this order within one decision
     ``round_ending(index)`` for ``end_round``; ``checkpoint(model)`` per model to checkpoint
     (the books already hold it ``CHECKPOINTING``); ``launch(launches, new_round, planning_s)``
     once for all the decision's streams (the books already hold the members ``RUNNING`` on
-    their GPUs). ``before_policy(event)`` is called after the books took an event in and
-    before the policy sees it (the runtime weighs measured rates there).
+    their GPUs).
+
+Between the books and the policy
+    With an `Adapter` (`fleet.schedule.adapting`), each convergence and checkpoint is weighed
+    before the policy sees it: measured rates may be adopted into the books, and under
+    ``policy: auto`` the run may be handed to another policy (`switch_policy`). The runtime
+    always adapts; the simulator when asked to (`fleet simulate --true-rates`), so that it
+    predicts the same decisions.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fleet.schedule._base import (
     CheckpointCompleted,
@@ -47,6 +53,9 @@ from fleet.schedule._base import (
 )
 from fleet.schedule.ledger import Ledger, stream_partition
 from fleet.schedule.partitions import Partitions
+
+if TYPE_CHECKING:  # annotations only: the adapter's simulations import this module
+    from fleet.schedule.adapting import Adapter
 
 
 @dataclass(frozen=True)
@@ -74,9 +83,6 @@ class World(Protocol):
     def now(self) -> float:
         """Seconds since the start of the run."""
 
-    def before_policy(self, event: Event) -> None:
-        """The books took `event` in; the policy is about to see it."""
-
     def round_ending(self, index: int) -> None:
         """The policy ended round `index`: its running models are checkpointed next."""
 
@@ -97,10 +103,12 @@ class Driver:
         ledger: the books.
         planning_s: seconds spent in policy calls so far.
         interrupted: the checkpoint signal came; nothing new starts.
+        adapter: weighs measured rates (and ``policy: auto``'s choice) before each policy
+            call, or None.
     """
 
-    def __init__(self, policy: Policy, ledger: Ledger, world: World):
-        self.policy, self.ledger, self.world = policy, ledger, world
+    def __init__(self, policy: Policy, ledger: Ledger, world: World, adapter: Adapter | None = None):
+        self.policy, self.ledger, self.world, self.adapter = policy, ledger, world, adapter
         if ledger.partitions is not None and not policy.hops:
             raise PolicyError(f"{policy.name} does not plan visits of partitioned data (a hopping policy does)")
         if ledger.partitions is None and policy.hops:  # whole data: one partition on every node
@@ -155,6 +163,12 @@ class Driver:
             self.ledger.epoch_done(model, epochs)
             self._notify(EpochCompleted(model, epochs, self.world.now(), samples_per_s, metric))
 
+    def rate_measured(self, model: str, samples_per_s: float) -> None:
+        """A running model trained at `samples_per_s` over its last epoch, on its GPUs now."""
+        gpus = len(self.ledger.model(model).gpus)
+        if self.adapter is not None and gpus:
+            self.adapter.observe(model, gpus, samples_per_s)
+
     def checkpointed(self, model: str, epochs: int) -> None:
         """A model's checkpoint is done: it is paused and its GPUs are free."""
         self.ledger.epoch_done(model, epochs)
@@ -199,7 +213,8 @@ class Driver:
         if self.interrupted:
             return
         asked = self.policy
-        self.world.before_policy(event)
+        if self.adapter is not None:
+            self.adapter.before_policy(event, self)
         if self._next is not None or self.policy is not asked:  # the world switched policies: the event is the old one's
             self._hand_over()
             return
@@ -235,7 +250,7 @@ class Driver:
     def _stalled(self) -> bool:
         """Nothing holds a GPU, nothing is about to be reported, and models are left."""
         idle = self.ledger.drained and not self.ledger.ids_in(ModelState.CHECKPOINTING)
-        return idle and not self._later and self.ledger.unfinished > 0
+        return idle and not self._later and not self.finished
 
     def _check(self, decision: object) -> None:
         if not isinstance(decision, Decision):

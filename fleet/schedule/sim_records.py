@@ -96,6 +96,15 @@ class GpuTime:
 
 
 @dataclass(frozen=True)
+class SwitchRecord:
+    """``policy: auto`` handing the run to another policy, as the simulated run did it."""
+
+    at: float
+    current: str
+    to: str
+
+
+@dataclass(frozen=True)
 class SimResult:
     """Outcome of one simulated run.
 
@@ -117,6 +126,9 @@ class SimResult:
             restore on the next partition's nodes).
         visited: per model, the partitions visited in its current epoch at the end (an
             interrupted run of partitioned data); empty without partitions.
+        switches: where the run adapted (`simulate`'s ``adapt``), each policy switch of
+            ``policy: auto``.
+        rates_adopted: where the run adapted, how often measured rates were adopted.
     """
 
     policy: str
@@ -133,6 +145,8 @@ class SimResult:
     epochs_trained: tuple[float, ...] = ()
     hops: int = 0
     visited: tuple[tuple[int, ...], ...] = ()
+    switches: tuple[SwitchRecord, ...] = ()
+    rates_adopted: int = 0
 
     @property
     def mean_gpu_wait(self) -> float:

@@ -54,8 +54,9 @@ and the full timeline of rounds, streams and members.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from fleet.schedule._base import ModelState, Policy, PolicyError
 from fleet.schedule.costs import Overheads
@@ -64,6 +65,11 @@ from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
 from fleet.schedule.scenario import Cluster, Scenario, whole_epochs
+
+if TYPE_CHECKING:  # annotations only: the adapter's own simulations import this module
+    from fleet.schedule.adapting import Adapter, AdaptNotes
+    from fleet.schedule.choice import PolicySwitch
+    from fleet.schedule.refine import RateChange, Refinement
 from fleet.schedule.sim_records import (
     GpuTime,
     MemberRecord,
@@ -71,6 +77,7 @@ from fleet.schedule.sim_records import (
     RoundRecord,
     SimResult,
     StreamRecord,
+    SwitchRecord,
     Timeline,
     gpu_time,
 )
@@ -93,16 +100,26 @@ __all__ = [
 ]
 
 
+AdapterFactory = Callable[[Ledger, Policy, "AdaptNotes", Overheads], "Adapter"]
+"""``(ledger, policy, notes, overheads) -> Adapter`` for a simulated run that adapts as the
+runtime does (`fleet.schedule.adapting.simulation_adapter` makes one)."""
+
+
 def simulate(
-    policy: Policy, scenario: Scenario, overheads: Overheads = Overheads(), interrupt_at: float | None = None
+    policy: Policy, scenario: Scenario, overheads: Overheads = Overheads(), interrupt_at: float | None = None,
+    adapt: AdapterFactory | None = None,
 ) -> SimResult:
     """Run ``policy`` on ``scenario`` until every model converged, or until the run stopped
     by the checkpoint signal at ``interrupt_at`` has checkpointed its running models.
 
+    With ``adapt``, the run weighs the rates it measures (the scenario's true ``rates``, where
+    the policy plans with ``planning_rates``) and, under ``policy: auto``, reconsiders the
+    policy, as the runtime does (`fleet.schedule.adapting`).
+
     Raises:
         PolicyError: when the policy breaks the protocol or stalls.
     """
-    return _Run(policy, scenario, overheads, interrupt_at).run()
+    return _Run(policy, scenario, overheads, interrupt_at, adapt).run()
 
 
 def resumed_scenario(scenario: Scenario, result: SimResult) -> Scenario | None:
@@ -135,13 +152,17 @@ class _Run:
     event loop. It supplies virtual time (`EventQueue`) and the physics of streams
     (`StreamPhysics`); the driver and its ledger keep every model's state, epochs and visits."""
 
-    def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads, interrupt_at: float | None = None):
+    def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads, interrupt_at: float | None = None,
+                 adapt: AdapterFactory | None = None):
         self.scenario, self.costs, self.interrupt_at = scenario, overheads, interrupt_at
         self.cluster = scenario.cluster
         self.n = scenario.rates.samples_per_epoch
         self.rate_matrix = scenario.rates.matrix(self.cluster.total_gpus)
-        self.driver = Driver(policy, self._ledger(scenario), self)
-        self.ledger = self.driver.ledger
+        self.ledger = self._ledger(scenario)
+        adapter = adapt(self.ledger, policy, self, overheads) if adapt is not None else None
+        self.driver = Driver(policy, self.ledger, self, adapter)
+        self.switches: list[SwitchRecord] = []
+        self.rates_adopted = 0
         self.queue = EventQueue()
         # the driver gives a hopping policy partitions on whole data too: the ledger's are the run's
         self.physics = StreamPhysics(scenario, self.ledger.partitions, self.queue,
@@ -197,9 +218,6 @@ class _Run:
     def now(self) -> float:
         return self.queue.now
 
-    def before_policy(self, event) -> None:
-        pass
-
     def round_ending(self, index: int) -> None:
         pass
 
@@ -225,6 +243,17 @@ class _Run:
         if stream.partition is not None:  # the checkpoint signal: the visit in flight is dropped
             model.samples = model.visit_start
         self._hop_away(model, done)
+
+    # -- the AdaptNotes the adapter tells ----------------------------------------------------
+
+    def rates_refined(self, changes: tuple[RateChange, ...], verdict: Refinement | None) -> None:
+        self.rates_adopted += 1
+
+    def rates_kept(self, verdict: Refinement) -> None:
+        pass
+
+    def policy_switched(self, switch: PolicySwitch, at: float) -> None:
+        self.switches.append(SwitchRecord(at, switch.current, switch.to))
 
     def _hop_away(self, model: ModelMotion, done: float) -> None:
         """The model left its stream and is checkpointed until `done`."""
@@ -280,6 +309,7 @@ class _Run:
             return
         stream.push_boundary(model, epoch + 1, self.n)
         self.physics.repace(stream)
+        self.driver.rate_measured(model.id, model.own_rate)
         self.driver.epoch_completed(model.id, epoch, model.own_rate, _metric(self.scenario, index, epoch))
 
     def _visit_end(self, stream: StreamMotion, model: ModelMotion) -> None:
@@ -296,10 +326,13 @@ class _Run:
         self._hop_away(model, done)
         self.hops += 1
         metric = _metric(self.scenario, model.index, epochs) if ended else None
+        if ended:
+            self.driver.rate_measured(model.id, rate)
         self.driver.visit_completed(model.id, stream.partition, epochs, rate, metric)
 
     def _converge(self, stream: StreamMotion, model: ModelMotion) -> None:
         rate = model.own_rate
+        self.driver.rate_measured(model.id, rate)
         self.physics.leave(stream, model, Outcome.CONVERGED, released=self.now())
         self.physics.release(model)
         self.driver.converged(model.id, model.true_epochs, rate)
@@ -338,5 +371,5 @@ def _summarize(run: _Run) -> SimResult:
         run.checkpoints, Timeline(tuple(run.rounds), records, members),
         ledger.unfinished > 0, tuple(m.samples / run.n for m in physics.models), run.hops,
         tuple(() if v.state is ModelState.CONVERGED else v.visited for v in views)
-        if ledger.partitions is not None else (),
+        if ledger.partitions is not None else (), tuple(run.switches), run.rates_adopted,
     )

@@ -3,8 +3,9 @@
 The policy runs in a `fleet.schedule.driver.Driver`, the same driver the simulator uses. The
 coordinator supplies what the runtime knows and does: reports from the ranks (messages)
 become the driver's events, in real time; the driver's decisions become commands, through
-`Membership` (streams, groups, regroups). Measured rates are weighed by a `RateTuner` before
-the policy plans; results are kept by a `RunAccount`.
+`Membership` (streams, groups, regroups). Measured rates are weighed by the driver's adapter
+before the policy plans (`fleet.schedule.adapting`, told to an `AdaptLog`); results are kept
+by a `RunAccount`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.membership import Membership
-from fleet.runtime.control.tuning import RateTuner
+from fleet.runtime.control.tuning import AdaptLog
 from fleet.runtime.control.visits import VisitLog
 from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
@@ -37,16 +37,12 @@ from fleet.runtime.protocol import (
     VisitEnded,
 )
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
-from fleet.schedule import CheckpointCompleted, ClusterView, Event, ModelConverged, ModelState, Policy
+from fleet.schedule import ClusterView, ModelState, Policy
+from fleet.schedule.adapting import Adapter, PolicyReconsider, RateTuner
 from fleet.schedule.choice import PolicySwitch
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
 from fleet.schedule.ledger import Ledger
-from fleet.schedule.rates import RateTable
-from fleet.schedule.refine import rate_changes
-
-
-RECONSIDER_SHARE = 0.01  # of the run's time, at most, spent reconsidering `policy: auto`'s choice
 
 
 class Coordinator:
@@ -58,17 +54,15 @@ class Coordinator:
                  reconsider: Callable[[str, ClusterView, Overheads, float | None], PolicySwitch | None] | None = None,
                  policy_named: Callable[[str], Policy] | None = None):
         self.ctx, self.ledger, self.log, self.console = ctx, ledger, log, console
-        # policy auto, re-deciding on measured rates: the rule, and the policy of a name (given together)
-        self.reconsider, self.policy_named = reconsider, policy_named
-        self.switches: list[PolicySwitch] = []
-        self.reconsidered = ledger.rates  # the rates the policy choice was made or last reconsidered on
-        self.reconsider_s = 0.0
         self.started = time.monotonic()
         self.account = RunAccount(records)
         self.membership = Membership(ctx, ledger, self.account, self._send, log, console)
-        self.tuner = RateTuner(ledger, policy, make_policy or (lambda: policy), self.account.measured_overheads,
-                               log, console)
-        self.driver = Driver(policy, ledger, self)
+        tuner = RateTuner(ledger, policy, make_policy or (lambda: policy), self.account.measured_overheads,
+                          AdaptLog(log, console))
+        # policy auto, re-deciding on measured rates: the rule, and the policy of a name (given together)
+        auto = PolicyReconsider(reconsider, policy_named, ledger.rates) if reconsider is not None else None
+        self.adapter = Adapter(tuner, auto)
+        self.driver = Driver(policy, ledger, self, self.adapter)
         self.last_keepalive = time.monotonic()
         self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
         self.board: ScalarBoard | None = ScalarBoard(Path(ctx.run_dir) / "tensorboard")
@@ -87,7 +81,11 @@ class Coordinator:
 
     @property
     def planning_s(self) -> float:
-        return self.driver.planning_s + self.tuner.seconds + self.reconsider_s
+        return self.driver.planning_s + self.adapter.seconds
+
+    @property
+    def switches(self) -> list[PolicySwitch]:
+        return self.adapter.switches
 
     @property
     def records(self) -> dict[str, ModelRecord]:
@@ -166,8 +164,7 @@ class Coordinator:
                            report.samples_per_s, report.stream_samples_per_s)
         self.log.write("epoch", **report.__dict__)
         self._board_epoch(report)
-        if group_size:
-            self.tuner.observe(report.model, group_size, report.samples_per_s)
+        self.driver.rate_measured(report.model, report.samples_per_s)
         if report.stop_reason is None and self.visits is not None:
             self.epoch_metrics[report.model] = self._stop_metric(report)  # the epoch ends with the hop
             return
@@ -232,37 +229,6 @@ class Coordinator:
 
     def now(self) -> float:
         return time.monotonic() - self.started
-
-    def before_policy(self, event: Event) -> None:
-        if isinstance(event, (ModelConverged, CheckpointCompleted)):
-            weighed = self.tuner.refine(self.now())
-            if self.reconsider is None:
-                return
-            if weighed is not None:
-                self._reconsider_policy(weighed[0], min(weighed[1].predicted_keep_s, weighed[1].predicted_new_s))
-            elif not self.tuner.policy.uses_refined_rates:  # a policy that weighs no rate: they may still rank it
-                self._reconsider_policy(self.tuner.refiner.propose(self.ledger.rates), None)
-
-    def _reconsider_policy(self, measured: RateTable, going_on: float | None) -> None:
-        """Under ``policy: auto``, the measured rates (adopted or not: they may change no plan
-        of the running policy's) may make another policy finish first (`going_on`: the running
-        policy's predicted rest where the tuner weighed it)."""
-        if not rate_changes(self.reconsidered, measured) or self.reconsider_s > RECONSIDER_SHARE * self.now():
-            return  # nothing moved since the choice was last made, or reconsidering took its share
-        self.reconsidered = measured
-        began = time.perf_counter()
-        view = replace(self.driver.view(), rates=measured)
-        switch = self.reconsider(self.driver.name, view, self.account.measured_overheads(), going_on)
-        self.reconsider_s += time.perf_counter() - began
-        if switch is None:
-            return
-        self.switches.append(switch)
-        self.log.write("policy_switch", at=self.now(), old=switch.current, new=switch.to,
-                       predicted_s=switch.predicted_s, cost_s=switch.cost_s)
-        self.console.banner(f"policy auto: switching from {switch.current} to {switch.to}: {switch.describe()}")
-        named = self.policy_named
-        self.tuner.policy, self.tuner.make_policy = named(switch.to), lambda: named(switch.to)
-        self.driver.switch_policy(self.tuner.policy)
 
     def round_ending(self, index: int) -> None:
         self.log.write("round_end", index=index, at=self.now())

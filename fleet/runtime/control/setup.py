@@ -26,7 +26,7 @@ from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate,
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
-from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, PolicySwitch, choose_policy
+from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, PolicySwitch, choose_policy, switch_targets
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
@@ -222,7 +222,7 @@ def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
     (visits are re-planned at every hop anyway) or for a policy the spec named."""
     if plan.choice is None or plan.ledger.partitions is not None:
         return ()
-    return tuple(n for n in CANDIDATES if plan.policy.own_decoding or not policy_class(n).own_decoding)
+    return switch_targets(plan.policy)
 
 
 def _resumed_epochs(ledger: Ledger, model: str, epochs_done: dict[str, int]) -> float | None:
