@@ -28,11 +28,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _harness import run_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -112,9 +113,7 @@ def run_group(ranks: int, args: argparse.Namespace) -> dict:
         command = [find_mpiexec(), "-n", str(ranks), sys.executable, __file__, "--worker", out,
                    "--sizes", *map(str, args.sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                    "--poll", args.poll]
-        done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}, timeout=args.timeout)
-        if done.returncode != 0:
-            raise SystemExit(f"collectives: mpiexec -n {ranks} failed (exit {done.returncode})")
+        run_to_end(command, f"collectives: mpiexec -n {ranks}", args.timeout, capture=False)  # the ranks' notes show
         return json.loads(Path(out).read_text())
 
 

@@ -61,11 +61,8 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -74,8 +71,8 @@ from types import SimpleNamespace
 
 import yaml
 
+from _harness import at_least, fleet_run, jpeg_folder, run_to_end, work_dir
 from e2e_cpu import MODELS, models_for, spec_for  # bench/e2e_cpu.py, beside this script
-from pipeline import at_least  # bench/pipeline.py
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -110,15 +107,7 @@ def source_size(args) -> int:
 
 def make_data(root: Path, args) -> Path:
     """The synthetic JPEG folder (reused from a kept directory when made there before)."""
-    from preprocess.make import make_synthetic  # preprocess loads h5py and Pillow
-
-    data = root / f"images-{args.samples}x{source_size(args)}px"
-    if not (data / ".made").exists():
-        shutil.rmtree(data, ignore_errors=True)
-        make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=source_size(args), channels=3,
-                       progress=False)
-        (data / ".made").touch()
-    return data
+    return jpeg_folder(root / f"images-{args.samples}x{source_size(args)}px", args.samples, source_size(args))
 
 
 def write_spec(root: Path, data: Path, args) -> Path:
@@ -140,22 +129,6 @@ def model_seeds(spec_path: Path) -> list[int]:
     return [model.seed for model in load_spec(str(spec_path)).models]
 
 
-def run_command(command: list[str], what: str, timeout: float, env: dict | None = None) -> float:
-    """Run `command` to its end; its wall seconds. A failure or a timeout ends the bench."""
-    started = time.perf_counter()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
-                          start_new_session=True) as process:
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the command and every process it started
-            out, err = process.communicate()
-            sys.exit(f"{what} did not finish in {timeout:g} s:\n{out[-2000:]}\n{err[-2000:]}")
-    if process.returncode != 0:
-        sys.exit(f"{what} failed ({process.returncode}):\n{out[-2000:]}\n{err[-2000:]}")
-    return time.perf_counter() - started
-
-
 def mean_accuracy(models: list[dict]) -> float:
     return statistics.fmean(model["best_val_accuracy"] for model in models)
 
@@ -175,7 +148,7 @@ def run_processes(spec_path: Path, seeds: list[int], work: Path, args) -> Outcom
     def one(index: int) -> float:
         command = [sys.executable, str(PLAIN_LOOP), str(spec_path), "--model", str(index), "--seed",
                    str(seeds[index]), "--threads", str(args.threads), "--json", str(work / f"{index}.json")]
-        return run_command(command, f"the process of model {index}", args.timeout)
+        return run_to_end(command, f"the process of model {index}", args.timeout).wall_s
 
     started = time.perf_counter()
     with ThreadPoolExecutor(args.slots) as pool:
@@ -193,7 +166,7 @@ def run_pool(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     out = work / "pool.json"
     command = [sys.executable, "-c", POOL_DRIVER, str(spec_path), str(args.slots), str(args.threads),
                json.dumps(seeds), str(out)]
-    wall = run_command(command, "the pool", args.timeout, env=bench_env())
+    wall = run_to_end(command, "the pool", args.timeout, env=bench_env()).wall_s
     models = json.loads(out.read_text())
     busy = sum(model["seconds"] for model in models) / min(args.slots, len(models))
     return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models),
@@ -221,7 +194,7 @@ def run_ray(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     out = work / "tune.json"
     command = [sys.executable, "-c", RAY_DRIVER, str(spec_path), str(args.slots), str(args.threads),
                json.dumps(seeds), str(work), str(out)]
-    wall = run_command(command, "Ray Tune", args.timeout, env=bench_env())
+    wall = run_to_end(command, "Ray Tune", args.timeout, env=bench_env()).wall_s
     tune_run = json.loads(out.read_text())
     models = tune_run.pop("models")
     return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models), tune_run)
@@ -253,10 +226,9 @@ def spec_with(spec_path: Path, name: str, **scheduler) -> Path:
 
 
 def fleet_outcome(spec_path: Path, work: Path, args) -> Outcome:
-    command = [sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(work), "--quiet"]
     launched = time.time()
-    wall = run_command(command, "fleet run", args.timeout)
-    results = json.loads((work / "results.json").read_text())
+    run = fleet_run(spec_path, work, args.timeout)
+    results, wall = run.results, run.wall_s
     predictions = results["policy_choice"].get("predicted_makespan_s", {})  # per candidate, under policy auto
     details = {**fleet_phases(work, results, launched, launched + wall), "policy": results["policy"],
                "predicted_s": predictions.get(results["policy"]), "predictions_s": predictions}
@@ -451,9 +423,7 @@ def main() -> None:
     contenders = [name for name in args.contenders if name != "ray" or not ray_missing()]
     if not contenders:
         sys.exit("no contender left to run")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.keep or tmp).resolve()
-        root.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.keep) as root:
         spec_path = write_spec(root, make_data(root, args), args)
         rounds = run_rounds(spec_path, root, contenders, args)
     rows = summary(rounds, contenders)
