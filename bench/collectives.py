@@ -35,8 +35,6 @@ from pathlib import Path
 
 from _harness import run_to_end
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 MB = 1 << 20
 
 
@@ -106,7 +104,7 @@ def worker(sizes_mb: list[float], repeats: int, warmup: int, poll_mode: str, out
 
 
 def run_group(ranks: int, args: argparse.Namespace) -> dict:
-    from fleet.runtime.launch.mpiexec import find_mpiexec  # the repository is on sys.path from here on
+    from fleet.runtime.launch.mpiexec import find_mpiexec  # fleet is imported in the ranks only, as in `backends`
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-coll-") as tmp:
         out = os.path.join(tmp, "result.json")

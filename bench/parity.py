@@ -36,7 +36,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -47,6 +46,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from _harness import fleet_run, jpeg_folder, work_dir
+from fleet.spec import load_spec, parse_spec, read_yaml
+from plain_loop import PlainData, worker_init, worker_train
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 DEFAULT_SPEC = BENCH / "parity.yaml"
@@ -54,11 +57,6 @@ BENCH_DATA = {  # the bench's own specs: the synthetic JPEG folder each is made 
     "parity.yaml": {"samples": 2400, "image_size": 48},
     "parity-sweep.yaml": {"samples": 3000, "image_size": 96},
 }
-sys.path[:0] = [str(REPO), str(BENCH)]
-
-from fleet.spec import load_spec, parse_spec, read_yaml  # noqa: E402  (after the path above)
-from plain_loop import PlainData, worker_init, worker_train  # noqa: E402  (bench/plain_loop.py)
-from _harness import fleet_run, jpeg_folder, work_dir  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- the spec

@@ -75,7 +75,6 @@ from _harness import at_least, fleet_run, jpeg_folder, run_to_end, work_dir
 from e2e_cpu import MODELS, models_for, spec_for  # bench/e2e_cpu.py, beside this script
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
 PLAIN_LOOP = BENCH / "plain_loop.py"
 CONTENDERS = ("processes", "pool", "fleet", "ray", "fleet-profiled", "fleet-baseline")  # the order of each round
 FLEETS = ("fleet", "fleet-profiled")  # the rows the others are compared with
@@ -84,7 +83,6 @@ SOURCE_SIZES = {"light": 96, "decode-heavy": 256}  # --setting: the side of the 
 WAIT_TIMEOUT_S = 600  # fleet's runtime.timeout_s: how long a rank waits before it aborts the job
 RAY_DRIVER = "import peers; peers.ray_driver()"  # the Ray contender's process (`python -c`)
 POOL_DRIVER = "import peers; peers.pool_driver()"  # the pool contender's process
-sys.path.insert(0, str(REPO))
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ def write_spec(root: Path, data: Path, args) -> Path:
 
 def model_seeds(spec_path: Path) -> list[int]:
     """Each model's own seed, which the peers also use for data order and augmentation."""
-    from fleet.spec import load_spec  # after REPO is on sys.path
+    from fleet.spec import load_spec  # fleet kept out of the imports of this module, which the drivers import
 
     return [model.seed for model in load_spec(str(spec_path)).models]
 
@@ -174,8 +172,9 @@ def run_pool(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
 
 
 def bench_env() -> dict:
-    """The environment of a driver process that imports this script's modules."""
-    path = os.pathsep.join(filter(None, [str(BENCH), str(REPO), os.environ.get("PYTHONPATH")]))
+    """The environment of a driver process that imports this script's modules (`python -c`
+    puts the current directory, not `bench/`, on sys.path)."""
+    path = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path}
 
 
@@ -241,7 +240,7 @@ def fleet_phases(work: Path, results: dict, launched: float, ended: float) -> di
     MPI start-up, until the ranks' clock starts), profiling, the rest of the start-up (data,
     warm-up, planning), the training makespan (its first part: to the first training batch),
     and what follows (the report, shutdown)."""
-    from fleet.runtime.events import first_batch_s, read_events  # after REPO is on sys.path
+    from fleet.runtime.events import first_batch_s, read_events  # fleet kept out of this module's imports
 
     every = read_events(work / "events.jsonl")
     events = [e for e in every if e["event"] in ("run_start", "run_end")]

@@ -52,9 +52,7 @@ import yaml
 
 from _harness import at_least, read_results, run_to_end, runtime_option
 
-REPO = Path(__file__).resolve().parent.parent
 RAW_REPEATS = 3  # raw measurements per round
-sys.path.insert(0, str(REPO))
 
 
 def raw_bcast(chunk_bytes: int, chunks: int) -> None:
