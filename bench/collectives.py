@@ -28,14 +28,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from _harness import run_to_end
+
 MB = 1 << 20
 
 
@@ -105,16 +104,14 @@ def worker(sizes_mb: list[float], repeats: int, warmup: int, poll_mode: str, out
 
 
 def run_group(ranks: int, args: argparse.Namespace) -> dict:
-    from fleet.runtime.launch.mpiexec import find_mpiexec  # the repository is on sys.path from here on
+    from fleet.runtime.launch.mpiexec import find_mpiexec  # fleet is imported in the ranks only, as in `backends`
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-coll-") as tmp:
         out = os.path.join(tmp, "result.json")
         command = [find_mpiexec(), "-n", str(ranks), sys.executable, __file__, "--worker", out,
                    "--sizes", *map(str, args.sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                    "--poll", args.poll]
-        done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}, timeout=args.timeout)
-        if done.returncode != 0:
-            raise SystemExit(f"collectives: mpiexec -n {ranks} failed (exit {done.returncode})")
+        run_to_end(command, f"collectives: mpiexec -n {ranks}", args.timeout, capture=False)  # the ranks' notes show
         return json.loads(Path(out).read_text())
 
 

@@ -48,19 +48,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
 
-from pipeline import at_least, runtime_option  # bench/pipeline.py, beside this script
+from _harness import at_least, fleet, fleet_run, jpeg_folder, read_results, runtime_option, work_dir
 
-REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("fleet-g", "fleet-adaptive", "baseline", "homogeneous")
 
 MODELS = [
@@ -115,10 +110,7 @@ def profile_once(data: Path, root: Path, args, collective: str | None = None) ->
     spec_path.write_text(yaml.safe_dump(spec_for("fleet-g", data, args, collective=collective)))
     run_dir = root / name
     shutil.rmtree(run_dir, ignore_errors=True)  # what an invocation cut off left
-    done = subprocess.run([sys.executable, "-m", "fleet", "profile", str(spec_path), "--run-dir", str(run_dir),
-                           "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=3600)
-    if done.returncode != 0:
-        sys.exit(f"profiling failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    fleet("profile", str(spec_path), "--run-dir", str(run_dir), "--quiet", timeout=3600, what="profiling")
     path = run_dir / "profile.json"
     return path, json.loads(path.read_text())["profiler"]["seconds"]
 
@@ -154,8 +146,10 @@ def models_in_groups(run_dir: Path) -> int:
 def profile_fits(profile: Path, data: Path, args, collective: str | None = None) -> bool:
     """Whether a kept profile is one `fleet run` reuses for these specs (else every policy's run
     would profile again on its own): it exists and its fingerprint matches."""
-    from fleet.spec import parse_spec
+    # fleet is imported where it is used: peers.py's driver processes import this module (for
+    # its models and spec), and their start-up is part of what that bench measures
     from fleet.profiling.document import reuse_verdict
+    from fleet.spec import parse_spec
 
     if not profile.exists():
         return False
@@ -168,7 +162,7 @@ def profile_fits(profile: Path, data: Path, args, collective: str | None = None)
 
 def predictions(profile: Path, data: Path, args, collective: str | None = None) -> dict[str, float]:
     """The simulator's makespan of each policy at the profiled rates (and decode limit)."""
-    from fleet.schedule_io import load_profile
+    from fleet.schedule_io import load_profile  # fleet kept out of the module's imports (see profile_fits)
     from fleet.spec import parse_spec
     from profiler.report import predicted_makespans
 
@@ -200,10 +194,9 @@ def open_kept(root: Path, args) -> bool:
 
 def kept_results(run_dir: Path) -> dict | None:
     """A policy's results from an earlier invocation, if that run finished."""
-    path = run_dir / "results.json"
-    if not path.exists():
+    if not (run_dir / "results.json").exists():
         return None
-    result = json.loads(path.read_text())
+    result = read_results(run_dir)
     return None if result.get("interrupted") else result
 
 
@@ -216,19 +209,7 @@ def run_policy(label: str, data: Path, root: Path, args, profile: Path) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)  # what an invocation cut off left
     run_dir.mkdir()
     shutil.copy(profile, run_dir / "profile.json")
-    command = [sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(run_dir), "--quiet"]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                          start_new_session=True) as done:
-        try:
-            out, err = done.communicate(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(done.pid, signal.SIGKILL)  # mpiexec and every rank with it
-            out, err = done.communicate()
-            sys.exit(f"{policy} did not finish in {args.timeout:g} s (its run directory: {run_dir}):\n"
-                     f"{out[-2000:]}\n{err[-2000:]}")
-    if done.returncode != 0:
-        sys.exit(f"{policy} failed:\n{out[-2000:]}\n{err[-2000:]}")
-    return json.loads((run_dir / "results.json").read_text())
+    return fleet_run(spec_path, run_dir, args.timeout, what=policy).results
 
 
 def main() -> None:
@@ -256,19 +237,9 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES), type=policy_list,
                         help=f"comma-separated, from {','.join(POLICIES)} (baseline is always run; default: all)")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    from preprocess.make import make_synthetic
-
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.keep or tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.keep) as root:
         going_on = open_kept(root, args)
-        data = root / "images"
-        if not (data / ".made").exists():
-            shutil.rmtree(data, ignore_errors=True)
-            make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=args.source_size, channels=3,
-                           progress=False)
-            (data / ".made").touch()
+        data = jpeg_folder(root / "images", args.samples, args.source_size)
         profiles = {collective: kept_or_new_profile(data, root, args, going_on, collective)
                     for collective in (None, *args.collectives)}
         profile_s = profiles[None][1]
@@ -314,8 +285,7 @@ def policy_list(text: str) -> list[str]:
 
 
 def collective_list(text: str) -> list[str]:
-    sys.path.insert(0, str(REPO))
-    from fleet.runtime.train.collectives import kinds  # argparse calls this before main() puts REPO on sys.path
+    from fleet.runtime.train.collectives import kinds  # fleet kept out of the module's imports (see profile_fits)
 
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in kinds()]

@@ -35,15 +35,14 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
 import yaml
 
+from _harness import fleet, fleet_run
 from fleet.inspect import describe_ensemble
 from fleet.schedule import Overheads, create_policy, lower_bounds, noisy_estimates, paper100, simulate, whole_epochs
 from fleet.schedule.simulator import Outcome
@@ -57,6 +56,7 @@ ESTIMATES = {"exact": 0.0, "x U(0.7, 1.3)": 0.3, "exact, decode-limited": 0.0}
 DECODE_PER_NODE = 2.0  # decode-limited rows: a node's preprocessors decode 2 x a mean model's 1-GPU rate
 COSTS = Overheads()
 EMULATED_COSTS = Overheads(latency_s=0.1, bandwidth=float("inf"), planning_s=0.0)  # tiny emulated checkpoints
+FLEET_TIMEOUT_S = 3600  # seconds one `fleet` command of --runtime may take
 
 
 def _run(task):
@@ -112,13 +112,6 @@ RUNTIME_MODELS = {  # name: (channels, hidden, single-slot rate in samples/s, ep
 }
 
 
-def fleet(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "fleet", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"fleet {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return done
-
-
 def runtime_spec(work: Path, policy: str) -> Path:
     doc = {
         "name": "mop-runtime", "seed": 5,
@@ -149,8 +142,9 @@ def runtime_table(work: Path) -> str:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     fleet("data", "make", "synthetic", "--format", "hdf5", "--out", str(work / "all.h5"), "--samples", "4000",
-          "--image-size", "16", "--classes", "10", "--quiet")
-    fleet("data", "partition", "--in", str(work / "all.h5"), "--parts", "4", "--out", str(work / "parts"), "--quiet")
+          "--image-size", "16", "--classes", "10", "--quiet", timeout=FLEET_TIMEOUT_S)
+    fleet("data", "partition", "--in", str(work / "all.h5"), "--parts", "4", "--out", str(work / "parts"), "--quiet",
+          timeout=FLEET_TIMEOUT_S)
     lines = ["| policy | measured makespan | predicted (emulated costs) | measured / predicted | predicted (dry run's "
              "costs) | visits | multi-slot visits | moved by hops: emulated / real CNN state | a replicated-data "
              "design would read | decoded samples |",
@@ -167,10 +161,8 @@ def runtime_table(work: Path) -> str:
         epochs = [float(e) for (_, _, _, e) in RUNTIME_MODELS.values()]
         scenario = with_partitions(profile_scenario(rates, whole_epochs(epochs), tuple(epochs), 8), spec)
         predicted = simulate(create_policy(policy, seed=spec.seed), scenario, EMULATED_COSTS).makespan
-        began = time.monotonic()
-        fleet("run", str(spec_path), "--run-dir", str(run_dir), "--quiet")
-        wall = time.monotonic() - began
-        res = json.loads((run_dir / "results.json").read_text())
+        run = fleet_run(spec_path, run_dir, FLEET_TIMEOUT_S)
+        res, wall = run.results, run.wall_s
         visits = [json.loads(line) for line in (run_dir / "visits.jsonl").read_text().splitlines()]
         sizes = {p.parent.name: json.loads(p.read_text())["bytes"] for p in (run_dir / "checkpoints").glob("*/latest.json")}
         epochs = {m["id"]: m["epochs"] for m in res["models"]}

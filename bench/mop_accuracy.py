@@ -24,11 +24,12 @@ import json
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import yaml
-from mop import fleet
+
+from _harness import fleet, fleet_run
+from mop import FLEET_TIMEOUT_S
 
 MODELS = [
     {"family": "cnn", "name": "cnn-a", "params": {"channels": [16, 32], "hidden": 64}},
@@ -59,9 +60,8 @@ def write_spec(work: Path, epochs: int) -> Path:
     return path
 
 
-def best_accuracy(run_dir: Path) -> dict[str, float]:
-    models = json.loads((run_dir / "results.json").read_text())["models"]
-    return {m["id"]: m["best_val_accuracy"] for m in models}
+def best_accuracy(results: dict) -> dict[str, float]:
+    return {m["id"]: m["best_val_accuracy"] for m in results["models"]}
 
 
 def main(argv=None) -> int:
@@ -74,15 +74,14 @@ def main(argv=None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     fleet("data", "make", "synthetic", "--format", "hdf5", "--out", str(work / "all.h5"), "--samples",
-          str(args.samples), "--image-size", "16", "--classes", "10", "--quiet")
-    fleet("data", "partition", "--in", str(work / "all.h5"), "--parts", "4", "--out", str(work / "parts"), "--quiet")
+          str(args.samples), "--image-size", "16", "--classes", "10", "--quiet", timeout=FLEET_TIMEOUT_S)
+    fleet("data", "partition", "--in", str(work / "all.h5"), "--parts", "4", "--out", str(work / "parts"), "--quiet",
+          timeout=FLEET_TIMEOUT_S)
     spec = write_spec(work, args.epochs)
-    times = {}
-    for name, extra in (("hopping", ()), ("unpartitioned", ("--local",))):
-        began = time.monotonic()
-        fleet("run", str(spec), "--run-dir", str(work / name), "--quiet", *extra)
-        times[name] = time.monotonic() - began
-    hop, whole = best_accuracy(work / "hopping"), best_accuracy(work / "unpartitioned")
+    runs = {name: fleet_run(spec, work / name, FLEET_TIMEOUT_S, *extra)
+            for name, extra in (("hopping", ()), ("unpartitioned", ("--local",)))}
+    times = {name: run.wall_s for name, run in runs.items()}
+    hop, whole = best_accuracy(runs["hopping"].results), best_accuracy(runs["unpartitioned"].results)
     visits = [json.loads(line) for line in (work / "hopping" / "visits.jsonl").read_text().splitlines()]
     print(f"{len(MODELS)} models, {args.epochs} epochs, {args.samples} synthetic 16x16 images, 10 classes; "
           f"mop over 4 partitions ({len(visits)} visits) vs the sequential loop over all of them")

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402  (after the repository is on sys.path)
-
-from fleet.engines.torch.optim import ParamUpdate  # noqa: E402
-from fleet.models import build_model  # noqa: E402
-from fleet.spec import TrainSpec  # noqa: E402
+from _harness import run_to_end
+from fleet.engines.torch.optim import ParamUpdate
+from fleet.models import build_model
+from fleet.spec import TrainSpec
 
 NETS = {"mlp [512, 256]": ("mlp", {"hidden": [512, 256]}), "cnn [32, 64]": ("cnn", {"channels": [32, 64]}),
         "resnet width 16": ("resnet", {"width": 16})}
@@ -80,8 +76,7 @@ def compare(family: str, params: dict, train: TrainSpec, device: str, repeats: i
 
 def first_step_seconds(kind: str, device: str) -> float:
     """A fresh process's first optimizer construction and step (imports included)."""
-    done = subprocess.run([sys.executable, "-c", FIRST_STEP, kind, device], capture_output=True, text=True,
-                          cwd=REPO, timeout=300, check=True)
+    done = run_to_end([sys.executable, "-c", FIRST_STEP, kind, device], f"the first {kind} step", 300)
     return float(done.stdout.strip().splitlines()[-1])
 
 

@@ -36,8 +36,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -48,6 +46,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from _harness import fleet_run, jpeg_folder, work_dir
+from fleet.spec import load_spec, parse_spec, read_yaml
+from plain_loop import PlainData, worker_init, worker_train
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 DEFAULT_SPEC = BENCH / "parity.yaml"
@@ -55,10 +57,6 @@ BENCH_DATA = {  # the bench's own specs: the synthetic JPEG folder each is made 
     "parity.yaml": {"samples": 2400, "image_size": 48},
     "parity-sweep.yaml": {"samples": 3000, "image_size": 96},
 }
-sys.path[:0] = [str(REPO), str(BENCH)]
-
-from fleet.spec import load_spec, parse_spec, read_yaml  # noqa: E402  (after the path above)
-from plain_loop import PlainData, worker_init, worker_train  # noqa: E402  (bench/plain_loop.py)
 
 
 # ----------------------------------------------------------------------------- the spec
@@ -66,14 +64,7 @@ from plain_loop import PlainData, worker_init, worker_train  # noqa: E402  (benc
 
 def make_bench_data(root: Path, name: str) -> Path:
     """The JPEG folder of one of the bench's own specs (kept in `root` across invocations)."""
-    from preprocess.make import make_synthetic  # preprocess loads h5py and Pillow
-
-    data = root / f"images-{Path(name).stem}"
-    if not (data / ".made").exists():
-        shutil.rmtree(data, ignore_errors=True)
-        make_synthetic(data, "jpeg", classes=10, channels=3, progress=False, **BENCH_DATA[name])
-        (data / ".made").touch()
-    return data
+    return jpeg_folder(root / f"images-{Path(name).stem}", **BENCH_DATA[name])
 
 
 def explicit_models(doc: dict, limit: int | None) -> list[dict]:
@@ -110,15 +101,8 @@ def bench_doc(args, root: Path) -> dict:
 def run_fleet(spec_path: Path, run_dir: Path, timeout: float) -> tuple[dict, dict, float]:
     """`fleet run`: its results.json, its plan.json and the command's wall seconds."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    command = [sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(run_dir), "--quiet"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.exit(f"fleet run failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    results = json.loads((run_dir / "results.json").read_text())
-    return results, json.loads((run_dir / "plan.json").read_text()), wall
+    run = fleet_run(spec_path, run_dir, timeout)
+    return run.results, json.loads((run_dir / "plan.json").read_text()), run.wall_s
 
 
 def plain_seed(model_seed: int, run: int) -> int:
@@ -322,9 +306,7 @@ def report(run: dict) -> dict:
 
 def main() -> None:
     args = parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.keep or tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.keep) as root:
         run = run_all(args, root)
         summary = report(run)
         record = {k: v for k, v in run.items() if k not in ("spec", "plan")} | {"summary": summary}

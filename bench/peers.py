@@ -61,11 +61,8 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -74,11 +71,10 @@ from types import SimpleNamespace
 
 import yaml
 
+from _harness import at_least, fleet_run, jpeg_folder, run_to_end, work_dir
 from e2e_cpu import MODELS, models_for, spec_for  # bench/e2e_cpu.py, beside this script
-from pipeline import at_least  # bench/pipeline.py
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
 PLAIN_LOOP = BENCH / "plain_loop.py"
 CONTENDERS = ("processes", "pool", "fleet", "ray", "fleet-profiled", "fleet-baseline")  # the order of each round
 FLEETS = ("fleet", "fleet-profiled")  # the rows the others are compared with
@@ -87,7 +83,6 @@ SOURCE_SIZES = {"light": 96, "decode-heavy": 256}  # --setting: the side of the 
 WAIT_TIMEOUT_S = 600  # fleet's runtime.timeout_s: how long a rank waits before it aborts the job
 RAY_DRIVER = "import peers; peers.ray_driver()"  # the Ray contender's process (`python -c`)
 POOL_DRIVER = "import peers; peers.pool_driver()"  # the pool contender's process
-sys.path.insert(0, str(REPO))
 
 
 @dataclass(frozen=True)
@@ -110,15 +105,7 @@ def source_size(args) -> int:
 
 def make_data(root: Path, args) -> Path:
     """The synthetic JPEG folder (reused from a kept directory when made there before)."""
-    from preprocess.make import make_synthetic  # preprocess loads h5py and Pillow
-
-    data = root / f"images-{args.samples}x{source_size(args)}px"
-    if not (data / ".made").exists():
-        shutil.rmtree(data, ignore_errors=True)
-        make_synthetic(data, "jpeg", classes=10, samples=args.samples, image_size=source_size(args), channels=3,
-                       progress=False)
-        (data / ".made").touch()
-    return data
+    return jpeg_folder(root / f"images-{args.samples}x{source_size(args)}px", args.samples, source_size(args))
 
 
 def write_spec(root: Path, data: Path, args) -> Path:
@@ -135,25 +122,9 @@ def write_spec(root: Path, data: Path, args) -> Path:
 
 def model_seeds(spec_path: Path) -> list[int]:
     """Each model's own seed, which the peers also use for data order and augmentation."""
-    from fleet.spec import load_spec  # after REPO is on sys.path
+    from fleet.spec import load_spec  # fleet kept out of the imports of this module, which the drivers import
 
     return [model.seed for model in load_spec(str(spec_path)).models]
-
-
-def run_command(command: list[str], what: str, timeout: float, env: dict | None = None) -> float:
-    """Run `command` to its end; its wall seconds. A failure or a timeout ends the bench."""
-    started = time.perf_counter()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
-                          start_new_session=True) as process:
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the command and every process it started
-            out, err = process.communicate()
-            sys.exit(f"{what} did not finish in {timeout:g} s:\n{out[-2000:]}\n{err[-2000:]}")
-    if process.returncode != 0:
-        sys.exit(f"{what} failed ({process.returncode}):\n{out[-2000:]}\n{err[-2000:]}")
-    return time.perf_counter() - started
 
 
 def mean_accuracy(models: list[dict]) -> float:
@@ -175,7 +146,7 @@ def run_processes(spec_path: Path, seeds: list[int], work: Path, args) -> Outcom
     def one(index: int) -> float:
         command = [sys.executable, str(PLAIN_LOOP), str(spec_path), "--model", str(index), "--seed",
                    str(seeds[index]), "--threads", str(args.threads), "--json", str(work / f"{index}.json")]
-        return run_command(command, f"the process of model {index}", args.timeout)
+        return run_to_end(command, f"the process of model {index}", args.timeout).wall_s
 
     started = time.perf_counter()
     with ThreadPoolExecutor(args.slots) as pool:
@@ -193,7 +164,7 @@ def run_pool(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     out = work / "pool.json"
     command = [sys.executable, "-c", POOL_DRIVER, str(spec_path), str(args.slots), str(args.threads),
                json.dumps(seeds), str(out)]
-    wall = run_command(command, "the pool", args.timeout, env=bench_env())
+    wall = run_to_end(command, "the pool", args.timeout, env=bench_env()).wall_s
     models = json.loads(out.read_text())
     busy = sum(model["seconds"] for model in models) / min(args.slots, len(models))
     return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models),
@@ -201,8 +172,9 @@ def run_pool(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
 
 
 def bench_env() -> dict:
-    """The environment of a driver process that imports this script's modules."""
-    path = os.pathsep.join(filter(None, [str(BENCH), str(REPO), os.environ.get("PYTHONPATH")]))
+    """The environment of a driver process that imports this script's modules (`python -c`
+    puts the current directory, not `bench/`, on sys.path)."""
+    path = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path}
 
 
@@ -221,7 +193,7 @@ def run_ray(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     out = work / "tune.json"
     command = [sys.executable, "-c", RAY_DRIVER, str(spec_path), str(args.slots), str(args.threads),
                json.dumps(seeds), str(work), str(out)]
-    wall = run_command(command, "Ray Tune", args.timeout, env=bench_env())
+    wall = run_to_end(command, "Ray Tune", args.timeout, env=bench_env()).wall_s
     tune_run = json.loads(out.read_text())
     models = tune_run.pop("models")
     return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models), tune_run)
@@ -253,10 +225,9 @@ def spec_with(spec_path: Path, name: str, **scheduler) -> Path:
 
 
 def fleet_outcome(spec_path: Path, work: Path, args) -> Outcome:
-    command = [sys.executable, "-m", "fleet", "run", str(spec_path), "--run-dir", str(work), "--quiet"]
     launched = time.time()
-    wall = run_command(command, "fleet run", args.timeout)
-    results = json.loads((work / "results.json").read_text())
+    run = fleet_run(spec_path, work, args.timeout)
+    results, wall = run.results, run.wall_s
     predictions = results["policy_choice"].get("predicted_makespan_s", {})  # per candidate, under policy auto
     details = {**fleet_phases(work, results, launched, launched + wall), "policy": results["policy"],
                "predicted_s": predictions.get(results["policy"]), "predictions_s": predictions}
@@ -269,7 +240,7 @@ def fleet_phases(work: Path, results: dict, launched: float, ended: float) -> di
     MPI start-up, until the ranks' clock starts), profiling, the rest of the start-up (data,
     warm-up, planning), the training makespan (its first part: to the first training batch),
     and what follows (the report, shutdown)."""
-    from fleet.runtime.events import first_batch_s, read_events  # after REPO is on sys.path
+    from fleet.runtime.events import first_batch_s, read_events  # fleet kept out of this module's imports
 
     every = read_events(work / "events.jsonl")
     events = [e for e in every if e["event"] in ("run_start", "run_end")]
@@ -451,9 +422,7 @@ def main() -> None:
     contenders = [name for name in args.contenders if name != "ray" or not ray_missing()]
     if not contenders:
         sys.exit("no contender left to run")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.keep or tmp).resolve()
-        root.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.keep) as root:
         spec_path = write_spec(root, make_data(root, args), args)
         rounds = run_rounds(spec_path, root, contenders, args)
     rows = summary(rounds, contenders)

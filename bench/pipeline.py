@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,9 +50,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from _harness import at_least, read_results, run_to_end, runtime_option
+
 RAW_REPEATS = 3  # raw measurements per round
-sys.path.insert(0, str(REPO))
 
 
 def raw_bcast(chunk_bytes: int, chunks: int) -> None:
@@ -215,33 +214,9 @@ def path_run(spec: Path, profile: Path, run_dir: Path, fill: bool, ranks: int, e
     run_dir.mkdir()
     shutil.copy(profile, run_dir / "profile.json")
     flags = [] if fill else ["--no-fill"]
-    done = subprocess.run([*mpiexec(ranks), __file__, "--patched", str(spec), str(run_dir), *flags],
-                          capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode != 0:
-        sys.exit(f"pipeline run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    run_to_end([*mpiexec(ranks), __file__, "--patched", str(spec), str(run_dir), *flags], "pipeline run", 900, env)
     rates, members = epoch_rates(run_dir, train_size)
-    return rates, members, json.loads((run_dir / "results.json").read_text()).get("chunks_in_shared_memory", 0)
-
-
-def at_least(low: int, why: str = ""):
-    """An argparse type: an integer no smaller than `low` (`why` says what needs it)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is below {low}{why}")
-        return value
-
-    return parse
-
-
-def runtime_option(text: str) -> tuple[str, object]:
-    """``poll=busy`` -> ("poll", "busy"); the value is read as YAML (numbers stay numbers)."""
-    key, _, value = text.partition("=")
-    return key, yaml.safe_load(value)
+    return rates, members, read_results(run_dir).get("chunks_in_shared_memory", 0)
 
 
 def epoch_rates(run_dir: Path, train_size: int) -> tuple[list[float], list[list]]:
@@ -299,10 +274,8 @@ def main() -> None:
             if args.bytes_too:
                 bytes_rates += path_run(spec_bytes, profile, Path(tmp) / f"bytes{round_}", args.fill, ranks,
                                         env, train_size)[0]
-            raw = subprocess.run([*mpiexec(ranks), __file__, "--raw", str(chunk_bytes), str(chunks)],
-                                 capture_output=True, text=True, env=env, timeout=900)
-            if raw.returncode != 0:
-                sys.exit(f"raw broadcast failed:\n{raw.stderr[-2000:]}")
+            raw = run_to_end([*mpiexec(ranks), __file__, "--raw", str(chunk_bytes), str(chunks)], "raw broadcast",
+                             900, env)
             measured = json.loads(raw.stdout.strip().splitlines()[-1])
             library = measured.pop("library")
             this_round = {name: [chunks * args.chunk / s for s in times] for name, times in measured.items()}
