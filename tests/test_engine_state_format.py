@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fleet.engines import Engine
+from fleet.engines import Engine, EngineOptions
 from fleet.engines.emulated import EmulatedEngine
 from fleet.engines.torch import TorchEngine
 from fleet.schedule.rates import RateTable
@@ -69,7 +69,7 @@ def test_the_torch_engine_writes_and_reads_its_old_layout():
                 "num_parameters": engine.num_parameters, "model": state["model"], "optimizer": state["optimizer"],
                 "epoch": 1, "steps": 4, "rng": state["rng"]}
 
-    check_old_layout(lambda: TorchEngine(model(), SHAPE, CLASSES, threads=1), old_layout)
+    check_old_layout(lambda: TorchEngine(EngineOptions(model(), SHAPE, CLASSES, threads=1)), old_layout)
 
 
 def test_the_tensorflow_engine_writes_and_reads_its_old_layout():
@@ -82,12 +82,13 @@ def test_the_tensorflow_engine_writes_and_reads_its_old_layout():
                 "buffers": engine.flat_buffers(), "optimizer": state["optimizer"], "epoch": 1, "steps": 4,
                 "rng": state["rng"]}
 
-    check_old_layout(lambda: TensorFlowEngine(model(framework="tensorflow"), SHAPE, CLASSES), old_layout)
+    check_old_layout(lambda: TensorFlowEngine(EngineOptions(model(framework="tensorflow"), SHAPE, CLASSES)),
+                     old_layout)
 
 
 def emulated(grad_size: int = 256) -> EmulatedEngine:
-    return EmulatedEngine(model(), SHAPE, CLASSES, RATES, group_size=2, epochs_to_converge=4, grad_size=grad_size,
-                          sleep=lambda s: None)
+    return EmulatedEngine(EngineOptions(model(), SHAPE, CLASSES), RATES, group_size=2, epochs_to_converge=4,
+                          grad_size=grad_size, sleep=lambda s: None)
 
 
 def test_the_emulated_engine_writes_and_reads_its_old_layout():

@@ -1,7 +1,7 @@
 """Example: a second framework, "numpy-example": softmax regression trained with plain numpy.
 
 A framework is (see docs/architecture.md, "Adding an engine"):
-1. an `Engine` (one replica on one device: gradients, the declared `gradient_buffer` a
+1. an `Engine` (one replica on one device, built from `EngineOptions`: gradients, the declared `gradient_buffer` a
    collective reduces, optimizer step, evaluation, epochs, its state for checkpoints);
 2. a `ModelZoo` that builds, describes and sizes the families it supports;
 3. a `Framework` object tying them to a `StateCodec` (states to bytes that load without
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fleet.engines._base import Engine, EnginePhase, Framework, ModelStats, ModelZoo, check_flat
+from fleet.engines.options import EngineOptions
 from fleet.engines.schedule import learning_rate
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
@@ -56,16 +57,17 @@ class NumpyEngine(Engine):
 
     codec = TreeStateCodec()
 
-    def __init__(self, model, input_shape, num_classes: int, device: str = "cpu"):
-        if device != "cpu":
-            raise UserError(f"device {device!r}: numpy-example runs on the CPU only")
-        net = LinearZoo().build(model.family, model.params, input_shape, num_classes, seed=model.seed)
-        self.model_id, self.device, self.spec = model.id, "cpu", model
+    def __init__(self, options: EngineOptions):
+        if options.device != "cpu":
+            raise UserError(f"device {options.device!r}: numpy-example runs on the CPU only")
+        super().__init__(options)  # keeps spec, model_id and input_shape; epoch and steps 0
+        model, classes = options.model, options.num_classes
+        net = LinearZoo().build(model.family, model.params, self.input_shape, classes, seed=model.seed)
+        self.device = "cpu"
         self.params = np.concatenate([net["w"].ravel(), net["b"]])
         self.grads = np.zeros_like(self.params)
         self.num_parameters = self.params.size
-        self.shape = (int(np.prod(input_shape)), num_classes)
-        self._epoch, self._phase = 0, EnginePhase.BUILT
+        self.shape = (int(np.prod(self.input_shape)), classes)
         self._lr = self._scheduled_lr()
 
     def _weights(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,9 +158,8 @@ class NumpyFramework(Framework):
     def version(self) -> str:
         return np.__version__
 
-    def create_engine(self, model, input_shape, num_classes, device="cpu", threads=None,
-                      deterministic=False) -> Engine:
-        return NumpyEngine(model, input_shape, num_classes, device)
+    def create_engine(self, options: EngineOptions) -> Engine:
+        return NumpyEngine(options)  # threads and determinism do not apply
 
     def visible_gpus(self) -> int:
         return 0

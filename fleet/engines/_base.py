@@ -93,6 +93,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from fleet.engines.options import EngineOptions
 from fleet.errors import UserError
 
 if TYPE_CHECKING:  # annotations only: the spec imports this package (for its framework names)
@@ -147,14 +148,20 @@ class Engine(ABC):
     """One model replica on one device, driven by one trainer thread (not thread-safe).
 
     Attributes:
+        options: what the engine was built from.
+        spec: the `ModelSpec` it was built from (``options.model``).
         model_id: the `ModelSpec.id` the engine was built from.
+        input_shape: ``(channels, height, width)`` of one sample.
         device: the device the replica lives on (``cpu``, ``cuda:0``; the framework's own
             device object where it has one, which compares and prints as that).
         num_parameters: number of trainable parameters (the length of `flat_gradients()`).
         codec: encodes `state()` for `state_bytes` (one per engine class).
     """
 
+    options: EngineOptions
+    spec: "ModelSpec"
     model_id: str
+    input_shape: tuple[int, ...]
     device: Any
     num_parameters: int
     codec: ClassVar["StateCodec"]
@@ -162,6 +169,13 @@ class Engine(ABC):
     _phase: EnginePhase = EnginePhase.BUILT
     _epoch: int = 0
     _steps: int = 0
+
+    def __init__(self, options: EngineOptions):
+        """What every engine keeps of its options; an engine's ``__init__`` calls this first."""
+        self.options, self.spec = options, options.model
+        self.model_id = options.model.id
+        self.input_shape = options.input_shape
+        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
 
     @property
     def phase(self) -> EnginePhase:
@@ -372,12 +386,10 @@ class Framework(ABC):
         """The framework's version, for the profile's record of the hardware and software."""
 
     @abstractmethod
-    def create_engine(
-        self, model: "ModelSpec", input_shape: InputShape, num_classes: int, device: str = "cpu",
-        threads: int | None = None, deterministic: bool = False,
-    ) -> Engine:
-        """A replica of `model` on `device`, bound to it (the framework's current device is
-        set), `threads` host threads for this trainer, deterministic kernels if asked.
+    def create_engine(self, options: EngineOptions) -> Engine:
+        """A replica of ``options.model`` on ``options.device``, bound to it (the framework's
+        current device is set), ``options.threads`` host threads for this trainer,
+        deterministic kernels if asked.
 
         Raises:
             UserError: a device it cannot use, or a model it cannot build.

@@ -51,11 +51,11 @@ from typing import Any
 import numpy as np
 
 from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
+from fleet.engines.options import EngineOptions
 from fleet.engines.schedule import learning_rate
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
 from fleet.schedule.rates import RateTable
-from fleet.spec.search import ModelSpec
 
 STATE_FORMAT = "fleet.emulated_engine/1"
 STATE_KEYS = frozenset({"model_id", "num_parameters", "params", "epoch", "steps", "group_samples", "trained"})
@@ -70,13 +70,13 @@ class EmulatedEngine(Engine):
     """A stand-in replica whose steps take the profiled time (see the module docstring).
 
     Args:
-        model: the concrete model (its id, seed, LR schedule and stop rule are used).
-        input_shape: ``(channels, height, width)`` of one sample (batches are shape-checked).
-        num_classes: number of classes (sets the chance accuracy and the initial loss).
-        rates: the profile; must hold `model.id`.
+        options: the model (its id, seed, LR schedule and stop rule are used), the sample shape
+            (batches are shape-checked), the classes (they set the chance accuracy and the
+            initial loss) and the device: ``cpu`` or ``emulated`` (the small buffers always
+            live on the CPU); threads and determinism do not apply.
+        rates: the profile; must hold the model's id.
         group_size: trainers in this model's data-parallel group (m).
         epochs_to_converge: ``E`` of the convergence contract (None: from the profile).
-        device: ``cpu`` or ``emulated``; the small buffers always live on the CPU.
         grad_size: number of emulated parameters (`num_parameters`).
         eval_fraction: `evaluate` sleeps this fraction of the predicted epoch time.
         sleep: how to wait (injectable for tests); gets seconds.
@@ -89,17 +89,15 @@ class EmulatedEngine(Engine):
 
     def __init__(
         self,
-        model: ModelSpec,
-        input_shape: tuple[int, ...],
-        num_classes: int,
+        options: EngineOptions,
         rates: RateTable,
         group_size: int = 1,
         epochs_to_converge: int | None = None,
-        device: str = "cpu",
         grad_size: int = 256,
         eval_fraction: float = 0.01,
         sleep: Callable[[float], Any] = time.sleep,
     ):
+        model, device, num_classes = options.model, options.device, options.num_classes
         if model.id not in rates.ids:
             raise UserError(f"profile.json: no rates for model {model.id!r} ({NO_RATES})")
         if getattr(device, "value", device) not in ("cpu", "emulated"):
@@ -109,11 +107,9 @@ class EmulatedEngine(Engine):
                 f"expected group_size, grad_size, num_classes >= 1 and eval_fraction >= 0, "
                 f"got {group_size}, {grad_size}, {num_classes}, {eval_fraction}"
             )
-        self.spec = model
-        self.model_id = model.id
+        super().__init__(options)
         self.device = "cpu"
         self.num_parameters = int(grad_size)
-        self.input_shape = tuple(int(d) for d in input_shape)
         self.num_classes = int(num_classes)
         self.rates = rates
         self.group_size = int(group_size)
@@ -125,8 +121,7 @@ class EmulatedEngine(Engine):
         self._params = rng.standard_normal(self.num_parameters).astype(np.float32)
         self._grads = np.zeros(self.num_parameters, dtype=np.float32)
         self._final_accuracy = 0.80 + 0.15 * float(rng.random())
-        self._epoch, self._steps, self._group_samples, self._trained = 0, 0, 0, False
-        self._phase = EnginePhase.BUILT
+        self._group_samples, self._trained = 0, False
         self._lr = 0.0
         self._set_lr()
 

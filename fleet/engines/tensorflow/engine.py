@@ -9,7 +9,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fleet.engines._base import Engine, EnginePhase, InputShape, check_evaluate, check_state
+from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_state
+from fleet.engines.options import EngineOptions
 from fleet.engines.schedule import learning_rate
 from fleet.engines.tensorflow.flat import FlatAssigner, flatten
 from fleet.engines.tensorflow.gradients import Gradients
@@ -18,7 +19,6 @@ from fleet.engines.tensorflow.zoo import KerasZoo
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
 from fleet.rows import Rows, joined
-from fleet.spec.search import ModelSpec
 
 STATE_FORMAT = "fleet.tensorflow_engine/1"
 STATE_KEYS = frozenset({"model_id", "num_parameters", "parameters", "buffers", "optimizer", "epoch", "steps", "rng"})
@@ -94,12 +94,10 @@ class TensorFlowEngine(Engine):
     are part of `state()`.
 
     Args:
-        model: the concrete model; `model.seed` seeds the initial weights and dropout.
-        input_shape: ``(channels, height, width)`` of one sample.
-        num_classes: number of classes.
-        device: ``cpu`` or ``cuda:<i>``.
-        threads: TensorFlow's intra- and inter-op thread counts, if TF has not started yet.
-        deterministic: TensorFlow's deterministic kernels (process-wide).
+        options: the model (its seed seeds the initial weights and dropout), the sample shape,
+            the classes; the device (``cpu`` or ``cuda:<i>``); ``threads``: TensorFlow's intra-
+            and inter-op thread counts, if TF has not started yet; ``deterministic``:
+            TensorFlow's deterministic kernels (process-wide).
 
     Raises:
         UserError: an unusable device, unknown family, bad params, or an unbuildable user model.
@@ -107,13 +105,12 @@ class TensorFlowEngine(Engine):
 
     codec = CODEC
 
-    def __init__(self, model: ModelSpec, input_shape: InputShape, num_classes: int, device: str = "cpu",
-                 threads: int | None = None, deterministic: bool = False):
-        self.spec, self.model_id = model, model.id
-        self.input_shape = tuple(int(d) for d in input_shape)
-        self.device = check_device(device)
-        configure_tensorflow(threads, deterministic)
-        self.net = ZOO.build(model.family, model.params, self.input_shape, num_classes, seed=model.seed)
+    def __init__(self, options: EngineOptions):
+        super().__init__(options)
+        model = options.model
+        self.device = check_device(options.device)
+        configure_tensorflow(options.threads, options.deterministic)
+        self.net = ZOO.build(model.family, model.params, self.input_shape, options.num_classes, seed=model.seed)
         self._params = list(self.net.trainable_variables)
         if not self._params:
             raise UserError(f"family {model.family!r}: the model has no trainable parameters")
@@ -129,7 +126,6 @@ class TensorFlowEngine(Engine):
         self._gradients_fn = tf.function(self._gradients, reduce_retracing=True)
         self._train_fn = tf.function(self._train, reduce_retracing=True)
         self._eval_fn = tf.function(self._eval_sums, input_signature=batch)
-        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
         self._schedule_lr()
 
     # -- properties -------------------------------------------------------------------------

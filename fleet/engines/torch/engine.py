@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
+from fleet.engines.options import EngineOptions
 from fleet.engines.torch._tensors import (
     bind_flat_gradients,
     copy_flat_into,
@@ -29,7 +30,6 @@ from fleet.errors import UserError
 from fleet.models import InputShape, build_model, set_dropout_generator
 from fleet.rows import Rows
 from fleet.spec.families import is_user_family
-from fleet.spec.search import ModelSpec
 
 STATE_FORMAT = "fleet.torch_engine/1"
 STATE_KEYS = frozenset({"model_id", "num_parameters", "model", "optimizer", "epoch", "steps", "rng"})
@@ -75,14 +75,12 @@ class TorchEngine(Engine):
     """One replica of a `ModelSpec`'s network, its optimizer and LR schedule, on one device.
 
     Args:
-        model: the concrete model; `model.seed` seeds the initial weights (built on the CPU,
-            so every process and device type starts from the same weights) and the dropout RNG.
-        input_shape: ``(channels, height, width)`` of one sample.
-        num_classes: number of classes.
-        device: ``cpu``, ``cuda`` or ``cuda:<index>``.
-        threads: `torch.set_num_threads` for this trainer slot (process-wide); None leaves it.
-        deterministic: on CUDA, deterministic cuDNN/cuBLAS algorithms (slower); off by default,
-            which turns on cuDNN autotuning. On the CPU, runs are bit-reproducible for a fixed
+        options: the model (its seed seeds the initial weights, built on the CPU so that every
+            process and device type starts from the same weights, and the dropout RNG), the
+            sample shape, the classes; the device (``cpu``, ``cuda`` or ``cuda:<index>``);
+            ``threads``: `torch.set_num_threads` for this trainer slot (process-wide), None
+            leaves it; ``deterministic``: on CUDA, deterministic cuDNN/cuBLAS algorithms
+            (slower); off, cuDNN autotuning. On the CPU, runs are bit-reproducible for a fixed
             seed, data order and thread count either way.
 
     Raises:
@@ -91,21 +89,12 @@ class TorchEngine(Engine):
 
     codec = CODEC
 
-    def __init__(
-        self,
-        model: ModelSpec,
-        input_shape: InputShape,
-        num_classes: int,
-        device: str = "cpu",
-        threads: int | None = None,
-        deterministic: bool = False,
-    ):
-        self.spec = model
-        self.model_id = model.id
-        self.input_shape = tuple(int(d) for d in input_shape)
-        self.device = resolve_device(device)
-        configure_torch(self.device, threads, deterministic)
-        self.net = build_model(model.family, model.params, self.input_shape, num_classes, seed=model.seed)
+    def __init__(self, options: EngineOptions):
+        super().__init__(options)
+        model = options.model
+        self.device = resolve_device(options.device)
+        configure_torch(self.device, options.threads, options.deterministic)
+        self.net = build_model(model.family, model.params, self.input_shape, options.num_classes, seed=model.seed)
         self.net.to(device=self.device, dtype=torch.float32)
         self._params = [p for p in self.net.parameters() if p.requires_grad]
         if not self._params:
@@ -118,7 +107,6 @@ class TorchEngine(Engine):
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(derived_seed(model.seed, "dropout"))
         set_dropout_generator(self.net, self._generator)
-        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
         self._set_lr()
 
     # -- properties -------------------------------------------------------------------------
