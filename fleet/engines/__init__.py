@@ -12,7 +12,7 @@ Importing this package imports no framework (the spec takes its valid names from
 
 from __future__ import annotations
 
-from fleet.engines._base import Engine, EnginePhase, Framework, ModelStats, ModelZoo, StateCodec
+from fleet.engines._base import Engine, EnginePhase, Framework, ModelStats, ModelZoo, StateCodec, StateLayout
 from fleet.engines.options import EngineOptions
 from fleet.engines.registry import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_names, get_framework
 
@@ -26,6 +26,7 @@ __all__ = [
     "ModelStats",
     "ModelZoo",
     "StateCodec",
+    "StateLayout",
     "framework_names",
     "get_framework",
 ]

@@ -50,15 +50,20 @@ from typing import Any
 
 import numpy as np
 
-from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
+from fleet.engines._base import Engine, EnginePhase, StateLayout, check_evaluate, check_flat
 from fleet.engines.options import EngineOptions
-from fleet.engines.schedule import learning_rate
+from fleet.engines.schedule import epoch_lr
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
 from fleet.schedule.rates import RateTable
 
-STATE_FORMAT = "fleet.emulated_engine/1"
-STATE_KEYS = frozenset({"model_id", "num_parameters", "params", "epoch", "steps", "group_samples", "trained"})
+LAYOUT = StateLayout(
+    format="fleet.emulated_engine/1",
+    kind="an emulated engine state",
+    keys=frozenset({"model_id", "num_parameters", "params", "epoch", "steps", "group_samples", "trained"}),
+    family=False,
+    counted="emulated parameters, the engine has",
+)
 NO_RATES = "cluster.device: emulated needs a profile.json with rates for every model"
 
 
@@ -86,6 +91,7 @@ class EmulatedEngine(Engine):
     """
 
     codec = TreeStateCodec()
+    layout = LAYOUT
 
     def __init__(
         self,
@@ -122,8 +128,7 @@ class EmulatedEngine(Engine):
         self._grads = np.zeros(self.num_parameters, dtype=np.float32)
         self._final_accuracy = 0.80 + 0.15 * float(rng.random())
         self._group_samples, self._trained = 0, False
-        self._lr = 0.0
-        self._set_lr()
+        self._schedule_lr()
 
     def _converge_epochs(self, epochs_to_converge: int | None) -> int:
         if epochs_to_converge is not None:
@@ -136,10 +141,6 @@ class EmulatedEngine(Engine):
         return self.spec.train.max_epochs
 
     # -- properties -------------------------------------------------------------------------
-
-    @property
-    def lr(self) -> float:
-        return self._lr
 
     @property
     def improving_epochs(self) -> int:
@@ -203,7 +204,7 @@ class EmulatedEngine(Engine):
     def load_flat_buffers(self, flat: np.ndarray) -> None:
         check_flat(flat, 0, "load_flat_buffers")
 
-    # -- evaluation and epochs --------------------------------------------------------------
+    # -- evaluation -------------------------------------------------------------------------
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         """Metrics of the epoch being scored, after a fixed wait (see the module docstring).
@@ -218,34 +219,26 @@ class EmulatedEngine(Engine):
         accuracy = chance + (self._final_accuracy - chance) * fraction
         return {"loss": self._initial_loss() * (1.0 - 0.8 * fraction), "accuracy": accuracy}
 
-    def end_epoch(self) -> None:
-        self._epoch += 1
+    # -- the base's primitives (epochs and checkpoints) -------------------------------------
+
+    def _schedule_lr(self) -> None:
+        self._lr = epoch_lr(self.spec.train, self._epoch)
+
+    def _epoch_ended(self) -> None:
         self._trained = False
-        self._set_lr()
 
-    # -- checkpoints ------------------------------------------------------------------------
+    def _model_state(self) -> dict[str, Any]:
+        return {"params": self._params.copy()}
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "model_id": self.model_id,
-            "num_parameters": self.num_parameters,
-            "params": self._params.copy(),
-            "epoch": self._epoch,
-            "steps": self._steps,
-            "group_samples": self._group_samples,
-            "trained": self._trained,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        check_state(self, state, "an emulated engine state", STATE_FORMAT, STATE_KEYS,
-                    counted="emulated parameters, the engine has")
+    def _load_model_state(self, state: dict[str, Any]) -> None:
         np.copyto(self._params, np.asarray(state["params"], dtype=np.float32))
         self._grads[:] = 0.0
-        self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"group_samples": self._group_samples, "trained": self._trained}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._group_samples, self._trained = int(state["group_samples"]), bool(state["trained"])
-        self._phase = EnginePhase.BUILT
-        self._set_lr()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -267,10 +260,6 @@ class EmulatedEngine(Engine):
     def _train_loss(self) -> float:
         seen = self._group_samples / self.rates.samples_per_epoch
         return self._initial_loss() * (0.15 + 0.85 * math.exp(-3.0 * seen / max(self.improving_epochs, 1)))
-
-    def _set_lr(self) -> None:
-        train = self.spec.train
-        self._lr = learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
 
     def _check_batch(self, x: np.ndarray, y: np.ndarray) -> None:
         if x.ndim != 4 or tuple(x.shape[1:]) != self.input_shape or len(y) != len(x) or len(x) == 0:
