@@ -174,17 +174,18 @@ def plain_keras_gradients(tf, keras, net) -> Callable[[np.ndarray, np.ndarray], 
 def contenders(family: str, params: dict, args: argparse.Namespace, mods) -> tuple[dict, int]:
     """Each contender's step for `family`, and the network's parameter count (checked equal:
     the plain network's initial weights are the fleet Keras engine's)."""
+    from fleet.engines.options import EngineOptions
     from fleet.engines.tensorflow import FRAMEWORK as TF_FRAMEWORK, KerasZoo
     from fleet.engines.torch.framework import FRAMEWORK as TORCH_FRAMEWORK
 
     tf, keras, _ = mods
     shape, train = tuple(args.shape), {"optimizer": args.optimizer, "lr": args.lr, "momentum": args.momentum,
                                        "weight_decay": args.weight_decay, "batch_size": args.batch}
-    keras_engine = TF_FRAMEWORK.create_engine(model_spec(family, params, "tensorflow", train), shape, args.classes,
-                                              threads=args.threads)
+    keras_engine = TF_FRAMEWORK.create_engine(EngineOptions(model_spec(family, params, "tensorflow", train), shape,
+                                                            args.classes, threads=args.threads))
     net = KerasZoo().build(family, params, shape, args.classes, seed=SEED)
-    torch_engine = TORCH_FRAMEWORK.create_engine(model_spec(family, params, "torch", train), shape, args.classes,
-                                                 threads=args.threads)
+    torch_engine = TORCH_FRAMEWORK.create_engine(EngineOptions(model_spec(family, params, "torch", train), shape,
+                                                               args.classes, threads=args.threads))
     plain = np.concatenate([np.asarray(v.numpy(), np.float32).reshape(-1) for v in net.trainable_variables])
     if not np.array_equal(plain, keras_engine.flat_parameters()):
         raise SystemExit(f"engines: {family}: the plain network's weights are not the fleet engine's")
@@ -195,7 +196,8 @@ def contenders(family: str, params: dict, args: argparse.Namespace, mods) -> tup
              "fleet torch": fleet_step(torch_engine)}
     if args.detail:
         steps[DETAIL] = plain_keras_gradients(tf, keras, net)
-        twin = TF_FRAMEWORK.create_engine(model_spec(family, params, "tensorflow", train), shape, args.classes)
+        twin = TF_FRAMEWORK.create_engine(EngineOptions(model_spec(family, params, "tensorflow", train), shape,
+                                                        args.classes))
         steps[TWO_CALLS] = SplitStep(twin)
     return steps, keras_engine.num_parameters
 

@@ -15,6 +15,7 @@ import torch
 
 import fleet.runtime.train.checkpoint as checkpoint_module
 from fleet import safetree
+from fleet.engines import EngineOptions
 from fleet.engines.torch import TorchEngine
 from fleet.errors import UserError
 from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
@@ -71,7 +72,7 @@ def corrupt(path, offset: int = 100) -> None:
 
 
 def engine_after_one_epoch() -> TorchEngine:
-    engine = TorchEngine(spec(), SHAPE, CLASSES)
+    engine = TorchEngine(EngineOptions(spec(), SHAPE, CLASSES))
     for x, y in batches(3, seed=1):
         engine.train_step(x, y)
     engine.end_epoch()
@@ -89,7 +90,7 @@ def test_round_trip_of_a_torch_engine_resumes_training_exactly(store):
     assert (loaded.epochs, loaded.epoch_samples, loaded.history, loaded.meta) == (1, 24, saved.history, saved.meta)
     rule = StopRule(patience=2)
     assert StopTracker.from_dict(rule, loaded.stop) == StopTracker.from_dict(rule, saved.stop)
-    resumed = TorchEngine(spec(), SHAPE, CLASSES)
+    resumed = TorchEngine(EngineOptions(spec(), SHAPE, CLASSES))
     resumed.load_state_bytes(loaded.engine_state)
     assert [resumed.train_step(x, y) for x, y in after] == expected
     assert store.save_seconds > 0 and store.last_save["mlp-000"].path == path
@@ -275,7 +276,7 @@ def test_an_old_torch_checkpoint_still_resumes_exactly(store):
 
     loaded = store.load("mlp-000")
     assert (loaded.epochs, loaded.gpu_seconds, loaded.meta["gpus"]) == (1, 1.5, 2)
-    resumed = TorchEngine(spec(), SHAPE, CLASSES)
+    resumed = TorchEngine(EngineOptions(spec(), SHAPE, CLASSES))
     resumed.load_state_bytes(loaded.engine_state)
     assert [resumed.train_step(x, y) for x, y in after] == expected
     store.save(make_ckpt(epochs=2, state=resumed.state_bytes()))  # the old file stays as the fallback
@@ -290,11 +291,11 @@ def test_an_old_emulated_checkpoint_resumes_without_a_framework_in_its_state(sto
 
     rates = RateTable.from_dict({"schema": 1, "gpus_per_node": 1, "samples_per_epoch": 64,
                                  "models": [{"id": "mlp-000", "rates": {"1": 1e9}}]})
-    engine = EmulatedEngine(spec(), SHAPE, CLASSES, rates, sleep=lambda s: None)
+    engine = EmulatedEngine(EngineOptions(spec(), SHAPE, CLASSES), rates, sleep=lambda s: None)
     engine.train_step(*batches(1, seed=3)[0])
     old_state = {**engine.state(), "params": torch.from_numpy(engine.state()["params"])}
     commit_file(store, "mlp-000", "ckpt-00001-000000000.pt", old_checkpoint_bytes(old_state), epochs=1)
-    resumed = EmulatedEngine(spec(), SHAPE, CLASSES, rates, sleep=lambda s: None)
+    resumed = EmulatedEngine(EngineOptions(spec(), SHAPE, CLASSES), rates, sleep=lambda s: None)
     resumed.load_state_bytes(store.load("mlp-000").engine_state)
     assert np.array_equal(resumed.flat_parameters(), engine.flat_parameters()) and resumed.steps == 1
 

@@ -14,6 +14,7 @@ from docs.examples.collective_gather import GatherCollective
 from docs.examples.engine_numpy import FRAMEWORK, NumpyEngine
 from docs.examples.policy_longest_first import LongestFirst
 from docs.examples.reader_npz import ENTRY, NpzReader
+from fleet.engines import EngineOptions
 from fleet.engines.factory import create_engine
 from fleet.engines.registry import FRAMEWORKS
 from fleet.errors import UserError
@@ -58,7 +59,7 @@ def numpy_framework():
 def test_the_engine_example_trains_through_the_registry_and_its_state_survives_a_checkpoint(numpy_framework):
     spec = parse_spec({**SPEC, "framework": "numpy-example", "models": [{"family": "mlp", "params": {"hidden": []}}]})
     model = spec.models[0]
-    engine = create_engine(model, (1, 8, 8), 10)
+    engine = create_engine(EngineOptions(model, (1, 8, 8), 10))
     assert isinstance(engine, NumpyEngine) and engine.num_parameters == 65 * 10
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 1, 8, 8)).astype(np.float32)
@@ -66,12 +67,12 @@ def test_the_engine_example_trains_through_the_registry_and_its_state_survives_a
     losses = [engine.train_step(x, y) for _ in range(200)]
     assert losses[-1] < 0.5 * losses[0] and engine.evaluate(x, y)["accuracy"] > 0.8
     saved = engine.state_bytes()
-    again = create_engine(model, (1, 8, 8), 10)
+    again = create_engine(EngineOptions(model, (1, 8, 8), 10))
     again.load_state_bytes(saved)
     np.testing.assert_array_equal(again.flat_parameters(), engine.flat_parameters())
     assert engine.gradient_buffer() is engine.flat_gradients()  # reduced in place by a collective
     with pytest.raises(UserError, match="hidden: \\[\\] only"):
-        create_engine(parse_spec({**SPEC, "framework": "numpy-example"}).models[0], (1, 8, 8), 10)
+        create_engine(EngineOptions(parse_spec({**SPEC, "framework": "numpy-example"}).models[0], (1, 8, 8), 10))
 
 
 def test_the_collective_example_sums_on_one_rank_and_is_chosen_by_name():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleet.engines import Engine, EnginePhase
+from fleet.engines import Engine, EngineOptions, EnginePhase
 from fleet.engines.emulated import EmulatedEngine
 from fleet.engines.factory import create_engine
 from fleet.engines.torch import TorchEngine
@@ -47,7 +47,7 @@ def emulated(
     """An engine whose waits are recorded in the returned list instead of slept."""
     slept: list[float] = []
     engine = EmulatedEngine(
-        model or spec(), SHAPE, CLASSES, RATES, group_size, epochs, sleep=slept.append, **kwargs
+        EngineOptions(model or spec(), SHAPE, CLASSES), RATES, group_size, epochs, sleep=slept.append, **kwargs
     )
     return engine, slept
 
@@ -137,7 +137,7 @@ def check_data_parallel(make: callable, m: int = 2) -> None:
 
 def test_torch_engine_passes_the_interface_checks():
     model = spec(family="cnn", params={"channels": [2], "hidden": 8})
-    check_engine_interface(lambda: TorchEngine(model, SHAPE, CLASSES))
+    check_engine_interface(lambda: TorchEngine(EngineOptions(model, SHAPE, CLASSES)))
 
 
 def test_emulated_engine_passes_the_interface_checks():
@@ -147,6 +147,7 @@ def test_emulated_engine_passes_the_interface_checks():
 NO_TORCH_SCRIPT = """
 import sys
 import numpy as np
+from fleet.engines import EngineOptions
 from fleet.engines.factory import create_engine
 from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
 from fleet.schedule.rates import RateTable
@@ -155,7 +156,7 @@ from fleet.spec import parse_spec
 spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "resnet"}]})
 rates = RateTable.from_dict({"schema": 1, "gpus_per_node": 1, "samples_per_epoch": 64,
                              "models": [{"id": "resnet-000", "rates": {"1": 1e6}}]})
-engine = create_engine(spec.models[0], (1, 8, 8), 10, device="emulated", rates=rates)
+engine = create_engine(EngineOptions(spec.models[0], (1, 8, 8), 10, device="emulated"), rates=rates)
 engine.train_step(np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, np.int64))
 store = CheckpointStore(sys.argv[1])
 store.save(ModelCheckpoint("resnet-000", engine.state_bytes(), stop={}))
@@ -197,7 +198,7 @@ def test_evaluate_waits_a_fixed_share_of_an_epoch_whatever_the_validation_size()
 
 
 def test_the_default_wait_is_a_real_sleep_not_a_busy_wait():
-    engine = EmulatedEngine(spec(), SHAPE, CLASSES, RATES, group_size=2)
+    engine = EmulatedEngine(EngineOptions(spec(), SHAPE, CLASSES), RATES, group_size=2)
     assert engine._sleep is __import__("time").sleep
 
 
@@ -289,7 +290,7 @@ def test_load_state_rejects_other_models_and_torch_states():
     other, _ = emulated(spec("emu-001"))
     with pytest.raises(UserError, match="cannot be loaded into model 'emu-000'"):
         engine.load_state(other.state())
-    torch_state = TorchEngine(spec(), SHAPE, CLASSES).state()
+    torch_state = TorchEngine(EngineOptions(spec(), SHAPE, CLASSES)).state()
     with pytest.raises(UserError, match="not an emulated engine state"):
         engine.load_state(torch_state)
 
@@ -298,14 +299,15 @@ def test_load_state_rejects_other_models_and_torch_states():
 
 
 def test_create_engine_builds_the_emulated_engine_from_the_profile():
-    engine = create_engine(spec(), SHAPE, CLASSES, device="emulated", rates=RATES, group_size=2, epochs_to_converge=3)
+    options = EngineOptions(spec(), SHAPE, CLASSES, device="emulated")
+    engine = create_engine(options, rates=RATES, group_size=2, epochs_to_converge=3)
     assert isinstance(engine, EmulatedEngine)
     assert (engine.group_size, engine.emulated_epochs, engine.num_parameters) == (2, 3, 256)
-    assert isinstance(create_engine(spec(), SHAPE, CLASSES, device="cpu"), TorchEngine)
+    assert isinstance(create_engine(EngineOptions(spec(), SHAPE, CLASSES, device="cpu")), TorchEngine)
 
 
 def test_emulated_without_rates_is_a_user_error():
     with pytest.raises(UserError, match=r"^cluster.device: emulated needs a profile.json with rates for every model$"):
-        create_engine(spec(), SHAPE, CLASSES, device="emulated")
+        create_engine(EngineOptions(spec(), SHAPE, CLASSES, device="emulated"))
     with pytest.raises(UserError, match=r"^profile.json: no rates for model 'emu-404'"):
-        create_engine(spec("emu-404"), SHAPE, CLASSES, device="emulated", rates=RATES)
+        create_engine(EngineOptions(spec("emu-404"), SHAPE, CLASSES, device="emulated"), rates=RATES)

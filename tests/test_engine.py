@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleet.engines import Engine, EnginePhase
+from fleet.engines import Engine, EngineOptions, EnginePhase
 from fleet.engines.factory import create_engine
 from fleet.engines.schedule import learning_rate
 from fleet.engines.torch import TorchEngine
@@ -40,8 +40,13 @@ MLP = ("mlp", {"hidden": [32, 16]})
 LSTM = ("lstm", {"hidden": 12, "layers": 2})
 
 
+def torch_engine(model: ModelSpec, **options) -> TorchEngine:
+    """A torch engine of `model` on MNIST-like samples; `options`: device, threads, deterministic."""
+    return TorchEngine(EngineOptions(model, MNIST_LIKE, CLASSES, **options))
+
+
 def test_create_engine_gives_a_seeded_engine():
-    engine = create_engine(model_spec(*MLP), MNIST_LIKE, CLASSES)
+    engine = create_engine(EngineOptions(model_spec(*MLP), MNIST_LIKE, CLASSES))
     assert isinstance(engine, Engine)
     assert engine.model_id == "mlp-000"
     assert engine.device == torch.device("cpu")
@@ -54,7 +59,7 @@ def test_create_engine_gives_a_seeded_engine():
 @pytest.mark.parametrize("family_params", [CNN, RESNET], ids=["cnn-dropout", "resnet-bn"])
 def test_same_model_spec_gives_bit_identical_losses(family_params):
     data = batches(5)
-    a, b = (TorchEngine(model_spec(*family_params), MNIST_LIKE, CLASSES) for _ in range(2))
+    a, b = (torch_engine(model_spec(*family_params)) for _ in range(2))
     assert np.array_equal(a.flat_parameters(), b.flat_parameters())
     assert [a.train_step(x, y) for x, y in data] == [b.train_step(x, y) for x, y in data]
 
@@ -65,7 +70,7 @@ ON_CUDA_TOO = ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.
 @pytest.mark.parametrize("device", ON_CUDA_TOO)
 def test_a_batch_in_pieces_trains_as_the_joined_batch(device):
     data = batches(3, size=12)
-    whole, pieces = (TorchEngine(model_spec(*CNN), MNIST_LIKE, CLASSES, device=device, deterministic=True)
+    whole, pieces = (torch_engine(model_spec(*CNN), device=device, deterministic=True)
                      for _ in range(2))
     for x, y in data:
         split = Pieces((x[:5], x[5:7], x[7:]))
@@ -74,14 +79,14 @@ def test_a_batch_in_pieces_trains_as_the_joined_batch(device):
 
 
 def test_another_seed_gives_other_weights():
-    a = TorchEngine(model_spec(*MLP, seed=1), MNIST_LIKE, CLASSES)
-    b = TorchEngine(model_spec(*MLP, seed=2), MNIST_LIKE, CLASSES)
+    a = torch_engine(model_spec(*MLP, seed=1))
+    b = torch_engine(model_spec(*MLP, seed=2))
     assert not np.array_equal(a.flat_parameters(), b.flat_parameters())
 
 
 def test_train_step_is_compute_then_apply():
     data = batches(3)
-    a, b = (TorchEngine(model_spec(*CNN, optimizer="adam", lr=0.01), MNIST_LIKE, CLASSES) for _ in range(2))
+    a, b = (torch_engine(model_spec(*CNN, optimizer="adam", lr=0.01)) for _ in range(2))
     for x, y in data:
         loss_a = a.train_step(x, y)
         loss_b = b.compute_gradients(x, y)
@@ -102,18 +107,18 @@ def continue_training(engine: Engine, data) -> list[float]:
 def test_state_resumes_exactly(family_params, train):
     spec = model_spec(*family_params, **train)
     before, after = batches(3, seed=1), batches(3, seed=2)
-    original = TorchEngine(spec, MNIST_LIKE, CLASSES)
+    original = torch_engine(spec)
     continue_training(original, before)
     original.end_epoch()
     snapshot, original_bytes = original.state(), original.state_bytes()
     expected = continue_training(original, after)
 
-    resumed = TorchEngine(spec, MNIST_LIKE, CLASSES)
+    resumed = torch_engine(spec)
     resumed.load_state(snapshot)
     assert (resumed.epoch, resumed.steps, resumed.lr) == (1, 3, original.lr)
     assert continue_training(resumed, after) == expected
 
-    from_disk = TorchEngine(spec, MNIST_LIKE, CLASSES)
+    from_disk = torch_engine(spec)
     from_disk.load_state_bytes(original_bytes)
     assert continue_training(from_disk, after) == expected
     assert np.array_equal(from_disk.flat_parameters(), original.flat_parameters())
@@ -122,13 +127,13 @@ def test_state_resumes_exactly(family_params, train):
 
 def test_state_is_a_snapshot_not_a_view():
     spec = model_spec(*MLP)
-    engine = TorchEngine(spec, MNIST_LIKE, CLASSES)
+    engine = torch_engine(spec)
     continue_training(engine, batches(2))
     snapshot = engine.state()
     frozen = {k: v.clone() for k, v in snapshot["model"].items()}
     continue_training(engine, batches(2, seed=3))
     assert all(torch.equal(frozen[k], snapshot["model"][k]) for k in frozen)
-    first, second = TorchEngine(spec, MNIST_LIKE, CLASSES), TorchEngine(spec, MNIST_LIKE, CLASSES)
+    first, second = torch_engine(spec), torch_engine(spec)
     first.load_state(snapshot)
     second.load_state(snapshot)
     after = batches(3, seed=4)
@@ -136,9 +141,9 @@ def test_state_is_a_snapshot_not_a_view():
 
 
 def test_load_state_rejects_other_models_and_garbage():
-    engine = TorchEngine(model_spec(*MLP), MNIST_LIKE, CLASSES)
-    other = TorchEngine(model_spec(*MLP, model_id="mlp-001"), MNIST_LIKE, CLASSES)
-    wider = TorchEngine(model_spec("mlp", {"hidden": [33, 16]}), MNIST_LIKE, CLASSES)
+    engine = torch_engine(model_spec(*MLP))
+    other = torch_engine(model_spec(*MLP, model_id="mlp-001"))
+    wider = torch_engine(model_spec("mlp", {"hidden": [33, 16]}))
     for bad, needle in [
         (other.state(), "cannot be loaded into model 'mlp-000'"),
         (wider.state(), "parameters"),
@@ -164,8 +169,8 @@ def shard_average_step(replicas: list[TorchEngine], x: np.ndarray, y: np.ndarray
 @pytest.mark.parametrize("family_params", [MLP, LSTM], ids=["mlp", "lstm"])
 def test_data_parallel_shards_equal_one_big_batch(family_params, m):
     spec = model_spec(*family_params, lr=0.1, weight_decay=1e-3)
-    reference = TorchEngine(spec, MNIST_LIKE, CLASSES)
-    replicas = [TorchEngine(spec, MNIST_LIKE, CLASSES) for _ in range(m)]
+    reference = torch_engine(spec)
+    replicas = [torch_engine(spec) for _ in range(m)]
     for x, y in batches(3, size=16):
         reference.train_step(x, y)
         shard_average_step(replicas, x, y)
@@ -174,7 +179,7 @@ def test_data_parallel_shards_equal_one_big_batch(family_params, m):
 
 
 def test_flat_gradients_is_a_view_of_the_gradients_on_cpu():
-    engine = TorchEngine(model_spec(*MLP), MNIST_LIKE, CLASSES)
+    engine = torch_engine(model_spec(*MLP))
     engine.compute_gradients(*batches(1)[0])
     flat = engine.flat_gradients()
     assert flat.dtype == np.float32 and flat.ndim == 1 and flat.flags.c_contiguous
@@ -192,15 +197,15 @@ def test_flat_gradients_is_a_view_of_the_gradients_on_cpu():
 
 
 def test_load_flat_gradients_checks_the_length():
-    engine = TorchEngine(model_spec(*MLP), MNIST_LIKE, CLASSES)
+    engine = torch_engine(model_spec(*MLP))
     with pytest.raises(ValueError, match="expected a 1-D array of"):
         engine.load_flat_gradients(np.zeros(3, dtype=np.float32))
 
 
 def test_flat_parameters_and_buffers_round_trip():
-    source = TorchEngine(model_spec(*RESNET, seed=1), MNIST_LIKE, CLASSES)
+    source = torch_engine(model_spec(*RESNET, seed=1))
     continue_training(source, batches(2))
-    target = TorchEngine(model_spec(*RESNET, seed=2), MNIST_LIKE, CLASSES)
+    target = torch_engine(model_spec(*RESNET, seed=2))
     target.load_flat_parameters(source.flat_parameters())
     target.load_flat_buffers(source.flat_buffers())
     assert np.array_equal(target.flat_parameters(), source.flat_parameters())
@@ -210,7 +215,7 @@ def test_flat_parameters_and_buffers_round_trip():
 
 
 def test_evaluate_is_batch_size_independent_and_leaves_weights_alone():
-    engine = TorchEngine(model_spec(*RESNET), MNIST_LIKE, CLASSES)
+    engine = torch_engine(model_spec(*RESNET))
     continue_training(engine, batches(2))
     x, y = batches(1, size=50, seed=5)[0]
     weights = engine.flat_parameters()
@@ -223,7 +228,7 @@ def test_evaluate_is_batch_size_independent_and_leaves_weights_alone():
 
 
 def test_a_wrong_batch_shape_names_the_model():
-    engine = TorchEngine(model_spec(*MLP), MNIST_LIKE, CLASSES)
+    engine = torch_engine(model_spec(*MLP))
     with pytest.raises(ValueError, match="mlp-000.*expected x of shape"):
         engine.train_step(np.zeros((4, 3, 8, 8), np.float32), np.zeros(4, np.int64))
 
@@ -246,7 +251,7 @@ def test_a_wrong_batch_shape_names_the_model():
 def test_lr_schedules_follow_their_formulas(schedule, expected):
     rule = LRSchedule(**schedule)
     assert [learning_rate(0.1, rule, e, 6) for e in range(6)] == pytest.approx(expected)
-    engine = TorchEngine(model_spec(*MLP, lr=0.1, max_epochs=6, schedule=schedule), MNIST_LIKE, CLASSES)
+    engine = torch_engine(model_spec(*MLP, lr=0.1, max_epochs=6, schedule=schedule))
     seen = []
     for _ in range(6):
         seen.append(engine.lr)
@@ -271,7 +276,7 @@ def separable_blobs(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_an_mlp_learns_separable_data():
-    engine = TorchEngine(model_spec("mlp", {"hidden": [32]}, lr=0.05), MNIST_LIKE, CLASSES)
+    engine = torch_engine(model_spec("mlp", {"hidden": [32]}, lr=0.05))
     x, y = separable_blobs(2048, seed=1)
     for step in range(200):
         i = (step * 32) % 2048
@@ -283,7 +288,7 @@ def test_an_mlp_learns_separable_data():
 def test_threads_sets_torch_threads():
     before = torch.get_num_threads()
     try:
-        TorchEngine(model_spec(*MLP), MNIST_LIKE, CLASSES, threads=1)
+        torch_engine(model_spec(*MLP), threads=1)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -292,13 +297,13 @@ def test_threads_sets_torch_threads():
 @pytest.mark.parametrize("device", ["tpu:0", "not a device"])
 def test_bad_devices_are_user_errors(device):
     with pytest.raises(UserError, match="device"):
-        TorchEngine(model_spec(*MLP), MNIST_LIKE, CLASSES, device=device)
+        torch_engine(model_spec(*MLP), device=device)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this node has CUDA")
 def test_cuda_without_cuda_is_a_user_error():
     with pytest.raises(UserError, match="CUDA is not available"):
-        TorchEngine(model_spec(*MLP), MNIST_LIKE, CLASSES, device="cuda:0")
+        torch_engine(model_spec(*MLP), device="cuda:0")
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -308,8 +313,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("family_params", [CNN, LSTM, RESNET], ids=["cnn", "lstm", "resnet"])
 def test_cuda_engine_trains_and_moves_to_cpu(family_params):
     spec = model_spec(*family_params, optimizer="adam", lr=0.01)
-    gpu = TorchEngine(spec, MNIST_LIKE, CLASSES, device="cuda:0", deterministic=True)
-    cpu = TorchEngine(spec, MNIST_LIKE, CLASSES)
+    gpu = torch_engine(spec, device="cuda:0", deterministic=True)
+    cpu = torch_engine(spec)
     assert np.array_equal(gpu.flat_parameters(), cpu.flat_parameters())  # same init on any device
     losses = continue_training(gpu, batches(3))
     assert all(math.isfinite(v) for v in losses)
@@ -325,8 +330,8 @@ def test_cuda_engine_trains_and_moves_to_cpu(family_params):
 @needs_cuda
 def test_cuda_data_parallel_shards_equal_one_big_batch():
     spec = model_spec(*MLP, lr=0.1)
-    reference = TorchEngine(spec, MNIST_LIKE, CLASSES, device="cuda:0", deterministic=True)
-    replicas = [TorchEngine(spec, MNIST_LIKE, CLASSES, device="cuda:0", deterministic=True) for _ in range(2)]
+    reference = torch_engine(spec, device="cuda:0", deterministic=True)
+    replicas = [torch_engine(spec, device="cuda:0", deterministic=True) for _ in range(2)]
     for x, y in batches(3, size=16):
         reference.train_step(x, y)
         shard_average_step(replicas, x, y)
@@ -347,12 +352,12 @@ def test_a_user_model_on_the_global_rng_resumes_exactly(tmp_path, monkeypatch):
     (tmp_path / "fleet_engine_user_models.py").write_text(USER_DROPOUT_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = model_spec("fleet_engine_user_models:dropout_mlp", {"p": 0.4}, model_id="user-000")
-    original = TorchEngine(spec, MNIST_LIKE, CLASSES)
+    original = torch_engine(spec)
     continue_training(original, batches(2, seed=1))
     snapshot = original.state()
     after = batches(3, seed=2)
     expected = continue_training(original, after)
-    resumed = TorchEngine(spec, MNIST_LIKE, CLASSES)
+    resumed = torch_engine(spec)
     resumed.load_state(snapshot)
     assert continue_training(resumed, after) == expected
 
@@ -361,10 +366,10 @@ def test_a_user_model_on_the_global_rng_resumes_exactly(tmp_path, monkeypatch):
 def test_cuda_state_resumes_exactly():
     spec = model_spec(*CNN, optimizer="adam", lr=0.01)
     before, after = batches(3, seed=1), batches(3, seed=2)
-    original = TorchEngine(spec, MNIST_LIKE, CLASSES, device="cuda:0", deterministic=True)
+    original = torch_engine(spec, device="cuda:0", deterministic=True)
     continue_training(original, before)
     snapshot = original.state()
     expected = continue_training(original, after)
-    resumed = TorchEngine(spec, MNIST_LIKE, CLASSES, device="cuda:0", deterministic=True)
+    resumed = torch_engine(spec, device="cuda:0", deterministic=True)
     resumed.load_state(snapshot)
     assert continue_training(resumed, after) == expected

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fleet.engines import EngineOptions
 from fleet.engines.torch import TorchEngine
 from fleet.models import build_model
 from fleet.spec import ModelSpec, TrainSpec
@@ -65,7 +66,7 @@ def plain_run(spec: ModelSpec) -> tuple[torch.nn.Module, list[float]]:
 
 
 def engine_run(spec: ModelSpec) -> tuple[TorchEngine, list[float]]:
-    engine = TorchEngine(spec, SHAPE, CLASSES)
+    engine = TorchEngine(EngineOptions(spec, SHAPE, CLASSES))
     lrs = []
     for epoch in range(EPOCHS):
         lrs.append(engine.lr)

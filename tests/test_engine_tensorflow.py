@@ -19,7 +19,7 @@ import keras  # noqa: E402
 import torch  # noqa: E402
 
 from fleet import models  # noqa: E402
-from fleet.engines import Engine, EnginePhase, get_framework  # noqa: E402
+from fleet.engines import Engine, EngineOptions, EnginePhase, get_framework  # noqa: E402
 from fleet.engines.tensorflow import FRAMEWORK, KerasZoo, TensorFlowEngine  # noqa: E402
 from fleet.engines.tensorflow.zoo import BUILDERS, COUNTERS, trainable_count  # noqa: E402
 from fleet.engines.factory import create_engine  # noqa: E402
@@ -44,7 +44,7 @@ def model_spec(family: str, params: dict, seed: int = 11, model_id: str | None =
 
 
 def engine(family_params=MLP, shape=SHAPE, **train) -> TensorFlowEngine:
-    return FRAMEWORK.create_engine(model_spec(*family_params, **train), shape, CLASSES)
+    return FRAMEWORK.create_engine(EngineOptions(model_spec(*family_params, **train), shape, CLASSES))
 
 
 def batches(count: int, size: int = 16, shape=SHAPE, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -101,7 +101,7 @@ def test_the_keras_twins_count_like_the_torch_families(family, params, shape):
 def test_the_same_seed_gives_the_same_weights_and_another_seed_others():
     first, again = engine(CNN), engine(CNN)
     assert np.array_equal(first.flat_parameters(), again.flat_parameters())
-    other = FRAMEWORK.create_engine(model_spec(*CNN, seed=12), SHAPE, CLASSES)
+    other = FRAMEWORK.create_engine(EngineOptions(model_spec(*CNN, seed=12), SHAPE, CLASSES))
     assert not np.allclose(first.flat_parameters(), other.flat_parameters())
     assert first.flat_buffers().size == 2 * (4 + 8) and engine(MLP).flat_buffers().size == 0
     assert np.array_equal(engine(LSTM).flat_parameters(), engine(LSTM).flat_parameters())
@@ -172,13 +172,13 @@ def test_bad_params_and_devices_are_one_line_user_errors():
         engine(("mlp", {"width": 3}))
     for device in ("cuda:x", "gpu", "cuda:-1"):
         with pytest.raises(UserError, match=rf"^device '{device}': expected 'c"):
-            FRAMEWORK.create_engine(model_spec(*MLP), SHAPE, CLASSES, device=device)
+            FRAMEWORK.create_engine(EngineOptions(model_spec(*MLP), SHAPE, CLASSES, device=device))
 
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU is visible")
 def test_a_cuda_device_without_a_gpu_says_which_wheel():
     with pytest.raises(UserError, match=r"^device 'cuda:0': TensorFlow sees 0 GPU\(s\) here \(is the tensorflow-cpu"):
-        FRAMEWORK.create_engine(model_spec(*MLP), SHAPE, CLASSES, device="cuda:0")
+        FRAMEWORK.create_engine(EngineOptions(model_spec(*MLP), SHAPE, CLASSES, device="cuda:0"))
 
 
 BAD_USER_MODEL = '''
@@ -275,8 +275,9 @@ def test_cnn_replicas_stay_equal_but_batch_norm_sees_only_its_shard():
 
 
 def test_the_factory_builds_it_for_a_tensorflow_model_and_a_batch_in_pieces_trains_as_joined():
-    whole = create_engine(model_spec(*MLP), SHAPE, CLASSES, threads=1)  # TF has started: threads are left as they are
-    split = create_engine(model_spec(*MLP), SHAPE, CLASSES)
+    # TF has started: threads are left as they are
+    whole = create_engine(EngineOptions(model_spec(*MLP), SHAPE, CLASSES, threads=1))
+    split = create_engine(EngineOptions(model_spec(*MLP), SHAPE, CLASSES))
     assert isinstance(whole, TensorFlowEngine) and whole.device == "cpu"
     for x, y in batches(2):
         assert split.train_step(Pieces((x[:5], x[5:7], x[7:])), y) == whole.train_step(x, y)
@@ -329,7 +330,7 @@ def test_a_restored_engine_continues_with_the_same_losses(optimizer):
 
 def test_a_state_of_another_model_or_kind_is_refused():
     saved = engine(MLP).state()
-    other = FRAMEWORK.create_engine(model_spec(*MLP, model_id="other"), SHAPE, CLASSES)
+    other = FRAMEWORK.create_engine(EngineOptions(model_spec(*MLP, model_id="other"), SHAPE, CLASSES))
     with pytest.raises(UserError, match="^checkpoint of model 'mlp-000' cannot be loaded into model 'other'$"):
         other.load_state(saved)
     with pytest.raises(UserError, match="not a tensorflow engine state"):

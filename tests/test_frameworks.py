@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fleet.engines import FRAMEWORKS, Framework, ModelStats, framework_names, get_framework
+from fleet.engines import FRAMEWORKS, EngineOptions, Framework, ModelStats, framework_names, get_framework
 from fleet.engines.factory import create_engine
 from fleet.engines.torch import FRAMEWORK as TORCH, TorchEngine
 from fleet.errors import UserError
@@ -30,9 +30,9 @@ class FakeFramework(TorchFramework):
     name = "fake"
     built = []
 
-    def create_engine(self, model, input_shape, num_classes, device="cpu", threads=None, deterministic=False):
-        self.built.append((model.id, device))
-        return super().create_engine(model, input_shape, num_classes, device, threads, deterministic)
+    def create_engine(self, options):
+        self.built.append((options.model.id, options.device))
+        return super().create_engine(options)
 
 FRAMEWORK = FakeFramework()
 '''
@@ -140,7 +140,7 @@ def test_create_engine_builds_the_models_framework_engine(fake_framework):
     spec = parse_spec(doc(models=[{"family": "mlp", "name": "a", "framework": "fake", "params": {"hidden": [8]}},
                                   {"family": "mlp", "name": "b", "params": {"hidden": [8]}}]))
     fake = get_framework("fake")
-    engines = [create_engine(m, (1, 8, 8), 10) for m in spec.models]
+    engines = [create_engine(EngineOptions(m, (1, 8, 8), 10)) for m in spec.models]
     assert fake.built == [("a", "cpu")]  # only the model that names it
     assert all(isinstance(e, TorchEngine) for e in engines)
 
@@ -167,4 +167,5 @@ def test_the_torch_framework_answers_for_the_cpu():
     assert TORCH.version() and TORCH.version()[0].isdigit()
     TORCH.synchronize("cpu")
     TORCH.release_memory("cpu")
-    assert np.isfinite(TORCH.create_engine(parse_spec(doc()).models[0], (1, 8, 8), 10).flat_parameters()).all()
+    engine = TORCH.create_engine(EngineOptions(parse_spec(doc()).models[0], (1, 8, 8), 10))
+    assert np.isfinite(engine.flat_parameters()).all()

@@ -24,8 +24,8 @@ ROOTS = ("fleet", "preprocess", "profiler")
 
 LAYERS: list[tuple[str, ...]] = [
     ("fleet", "fleet.errors", "fleet.atomic", "fleet.rows", "fleet.registry", "fleet.runlock"),  # base utilities
-    ("fleet.schedule", "fleet.profiling", "fleet.engines._base", "fleet.engines.registry", "fleet.engines.tree_codec",
-     "fleet.runtime.train.collectives.__init__"),                      # pure planning; interfaces, registries
+    ("fleet.schedule", "fleet.profiling", "fleet.engines._base", "fleet.engines.options", "fleet.engines.registry",
+     "fleet.engines.tree_codec", "fleet.runtime.train.collectives.__init__"),  # pure planning; interfaces, registries
     ("fleet.spec",),                                                   # YAML -> frozen spec
     ("fleet.schedule_io", "fleet.report", "preprocess"),               # profile files, results, data
     ("fleet.models",),                                                 # the torch zoo

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from fleet import interrupts
+from fleet.engines import EngineOptions
 from fleet.engines.factory import create_engine
 from fleet.errors import UserCodeError, UserError
 from fleet.models import build_model, describe
@@ -297,7 +298,7 @@ def test_a_user_forward_that_exits_while_training_is_an_error_not_an_exit(user_m
     other ranks waited for it until runtime.timeout_s."""
     spec = parse_spec({"name": "t", "data": {"source": "digits"},
                        "models": [{"family": f"{user_modules}:quitter", "params": {"how": how}}]})
-    engine = create_engine(spec.models[0], (1, 8, 8), 10)
+    engine = create_engine(EngineOptions(spec.models[0], (1, 8, 8), 10))
     with pytest.raises(UserCodeError, match="forward"):
         engine.compute_gradients(np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, np.int64))
     assert list(engine.net.state_dict()) == ["linear.weight", "linear.bias"]  # the guard leaves no trace

@@ -100,19 +100,20 @@ def test_training_never_loads_the_torch_compiler():
     code = textwrap.dedent("""
         import sys
         import numpy as np
+        from fleet.engines import EngineOptions
         from fleet.engines.torch import TorchEngine
         from fleet.spec import ModelSpec, TrainSpec
         for optimizer in ("sgd", "adam", "adamw"):
             spec = ModelSpec(id="m", family="cnn", params={"channels": [4, 8]}, seed=1,
                              train=TrainSpec(optimizer=optimizer, lr=0.01, weight_decay=1e-4))
-            engine = TorchEngine(spec, (3, 8, 8), 4)
+            engine = TorchEngine(EngineOptions(spec, (3, 8, 8), 4))
             x = np.random.default_rng(0).standard_normal((16, 3, 8, 8)).astype(np.float32)
             y = np.arange(16) % 4
             for _ in range(2):
                 engine.train_step(x, y)
             engine.evaluate(x, y)
             engine.end_epoch()
-            TorchEngine(spec, (3, 8, 8), 4).load_state_bytes(engine.state_bytes())
+            TorchEngine(EngineOptions(spec, (3, 8, 8), 4)).load_state_bytes(engine.state_bytes())
         print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from conftest import run_mpi
+from fleet.engines import EngineOptions
 from fleet.engines.factory import create_engine
 from fleet.inspect import input_shape, num_classes
 from fleet.runtime.data.chunks import StreamOrder, share_bounds
@@ -103,7 +104,7 @@ def replay(stream: Stream, model_id: str, group_size: int) -> list[tuple[float, 
     """(train loss, validation accuracy) per epoch of `model_id` retrained in this process by one
     engine of its framework on its stream's samples, a step per union of the group's batches."""
     model = stream.spec.model(model_id)
-    engine = create_engine(model, input_shape(stream.spec), num_classes(stream.spec), threads=1)
+    engine = create_engine(EngineOptions(model, input_shape(stream.spec), num_classes(stream.spec), threads=1))
     out = []
     for epoch in range(model.train.max_epochs):
         loss_sum = seen = 0.0

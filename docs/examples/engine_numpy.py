@@ -1,8 +1,10 @@
 """Example: a second framework, "numpy-example": softmax regression trained with plain numpy.
 
 A framework is (see docs/architecture.md, "Adding an engine"):
-1. an `Engine` (one replica on one device: gradients, the declared `gradient_buffer` a
-   collective reduces, optimizer step, evaluation, epochs, its state for checkpoints);
+1. an `Engine` (one replica on one device, built from `EngineOptions`: gradients, the declared
+   `gradient_buffer` a collective reduces, optimizer step, evaluation; for epochs and
+   checkpoints the base's sequences call its primitives: the learning rate to use and the
+   weights in its state, laid out by a `StateLayout`);
 2. a `ModelZoo` that builds, describes and sizes the families it supports;
 3. a `Framework` object tying them to a `StateCodec` (states to bytes that load without
    running code) and the device questions (GPUs seen, free memory, synchronisation);
@@ -20,12 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from fleet.engines._base import Engine, EnginePhase, Framework, ModelStats, ModelZoo, check_flat
-from fleet.engines.schedule import learning_rate
+from fleet.engines._base import Engine, EnginePhase, Framework, ModelStats, ModelZoo, StateLayout, check_flat
+from fleet.engines.options import EngineOptions
+from fleet.engines.schedule import epoch_lr
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
 
-STATE_FORMAT = "example.numpy_engine/1"
+LAYOUT = StateLayout(format="example.numpy_engine/1", kind="a numpy-example engine state",
+                     keys=frozenset({"model_id", "num_parameters", "params", "epoch", "steps"}),
+                     misfits=(ValueError,))
 
 
 class LinearZoo(ModelZoo):
@@ -55,26 +60,24 @@ class NumpyEngine(Engine):
     """One replica: parameters and gradients in two flat float32 arrays (views give w and b)."""
 
     codec = TreeStateCodec()
+    layout = LAYOUT
 
-    def __init__(self, model, input_shape, num_classes: int, device: str = "cpu"):
-        if device != "cpu":
-            raise UserError(f"device {device!r}: numpy-example runs on the CPU only")
-        net = LinearZoo().build(model.family, model.params, input_shape, num_classes, seed=model.seed)
-        self.model_id, self.device, self.spec = model.id, "cpu", model
+    def __init__(self, options: EngineOptions):
+        if options.device != "cpu":
+            raise UserError(f"device {options.device!r}: numpy-example runs on the CPU only")
+        super().__init__(options)  # keeps spec, model_id and input_shape; epoch and steps 0
+        model, classes = options.model, options.num_classes
+        net = LinearZoo().build(model.family, model.params, self.input_shape, classes, seed=model.seed)
+        self.device = "cpu"
         self.params = np.concatenate([net["w"].ravel(), net["b"]])
         self.grads = np.zeros_like(self.params)
         self.num_parameters = self.params.size
-        self.shape = (int(np.prod(input_shape)), num_classes)
-        self._epoch, self._phase = 0, EnginePhase.BUILT
-        self._lr = self._scheduled_lr()
+        self.shape = (int(np.prod(self.input_shape)), classes)
+        self._schedule_lr()
 
     def _weights(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         inputs, classes = self.shape
         return flat[: inputs * classes].reshape(inputs, classes), flat[inputs * classes:]
-
-    def _scheduled_lr(self) -> float:
-        train = self.spec.train
-        return learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
 
     def _probabilities(self, x: np.ndarray) -> np.ndarray:
         w, b = self._weights(self.params)
@@ -84,10 +87,6 @@ class NumpyEngine(Engine):
         return e / e.sum(axis=1, keepdims=True)
 
     # -- the interface -----------------------------------------------------------------------
-
-    @property
-    def lr(self) -> float:
-        return self._lr
 
     def compute_gradients(self, x, y) -> float:
         p = self._probabilities(x)
@@ -114,6 +113,7 @@ class NumpyEngine(Engine):
     def apply_gradients(self) -> None:
         self.params -= self._lr * self.grads
         self.grads[...] = 0.0
+        self._steps += 1
 
     def flat_parameters(self) -> np.ndarray:
         return self.params.copy()
@@ -133,19 +133,16 @@ class NumpyEngine(Engine):
         loss = float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
         return {"loss": loss, "accuracy": float((p.argmax(axis=1) == y).mean())}
 
-    def end_epoch(self) -> None:
-        self._epoch += 1
-        self._lr = self._scheduled_lr()
+    # -- the primitives of the base's epochs and checkpoints -----------------------------------
 
-    def state(self) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, "model_id": self.model_id, "params": self.params.copy(), "epoch": self._epoch}
+    def _schedule_lr(self) -> None:
+        self._lr = epoch_lr(self.spec.train, self._epoch)
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        if state.get("format") != STATE_FORMAT or state.get("model_id") != self.model_id:
-            raise UserError(f"checkpoint of model {self.model_id!r}: not a numpy-example state of this model")
+    def _model_state(self) -> dict[str, Any]:
+        return {"params": self.params.copy()}
+
+    def _load_model_state(self, state: dict[str, Any]) -> None:
         self.load_flat_parameters(np.asarray(state["params"], np.float32))
-        self._epoch = int(state["epoch"])
-        self._lr = self._scheduled_lr()
 
 
 class NumpyFramework(Framework):
@@ -156,9 +153,8 @@ class NumpyFramework(Framework):
     def version(self) -> str:
         return np.__version__
 
-    def create_engine(self, model, input_shape, num_classes, device="cpu", threads=None,
-                      deterministic=False) -> Engine:
-        return NumpyEngine(model, input_shape, num_classes, device)
+    def create_engine(self, options: EngineOptions) -> Engine:
+        return NumpyEngine(options)  # threads and determinism do not apply
 
     def visible_gpus(self) -> int:
         return 0

@@ -65,7 +65,33 @@ Checkpoints
     (bit-identical on the same device type). `state_bytes()` is the snapshot encoded by the
     engine's `codec` (what a checkpoint stores); `load_state_bytes` decodes and restores it,
     never running code from the bytes. Python's `random` and numpy's global RNGs are not the
-    engine's business.
+    engine's business. The snapshot's keys and their order are the engine class's
+    `StateLayout` (below): a checkpoint format, never changed once written (a new layout gets
+    a new ``format``).
+
+What the base owns and what an engine fills in
+    `Engine` owns every sequence that is the same in all engines; an engine fills in a few
+    framework primitives. They are called by the base's sequences (and `_schedule_lr` by the
+    engine's constructor), from the thread that owns the engine, in either phase.
+
+    - Construction: an engine's ``__init__(options, ...)`` calls `Engine.__init__(options)`
+      first (it keeps `options`, `spec`, `model_id` and `input_shape`; epoch and steps 0,
+      phase ``BUILT``), builds its replica, and calls `_schedule_lr()` last.
+    - `end_epoch()`: the epoch counter + 1, then `_epoch_ended()` (what the engine resets per
+      epoch; nothing by default), then `_schedule_lr()`.
+    - `_schedule_lr()` (primitive): sets `_lr` to the schedule's learning rate of epoch
+      `_epoch` (`fleet.engines.schedule.epoch_lr`) and hands it to the optimizer; `lr` reads `_lr`.
+    - `state()`: ``format``, ``model_id``, ``family`` (where the layout records it) and
+      ``num_parameters``; then `_model_state()` (primitive: weights, buffers, optimizer
+      state); then ``epoch`` and ``steps``; then `_extra_state()` (RNG states, the engine's own
+      counters; none by default).
+    - `load_state(state)`: `check_state` (format, keys, model and size, else `UserError`), then
+      `_load_model_state(state)` (primitive; the layout's `misfits` it raises become one
+      `UserError`: the checkpoint does not fit the network), then epoch and steps, then
+      `_load_extra_state(state)` (after the counters: it may reseed from the step count), then
+      phase ``BUILT`` and `_schedule_lr()`.
+    - The training methods keep `_phase` (``TRAINING`` after a gradient computation) and
+      `_steps` (+1 per optimizer step).
 
 Frameworks (`Framework`, `ModelZoo`, `StateCodec`)
     Everything fleet does with a deep-learning framework goes through one `Framework` object
@@ -93,6 +119,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from fleet.engines.options import EngineOptions
 from fleet.errors import UserError
 
 if TYPE_CHECKING:  # annotations only: the spec imports this package (for its framework names)
@@ -122,17 +149,39 @@ def check_evaluate(count: int, labels: int, batch_size: int) -> None:
         )
 
 
-def check_state(engine: "Engine", state: Any, kind: str, state_format: str, keys: frozenset[str],
-                counted: str = "parameters, the network has") -> None:
-    """For implementations of `load_state`: `state` is a snapshot of `kind` (``a torch engine
-    state``) in `state_format` with `keys`, of `engine`'s model and size (else UserError)."""
-    if not isinstance(state, dict) or state.get("format") != state_format or not keys <= set(state):
-        raise UserError(f"checkpoint of model {engine.model_id!r}: not {kind} ({state_format})")
+@dataclass(frozen=True)
+class StateLayout:
+    """The layout of an engine class's `state()` snapshot (see "What the base owns" in the
+    module docstring for the order of its keys): a checkpoint format, never changed once written.
+
+    Attributes:
+        format: the snapshot's ``format`` value, e.g. ``fleet.torch_engine/1``.
+        kind: what the snapshot is, in `load_state`'s messages, e.g. ``a torch engine state``.
+        keys: the keys `load_state` requires besides ``format``.
+        family: whether the snapshot records the model's family after ``model_id``.
+        counted: how `load_state`'s message on a size mismatch counts the parameters.
+        misfits: the errors `_load_model_state` raises for a snapshot that does not fit the
+            network; `load_state` turns them into one `UserError` (none: they propagate).
+    """
+
+    format: str
+    kind: str
+    keys: frozenset[str]
+    family: bool = True
+    counted: str = "parameters, the network has"
+    misfits: tuple[type[Exception], ...] = ()
+
+
+def check_state(engine: "Engine", state: Any, layout: StateLayout) -> None:
+    """`state` is a snapshot in `layout` of `engine`'s model and size (else UserError)."""
+    if not isinstance(state, dict) or state.get("format") != layout.format or not layout.keys <= set(state):
+        raise UserError(f"checkpoint of model {engine.model_id!r}: not {layout.kind} ({layout.format})")
     if state["model_id"] != engine.model_id:
         raise UserError(f"checkpoint of model {state['model_id']!r} cannot be loaded into model {engine.model_id!r}")
     if state["num_parameters"] != engine.num_parameters:
         raise UserError(
-            f"checkpoint of model {engine.model_id!r}: {state['num_parameters']} {counted} {engine.num_parameters}"
+            f"checkpoint of model {engine.model_id!r}: {state['num_parameters']} {layout.counted} "
+            f"{engine.num_parameters}"
         )
 
 
@@ -146,22 +195,41 @@ class EnginePhase(Enum):
 class Engine(ABC):
     """One model replica on one device, driven by one trainer thread (not thread-safe).
 
+    The epoch and checkpoint sequences are the base's (template methods); an engine fills in
+    the primitives listed under "What the base owns" in the module docstring.
+
     Attributes:
+        options: what the engine was built from.
+        spec: the `ModelSpec` it was built from (``options.model``).
         model_id: the `ModelSpec.id` the engine was built from.
+        input_shape: ``(channels, height, width)`` of one sample.
         device: the device the replica lives on (``cpu``, ``cuda:0``; the framework's own
             device object where it has one, which compares and prints as that).
         num_parameters: number of trainable parameters (the length of `flat_gradients()`).
         codec: encodes `state()` for `state_bytes` (one per engine class).
+        layout: the keys of `state()` (one per engine class).
     """
 
+    options: EngineOptions
+    spec: "ModelSpec"
     model_id: str
+    input_shape: tuple[int, ...]
     device: Any
     num_parameters: int
     codec: ClassVar["StateCodec"]
-    # what `phase`, `epoch` and `steps` report; implementations keep them up to date
+    layout: ClassVar[StateLayout]
+    # what `phase`, `epoch`, `steps` and `lr` report; the base and the primitives keep them up to date
     _phase: EnginePhase = EnginePhase.BUILT
     _epoch: int = 0
     _steps: int = 0
+    _lr: float = 0.0
+
+    def __init__(self, options: EngineOptions):
+        """What every engine keeps of its options; an engine calls this first (see the module docstring)."""
+        self.options, self.spec = options, options.model
+        self.model_id = options.model.id
+        self.input_shape = options.input_shape
+        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
 
     @property
     def phase(self) -> EnginePhase:
@@ -179,9 +247,9 @@ class Engine(ABC):
         return self._steps
 
     @property
-    @abstractmethod
     def lr(self) -> float:
         """The learning rate the next optimizer step uses."""
+        return self._lr
 
     # -- training ---------------------------------------------------------------------------
 
@@ -258,21 +326,39 @@ class Engine(ABC):
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         """``{"loss": mean loss, "accuracy": fraction correct}`` in eval mode, without gradients."""
 
-    @abstractmethod
     def end_epoch(self) -> None:
         """Count one more epoch and set the learning rate of the next one from the schedule."""
+        self._epoch += 1
+        self._epoch_ended()
+        self._schedule_lr()
 
-    @abstractmethod
     def state(self) -> dict[str, Any]:
-        """A snapshot to continue exactly from (host arrays or tensors and plain values only)."""
+        """A snapshot to continue exactly from (host arrays or tensors and plain values only),
+        its keys in the order of the engine's `layout` (see the module docstring)."""
+        header: dict[str, Any] = {"format": self.layout.format, "model_id": self.model_id}
+        if self.layout.family:
+            header["family"] = self.spec.family
+        header["num_parameters"] = self.num_parameters
+        counters = {"epoch": self._epoch, "steps": self._steps}
+        return {**header, **self._model_state(), **counters, **self._extra_state()}
 
-    @abstractmethod
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore a `state()` snapshot of an engine built from the same `ModelSpec`.
 
         Raises:
-            UserError: the snapshot belongs to another model or is not an engine state.
+            UserError: the snapshot belongs to another model, is not this engine's state, or
+                does not fit the network.
         """
+        check_state(self, state, self.layout)
+        try:
+            self._load_model_state(state)
+        except self.layout.misfits as exc:
+            problem = " ".join(str(exc).split())[:300]
+            raise UserError(f"checkpoint of model {self.model_id!r}: does not fit its network: {problem}") from None
+        self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
+        self._load_extra_state(state)
+        self._phase = EnginePhase.BUILT
+        self._schedule_lr()
 
     def state_bytes(self) -> bytes:
         """`state()` encoded by the engine's `codec`: what a checkpoint stores."""
@@ -289,6 +375,34 @@ class Engine(ABC):
         except ValueError as exc:
             raise UserError(f"checkpoint of model {self.model_id!r}: engine state refused: {exc}") from None
         self.load_state(state)
+
+    # -- the primitives an engine fills in (called by the base's sequences) ---------------------
+
+    @abstractmethod
+    def _schedule_lr(self) -> None:
+        """Set `_lr` to the learning rate of epoch `_epoch` (`fleet.engines.schedule.epoch_lr`:
+        it reads the spec, a layer above this module) and give it to the optimizer; also the
+        last call of an engine's constructor."""
+
+    @abstractmethod
+    def _model_state(self) -> dict[str, Any]:
+        """The snapshot's weights, buffers and optimizer state (the keys between the header and
+        the counters, in the layout's order)."""
+
+    @abstractmethod
+    def _load_model_state(self, state: dict[str, Any]) -> None:
+        """Restore what `_model_state` wrote (raising one of the layout's `misfits` where it
+        does not fit the network)."""
+
+    def _extra_state(self) -> dict[str, Any]:
+        """The snapshot's keys after the counters (RNG states, the engine's own counters)."""
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what `_extra_state` wrote; called after the epoch and steps are restored."""
+
+    def _epoch_ended(self) -> None:
+        """Reset what the engine counts per epoch; called by `end_epoch` before `_schedule_lr`."""
 
 
 @dataclass(frozen=True)
@@ -372,12 +486,10 @@ class Framework(ABC):
         """The framework's version, for the profile's record of the hardware and software."""
 
     @abstractmethod
-    def create_engine(
-        self, model: "ModelSpec", input_shape: InputShape, num_classes: int, device: str = "cpu",
-        threads: int | None = None, deterministic: bool = False,
-    ) -> Engine:
-        """A replica of `model` on `device`, bound to it (the framework's current device is
-        set), `threads` host threads for this trainer, deterministic kernels if asked.
+    def create_engine(self, options: EngineOptions) -> Engine:
+        """A replica of ``options.model`` on ``options.device``, bound to it (the framework's
+        current device is set), ``options.threads`` host threads for this trainer,
+        deterministic kernels if asked.
 
         Raises:
             UserError: a device it cannot use, or a model it cannot build.

@@ -50,15 +50,20 @@ from typing import Any
 
 import numpy as np
 
-from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
-from fleet.engines.schedule import learning_rate
+from fleet.engines._base import Engine, EnginePhase, StateLayout, check_evaluate, check_flat
+from fleet.engines.options import EngineOptions
+from fleet.engines.schedule import epoch_lr
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
 from fleet.schedule.rates import RateTable
-from fleet.spec.search import ModelSpec
 
-STATE_FORMAT = "fleet.emulated_engine/1"
-STATE_KEYS = frozenset({"model_id", "num_parameters", "params", "epoch", "steps", "group_samples", "trained"})
+LAYOUT = StateLayout(
+    format="fleet.emulated_engine/1",
+    kind="an emulated engine state",
+    keys=frozenset({"model_id", "num_parameters", "params", "epoch", "steps", "group_samples", "trained"}),
+    family=False,
+    counted="emulated parameters, the engine has",
+)
 NO_RATES = "cluster.device: emulated needs a profile.json with rates for every model"
 
 
@@ -70,13 +75,13 @@ class EmulatedEngine(Engine):
     """A stand-in replica whose steps take the profiled time (see the module docstring).
 
     Args:
-        model: the concrete model (its id, seed, LR schedule and stop rule are used).
-        input_shape: ``(channels, height, width)`` of one sample (batches are shape-checked).
-        num_classes: number of classes (sets the chance accuracy and the initial loss).
-        rates: the profile; must hold `model.id`.
+        options: the model (its id, seed, LR schedule and stop rule are used), the sample shape
+            (batches are shape-checked), the classes (they set the chance accuracy and the
+            initial loss) and the device: ``cpu`` or ``emulated`` (the small buffers always
+            live on the CPU); threads and determinism do not apply.
+        rates: the profile; must hold the model's id.
         group_size: trainers in this model's data-parallel group (m).
         epochs_to_converge: ``E`` of the convergence contract (None: from the profile).
-        device: ``cpu`` or ``emulated``; the small buffers always live on the CPU.
         grad_size: number of emulated parameters (`num_parameters`).
         eval_fraction: `evaluate` sleeps this fraction of the predicted epoch time.
         sleep: how to wait (injectable for tests); gets seconds.
@@ -86,20 +91,19 @@ class EmulatedEngine(Engine):
     """
 
     codec = TreeStateCodec()
+    layout = LAYOUT
 
     def __init__(
         self,
-        model: ModelSpec,
-        input_shape: tuple[int, ...],
-        num_classes: int,
+        options: EngineOptions,
         rates: RateTable,
         group_size: int = 1,
         epochs_to_converge: int | None = None,
-        device: str = "cpu",
         grad_size: int = 256,
         eval_fraction: float = 0.01,
         sleep: Callable[[float], Any] = time.sleep,
     ):
+        model, device, num_classes = options.model, options.device, options.num_classes
         if model.id not in rates.ids:
             raise UserError(f"profile.json: no rates for model {model.id!r} ({NO_RATES})")
         if getattr(device, "value", device) not in ("cpu", "emulated"):
@@ -109,11 +113,9 @@ class EmulatedEngine(Engine):
                 f"expected group_size, grad_size, num_classes >= 1 and eval_fraction >= 0, "
                 f"got {group_size}, {grad_size}, {num_classes}, {eval_fraction}"
             )
-        self.spec = model
-        self.model_id = model.id
+        super().__init__(options)
         self.device = "cpu"
         self.num_parameters = int(grad_size)
-        self.input_shape = tuple(int(d) for d in input_shape)
         self.num_classes = int(num_classes)
         self.rates = rates
         self.group_size = int(group_size)
@@ -125,10 +127,8 @@ class EmulatedEngine(Engine):
         self._params = rng.standard_normal(self.num_parameters).astype(np.float32)
         self._grads = np.zeros(self.num_parameters, dtype=np.float32)
         self._final_accuracy = 0.80 + 0.15 * float(rng.random())
-        self._epoch, self._steps, self._group_samples, self._trained = 0, 0, 0, False
-        self._phase = EnginePhase.BUILT
-        self._lr = 0.0
-        self._set_lr()
+        self._group_samples, self._trained = 0, False
+        self._schedule_lr()
 
     def _converge_epochs(self, epochs_to_converge: int | None) -> int:
         if epochs_to_converge is not None:
@@ -141,10 +141,6 @@ class EmulatedEngine(Engine):
         return self.spec.train.max_epochs
 
     # -- properties -------------------------------------------------------------------------
-
-    @property
-    def lr(self) -> float:
-        return self._lr
 
     @property
     def improving_epochs(self) -> int:
@@ -208,7 +204,7 @@ class EmulatedEngine(Engine):
     def load_flat_buffers(self, flat: np.ndarray) -> None:
         check_flat(flat, 0, "load_flat_buffers")
 
-    # -- evaluation and epochs --------------------------------------------------------------
+    # -- evaluation -------------------------------------------------------------------------
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         """Metrics of the epoch being scored, after a fixed wait (see the module docstring).
@@ -223,34 +219,26 @@ class EmulatedEngine(Engine):
         accuracy = chance + (self._final_accuracy - chance) * fraction
         return {"loss": self._initial_loss() * (1.0 - 0.8 * fraction), "accuracy": accuracy}
 
-    def end_epoch(self) -> None:
-        self._epoch += 1
+    # -- the base's primitives (epochs and checkpoints) -------------------------------------
+
+    def _schedule_lr(self) -> None:
+        self._lr = epoch_lr(self.spec.train, self._epoch)
+
+    def _epoch_ended(self) -> None:
         self._trained = False
-        self._set_lr()
 
-    # -- checkpoints ------------------------------------------------------------------------
+    def _model_state(self) -> dict[str, Any]:
+        return {"params": self._params.copy()}
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "model_id": self.model_id,
-            "num_parameters": self.num_parameters,
-            "params": self._params.copy(),
-            "epoch": self._epoch,
-            "steps": self._steps,
-            "group_samples": self._group_samples,
-            "trained": self._trained,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        check_state(self, state, "an emulated engine state", STATE_FORMAT, STATE_KEYS,
-                    counted="emulated parameters, the engine has")
+    def _load_model_state(self, state: dict[str, Any]) -> None:
         np.copyto(self._params, np.asarray(state["params"], dtype=np.float32))
         self._grads[:] = 0.0
-        self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"group_samples": self._group_samples, "trained": self._trained}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._group_samples, self._trained = int(state["group_samples"]), bool(state["trained"])
-        self._phase = EnginePhase.BUILT
-        self._set_lr()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -272,10 +260,6 @@ class EmulatedEngine(Engine):
     def _train_loss(self) -> float:
         seen = self._group_samples / self.rates.samples_per_epoch
         return self._initial_loss() * (0.15 + 0.85 * math.exp(-3.0 * seen / max(self.improving_epochs, 1)))
-
-    def _set_lr(self) -> None:
-        train = self.spec.train
-        self._lr = learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
 
     def _check_batch(self, x: np.ndarray, y: np.ndarray) -> None:
         if x.ndim != 4 or tuple(x.shape[1:]) != self.input_shape or len(y) != len(x) or len(x) == 0:

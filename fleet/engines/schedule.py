@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fleet.spec.sections import LRSchedule, ScheduleKind
+from fleet.spec.sections import LRSchedule, ScheduleKind, TrainSpec
 
 
 def warmup_factor(epoch: int, warmup_epochs: int) -> float:
@@ -41,3 +41,9 @@ def learning_rate(base_lr: float, schedule: LRSchedule, epoch: int, max_epochs: 
     if epoch < w:
         return base_lr * warmup_factor(epoch, w)
     return base_lr * decay_factor(schedule, epoch - w, max_epochs - w)
+
+
+def epoch_lr(train: TrainSpec, epoch: int) -> float:
+    """The learning rate of (0-based) `epoch` under a model's training section (`learning_rate`
+    of its ``lr``, ``schedule`` and ``max_epochs``): what an engine's `_schedule_lr` sets."""
+    return learning_rate(train.lr, train.schedule, epoch, train.max_epochs)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fleet.engines import EngineOptions
 from fleet.engines.torch import TorchEngine
 from fleet.runtime.train.collectives.horovod import HorovodCollective
 from fleet.runtime.train.collectives.mpi import MPICollective
@@ -132,14 +133,14 @@ def global_batches(steps: int, total: int) -> list[tuple[np.ndarray, np.ndarray]
 
 def reference_run(family: str, batches, device: str = "cpu") -> tuple[list[float], np.ndarray]:
     """One process training on the whole global batch."""
-    engine = TorchEngine(model_spec(family), SHAPE, CLASSES, device=device, threads=1)
+    engine = TorchEngine(EngineOptions(model_spec(family), SHAPE, CLASSES, device=device, threads=1))
     losses = [engine.train_step(x, y) for x, y in batches]
     return losses, engine.flat_parameters()
 
 
 def group_run(coll, family: str, batches, counts: tuple[int, ...], device: str = "cpu") -> tuple[list, np.ndarray]:
     """m trainers, each on its contiguous share (`counts[rank]` samples) of every global batch."""
-    engine = TorchEngine(model_spec(family), SHAPE, CLASSES, device=device, threads=1)
+    engine = TorchEngine(EngineOptions(model_spec(family), SHAPE, CLASSES, device=device, threads=1))
     if coll.rank != 0:  # start from other weights: broadcast_engine must make them the master's
         engine.load_flat_parameters(engine.flat_parameters() + 1.0)
     coll.broadcast_engine(engine)

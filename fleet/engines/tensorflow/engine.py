@@ -9,8 +9,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fleet.engines._base import Engine, EnginePhase, InputShape, check_evaluate, check_state
-from fleet.engines.schedule import learning_rate
+from fleet.engines._base import Engine, EnginePhase, StateLayout, check_evaluate
+from fleet.engines.options import EngineOptions
+from fleet.engines.schedule import epoch_lr
 from fleet.engines.tensorflow.flat import FlatAssigner, flatten
 from fleet.engines.tensorflow.gradients import Gradients
 from fleet.engines.tensorflow.optim import GraphOptimizer
@@ -18,10 +19,13 @@ from fleet.engines.tensorflow.zoo import KerasZoo
 from fleet.engines.tree_codec import TreeStateCodec
 from fleet.errors import UserError
 from fleet.rows import Rows, joined
-from fleet.spec.search import ModelSpec
 
-STATE_FORMAT = "fleet.tensorflow_engine/1"
-STATE_KEYS = frozenset({"model_id", "num_parameters", "parameters", "buffers", "optimizer", "epoch", "steps", "rng"})
+LAYOUT = StateLayout(
+    format="fleet.tensorflow_engine/1",
+    kind="a tensorflow engine state",
+    keys=frozenset({"model_id", "num_parameters", "parameters", "buffers", "optimizer", "epoch", "steps", "rng"}),
+    misfits=(ValueError, KeyError, TypeError),
+)
 CODEC = TreeStateCodec()
 ZOO = KerasZoo()
 
@@ -94,26 +98,24 @@ class TensorFlowEngine(Engine):
     are part of `state()`.
 
     Args:
-        model: the concrete model; `model.seed` seeds the initial weights and dropout.
-        input_shape: ``(channels, height, width)`` of one sample.
-        num_classes: number of classes.
-        device: ``cpu`` or ``cuda:<i>``.
-        threads: TensorFlow's intra- and inter-op thread counts, if TF has not started yet.
-        deterministic: TensorFlow's deterministic kernels (process-wide).
+        options: the model (its seed seeds the initial weights and dropout), the sample shape,
+            the classes; the device (``cpu`` or ``cuda:<i>``); ``threads``: TensorFlow's intra-
+            and inter-op thread counts, if TF has not started yet; ``deterministic``:
+            TensorFlow's deterministic kernels (process-wide).
 
     Raises:
         UserError: an unusable device, unknown family, bad params, or an unbuildable user model.
     """
 
     codec = CODEC
+    layout = LAYOUT
 
-    def __init__(self, model: ModelSpec, input_shape: InputShape, num_classes: int, device: str = "cpu",
-                 threads: int | None = None, deterministic: bool = False):
-        self.spec, self.model_id = model, model.id
-        self.input_shape = tuple(int(d) for d in input_shape)
-        self.device = check_device(device)
-        configure_tensorflow(threads, deterministic)
-        self.net = ZOO.build(model.family, model.params, self.input_shape, num_classes, seed=model.seed)
+    def __init__(self, options: EngineOptions):
+        super().__init__(options)
+        model = options.model
+        self.device = check_device(options.device)
+        configure_tensorflow(options.threads, options.deterministic)
+        self.net = ZOO.build(model.family, model.params, self.input_shape, options.num_classes, seed=model.seed)
         self._params = list(self.net.trainable_variables)
         if not self._params:
             raise UserError(f"family {model.family!r}: the model has no trainable parameters")
@@ -129,14 +131,9 @@ class TensorFlowEngine(Engine):
         self._gradients_fn = tf.function(self._gradients, reduce_retracing=True)
         self._train_fn = tf.function(self._train, reduce_retracing=True)
         self._eval_fn = tf.function(self._eval_sums, input_signature=batch)
-        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
         self._schedule_lr()
 
     # -- properties -------------------------------------------------------------------------
-
-    @property
-    def lr(self) -> float:
-        return self._lr
 
     @property
     def traces(self) -> int:
@@ -199,7 +196,7 @@ class TensorFlowEngine(Engine):
     def load_flat_buffers(self, flat: np.ndarray) -> None:
         self._assign_buffers(flat, "load_flat_buffers")
 
-    # -- evaluation and epochs --------------------------------------------------------------
+    # -- evaluation -------------------------------------------------------------------------
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         count = len(x)
@@ -210,39 +207,24 @@ class TensorFlowEngine(Engine):
             loss, correct = loss + float(batch_loss), correct + float(batch_correct)
         return {"loss": loss / count, "accuracy": correct / count}
 
-    def end_epoch(self) -> None:
-        self._epoch += 1
-        self._schedule_lr()
+    # -- the base's primitives (epochs and checkpoints) -------------------------------------
 
-    # -- checkpoints ------------------------------------------------------------------------
+    def _schedule_lr(self) -> None:
+        self._lr = epoch_lr(self.spec.train, self._epoch)
+        self._optimizer.set_lr(self._lr)
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "model_id": self.model_id,
-            "family": self.spec.family,
-            "num_parameters": self.num_parameters,
-            "parameters": self.flat_parameters(),
-            "buffers": self.flat_buffers(),
-            "optimizer": self._optimizer.state(),
-            "epoch": self._epoch,
-            "steps": self._steps,
-            "rng": [np.array(v.numpy()) for v in self._rng],
-        }
+    def _model_state(self) -> dict[str, Any]:
+        return {"parameters": self.flat_parameters(), "buffers": self.flat_buffers(),
+                "optimizer": self._optimizer.state()}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        check_state(self, state, "a tensorflow engine state", STATE_FORMAT, STATE_KEYS)
-        try:
-            self.load_flat_parameters(state["parameters"])
-            self.load_flat_buffers(state["buffers"])
-            self._optimizer.load_state(state["optimizer"], self.num_parameters)
-            self._load_rng(state["rng"])
-        except (ValueError, KeyError, TypeError) as exc:
-            problem = " ".join(str(exc).split())[:300]
-            raise UserError(f"checkpoint of model {self.model_id!r}: does not fit its network: {problem}") from None
-        self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
-        self._phase = EnginePhase.BUILT
-        self._schedule_lr()
+    def _load_model_state(self, state: dict[str, Any]) -> None:
+        self.load_flat_parameters(state["parameters"])
+        self.load_flat_buffers(state["buffers"])
+        self._optimizer.load_state(state["optimizer"], self.num_parameters)
+        self._load_rng(state["rng"])  # written after the counters, checked here: a misfit is a UserError
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"rng": [np.array(v.numpy()) for v in self._rng]}
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -264,11 +246,6 @@ class TensorFlowEngine(Engine):
         loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32))
         return loss, correct
-
-    def _schedule_lr(self) -> None:
-        train = self.spec.train
-        self._lr = learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
-        self._optimizer.set_lr(self._lr)
 
     def _batch(self, x: Rows, y: np.ndarray) -> tuple[tf.Tensor, tf.Tensor]:
         """Check a batch's shapes and make it tensors (float32 NCHW images, int64 labels)."""

@@ -6,9 +6,9 @@ import gc
 
 import tensorflow as tf
 
-from fleet.engines._base import Framework, InputShape
+from fleet.engines._base import Framework
+from fleet.engines.options import EngineOptions
 from fleet.engines.tensorflow.engine import CODEC, ZOO, TensorFlowEngine
-from fleet.spec.search import ModelSpec
 
 
 class TensorFlowFramework(Framework):
@@ -21,12 +21,8 @@ class TensorFlowFramework(Framework):
     def version(self) -> str:
         return str(tf.__version__)
 
-    def create_engine(
-        self, model: ModelSpec, input_shape: InputShape, num_classes: int, device: str = "cpu",
-        threads: int | None = None, deterministic: bool = False,
-    ) -> TensorFlowEngine:
-        return TensorFlowEngine(model, input_shape, num_classes, device=device, threads=threads,
-                                deterministic=deterministic)
+    def create_engine(self, options: EngineOptions) -> TensorFlowEngine:
+        return TensorFlowEngine(options)
 
     def visible_gpus(self) -> int:
         return len(tf.config.list_physical_devices("GPU"))

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
+from fleet.engines._base import Engine, EnginePhase, StateLayout, check_evaluate, check_flat
+from fleet.engines.options import EngineOptions
 from fleet.engines.torch._tensors import (
     bind_flat_gradients,
     copy_flat_into,
@@ -22,17 +23,20 @@ from fleet.engines.torch._tensors import (
     to_host,
     total_numel,
 )
-from fleet.engines.schedule import learning_rate
+from fleet.engines.schedule import epoch_lr
 from fleet.engines.torch.codec import CODEC
 from fleet.engines.torch.optim import ParamUpdate
 from fleet.errors import UserError
 from fleet.models import InputShape, build_model, set_dropout_generator
 from fleet.rows import Rows
 from fleet.spec.families import is_user_family
-from fleet.spec.search import ModelSpec
 
-STATE_FORMAT = "fleet.torch_engine/1"
-STATE_KEYS = frozenset({"model_id", "num_parameters", "model", "optimizer", "epoch", "steps", "rng"})
+LAYOUT = StateLayout(
+    format="fleet.torch_engine/1",
+    kind="a torch engine state",
+    keys=frozenset({"model_id", "num_parameters", "model", "optimizer", "epoch", "steps", "rng"}),
+    misfits=(RuntimeError, ValueError, KeyError),
+)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -75,14 +79,12 @@ class TorchEngine(Engine):
     """One replica of a `ModelSpec`'s network, its optimizer and LR schedule, on one device.
 
     Args:
-        model: the concrete model; `model.seed` seeds the initial weights (built on the CPU,
-            so every process and device type starts from the same weights) and the dropout RNG.
-        input_shape: ``(channels, height, width)`` of one sample.
-        num_classes: number of classes.
-        device: ``cpu``, ``cuda`` or ``cuda:<index>``.
-        threads: `torch.set_num_threads` for this trainer slot (process-wide); None leaves it.
-        deterministic: on CUDA, deterministic cuDNN/cuBLAS algorithms (slower); off by default,
-            which turns on cuDNN autotuning. On the CPU, runs are bit-reproducible for a fixed
+        options: the model (its seed seeds the initial weights, built on the CPU so that every
+            process and device type starts from the same weights, and the dropout RNG), the
+            sample shape, the classes; the device (``cpu``, ``cuda`` or ``cuda:<index>``);
+            ``threads``: `torch.set_num_threads` for this trainer slot (process-wide), None
+            leaves it; ``deterministic``: on CUDA, deterministic cuDNN/cuBLAS algorithms
+            (slower); off, cuDNN autotuning. On the CPU, runs are bit-reproducible for a fixed
             seed, data order and thread count either way.
 
     Raises:
@@ -90,22 +92,14 @@ class TorchEngine(Engine):
     """
 
     codec = CODEC
+    layout = LAYOUT
 
-    def __init__(
-        self,
-        model: ModelSpec,
-        input_shape: InputShape,
-        num_classes: int,
-        device: str = "cpu",
-        threads: int | None = None,
-        deterministic: bool = False,
-    ):
-        self.spec = model
-        self.model_id = model.id
-        self.input_shape = tuple(int(d) for d in input_shape)
-        self.device = resolve_device(device)
-        configure_torch(self.device, threads, deterministic)
-        self.net = build_model(model.family, model.params, self.input_shape, num_classes, seed=model.seed)
+    def __init__(self, options: EngineOptions):
+        super().__init__(options)
+        model = options.model
+        self.device = resolve_device(options.device)
+        configure_torch(self.device, options.threads, options.deterministic)
+        self.net = build_model(model.family, model.params, self.input_shape, options.num_classes, seed=model.seed)
         self.net.to(device=self.device, dtype=torch.float32)
         self._params = [p for p in self.net.parameters() if p.requires_grad]
         if not self._params:
@@ -118,14 +112,7 @@ class TorchEngine(Engine):
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(derived_seed(model.seed, "dropout"))
         set_dropout_generator(self.net, self._generator)
-        self._epoch, self._steps, self._phase = 0, 0, EnginePhase.BUILT
-        self._set_lr()
-
-    # -- properties -------------------------------------------------------------------------
-
-    @property
-    def lr(self) -> float:
-        return self._optimizer.lr
+        self._schedule_lr()
 
     # -- training ---------------------------------------------------------------------------
 
@@ -181,7 +168,7 @@ class TorchEngine(Engine):
     def load_flat_buffers(self, flat: np.ndarray) -> None:
         copy_flat_into(self._buffers, flat, "load_flat_buffers")
 
-    # -- evaluation and epochs --------------------------------------------------------------
+    # -- evaluation -------------------------------------------------------------------------
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         count = len(x)
@@ -192,37 +179,23 @@ class TorchEngine(Engine):
             loss, correct = torch.stack([torch.stack(s) for s in sums]).sum(dim=0).tolist()
         return {"loss": loss / count, "accuracy": correct / count}
 
-    def end_epoch(self) -> None:
-        self._epoch += 1
-        self._set_lr()
+    # -- the base's primitives (epochs and checkpoints) -------------------------------------
 
-    # -- checkpoints ------------------------------------------------------------------------
+    def _schedule_lr(self) -> None:
+        self._lr = self._optimizer.lr = epoch_lr(self.spec.train, self._epoch)
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "model_id": self.model_id,
-            "family": self.spec.family,
-            "num_parameters": self.num_parameters,
-            "model": to_host(self.net.state_dict()),
-            "optimizer": to_host(self._optimizer.state_dict()),
-            "epoch": self._epoch,
-            "steps": self._steps,
-            "rng": self._rng_state(),
-        }
+    def _model_state(self) -> dict[str, Any]:
+        return {"model": to_host(self.net.state_dict()), "optimizer": to_host(self._optimizer.state_dict())}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        check_state(self, state, "a torch engine state", STATE_FORMAT, STATE_KEYS)
-        try:
-            self.net.load_state_dict(state["model"])
-            self._optimizer.load_state_dict(to_host(state["optimizer"]))
-        except (RuntimeError, ValueError, KeyError) as exc:
-            problem = " ".join(str(exc).split())[:300]
-            raise UserError(f"checkpoint of model {self.model_id!r}: does not fit its network: {problem}") from None
-        self._epoch, self._steps = int(state["epoch"]), int(state["steps"])
-        self._load_rng_state(state["rng"])
-        self._phase = EnginePhase.BUILT
-        self._set_lr()
+    def _load_model_state(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["model"])
+        self._optimizer.load_state_dict(to_host(state["optimizer"]))
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"rng": self._rng_state()}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._load_rng_state(state["rng"])  # after the steps: across device types it reseeds from them
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -231,11 +204,6 @@ class TorchEngine(Engine):
         if self.device.type == "cpu":
             return None
         return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-
-    def _set_lr(self) -> None:
-        train = self.spec.train
-        lr = learning_rate(train.lr, train.schedule, self._epoch, train.max_epochs)
-        self._optimizer.lr = lr
 
     def _batch(self, x: Rows, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Check a batch's shapes and move it to the device."""

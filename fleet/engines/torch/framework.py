@@ -10,9 +10,9 @@ import torch
 
 from fleet import models
 from fleet.engines._base import Framework, InputShape, ModelStats, ModelZoo
+from fleet.engines.options import EngineOptions
 from fleet.engines.torch.codec import CODEC, read_legacy_checkpoint
 from fleet.engines.torch.engine import TorchEngine
-from fleet.spec.search import ModelSpec
 
 
 def _is_cuda(device: str) -> bool:
@@ -47,12 +47,8 @@ class TorchFramework(Framework):
     def version(self) -> str:
         return str(torch.__version__)
 
-    def create_engine(
-        self, model: ModelSpec, input_shape: InputShape, num_classes: int, device: str = "cpu",
-        threads: int | None = None, deterministic: bool = False,
-    ) -> TorchEngine:
-        return TorchEngine(model, input_shape, num_classes, device=device, threads=threads,
-                           deterministic=deterministic)
+    def create_engine(self, options: EngineOptions) -> TorchEngine:
+        return TorchEngine(options)
 
     def visible_gpus(self) -> int:
         return torch.cuda.device_count()

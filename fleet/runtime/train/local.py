@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleet.engines.factory import create_engine
+from fleet.engines.options import EngineOptions
 from fleet.inspect import input_shape
 from fleet.report.results import ModelResult, RunResult
 from fleet.runtime.train.stop import StopTracker
@@ -70,7 +71,7 @@ def train_model(
     model: ModelSpec, data: LocalData, device: str, on_epoch: Callable[[EpochRecord], None]
 ) -> ModelResult:
     """Train one model until its stop rule fires; report every epoch through `on_epoch`."""
-    engine = create_engine(model, input_shape(data.spec), data.num_classes, device=device)
+    engine = create_engine(EngineOptions(model, input_shape(data.spec), data.num_classes, device=device))
     tracker = StopTracker(model.train.stop, model.train.max_epochs)
     busy_s, final_loss, best_accuracy, history = 0.0, None, 0.0, []
     while not tracker.converged:

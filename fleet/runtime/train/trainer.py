@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fleet.engines.factory import create_engine
+from fleet.engines.options import EngineOptions
 from fleet.runtime.context import RunContext
 from fleet.runtime.data.chunks import resumed_end_chunk
 from fleet.runtime.data.preprocessor import OwnDecoder
@@ -58,7 +59,8 @@ def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int 
     extras = {}
     if device == "emulated":
         extras = {"rates": ctx.rates, "group_size": group_size, "epochs_to_converge": epoch_limit}
-    return create_engine(model, ctx.input_shape, ctx.num_classes, device=device, threads=threads, **extras)
+    options = EngineOptions(model, ctx.input_shape, ctx.num_classes, device=device, threads=threads)
+    return create_engine(options, **extras)
 
 
 def build_collective(ctx: RunContext, group_comm: Any):
