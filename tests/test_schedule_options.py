@@ -43,7 +43,7 @@ def test_given_options_reach_the_policy():
     assert create_policy("fleet-l", delta=2.5).delta == 2.5
     adaptive = create_policy("fleet-adaptive", window=3, match_tolerance=0.2, hard_tolerance=0.4)
     assert isinstance(adaptive, FleetAdaptive)
-    assert (adaptive.window, adaptive.tolerance, adaptive.hard_tolerance) == (3, 0.2, 0.4)
+    assert (adaptive.matcher.window, adaptive.matcher.tolerance, adaptive.matcher.hard_tolerance) == (3, 0.2, 0.4)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,95 @@
+"""fleet-adaptive's plan of the models: what each is planned for, and in what order it waits.
+
+Steps 1 and 2 of `fleet.schedule.planners.adaptive`, and what the run teaches about them: the
+rate table (no faster than decoding; each model's curve rescaled by the ratio of its measured
+to its profiled rate after every epoch), the target makespan (``target_factor`` times the
+malleable bound on the estimated work), each model's planned GPU count (the fewest useful
+count whose estimated time fits the target), the LPT queue, and the forecast of each model's
+remaining epochs (`fleet.schedule.forecast.EpochForecast`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fleet.schedule._base import ClusterView, EpochCompleted, ModelConverged, ModelView
+from fleet.schedule.bounds import malleable_bound
+from fleet.schedule.flotilla import useful_counts
+from fleet.schedule.forecast import EpochForecast
+
+
+class ModelPlan:
+    """The plan fleet-adaptive keeps of every model; see the module docstring.
+
+    Args:
+        target_factor: plan GPU counts for this many times the malleable bound.
+        risk_level: the quantile of the forecast of remaining epochs planned for.
+
+    Attributes:
+        rates: ``rates[i, m-1]``: model ``i``'s planned rate on ``m`` GPUs (set by `plan`).
+        counts: model -> its planned GPU count.
+        queue: the models waiting, longest estimated duration first.
+        target: the target makespan, seconds.
+        reference: the median model's single-GPU rate (slow streams are matched tighter).
+        forecast: the forecast of each model's remaining epochs.
+    """
+
+    def __init__(self, target_factor: float, risk_level: float):
+        self.target_factor, self.level = target_factor, risk_level
+        self.rates: np.ndarray | None = None
+        self.counts: dict[str, int] = {}
+        self.queue: list[str] = []
+        self.target = 0.0
+        self.reference = 0.0
+        self.forecast = EpochForecast()
+
+    def plan(self, view: ClusterView) -> None:
+        """Target makespan, GPU count per model and the LPT queue."""
+        total = view.total_gpus
+        self.rates = capped(view, view.rates.matrix(total).copy())
+        times = self.work(view)[:, None] / self.rates
+        target = malleable_bound(times) * self.target_factor
+        self.target = target
+        useful = useful_counts(self.rates)
+        for i, model in enumerate(view.models):
+            fits = np.flatnonzero(useful[i] & (times[i] <= target * (1 + 1e-9)))
+            self.counts[model.id] = int(fits[0]) + 1 if fits.size else int(np.argmin(times[i])) + 1
+        duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
+        self.queue = sorted(duration, key=lambda m: (-duration[m], m))
+        self.reference = float(np.median(self.rates[:, 0]))
+
+    def observe_epoch(self, event: EpochCompleted, view: ClusterView) -> None:
+        """Refine the model's rate curve by the ratio of measured to profiled rate, and its
+        forecast of remaining epochs by the epoch's metric."""
+        self.forecast.observe_epoch(event.model, event.epoch, event.metric)
+        if self.rates is not None and event.samples_per_s > 0:
+            i = view.rates.index(event.model)
+            gpus = len(view.model(event.model).gpus)
+            profiled = view.rates.matrix(view.total_gpus)[i]
+            self.rates[i] = capped(view, profiled * (event.samples_per_s / profiled[gpus - 1]))
+
+    def observe_converged(self, event: ModelConverged, view: ClusterView) -> None:
+        """A converged model tells how far off its estimate was."""
+        self.forecast.observe_converged(event.model, view.model(event.model).epochs_estimate, event.epochs)
+
+    def work(self, view: ClusterView) -> np.ndarray:
+        """Estimated samples each model still needs (at least one epoch)."""
+        n = view.rates.samples_per_epoch
+        return np.array([self.remaining(m) * n for m in view.models])
+
+    def remaining(self, model: ModelView) -> float:
+        """Forecast epochs a model still needs (`EpochForecast`, at the plan's risk level)."""
+        return self.forecast.remaining(model.id, model.epochs_estimate, model.epochs_done, self.level)
+
+    def rate(self, view: ClusterView, model: str, gpus: int) -> float:
+        """The model's planned rate on `gpus` GPUs."""
+        return float(self.rates[view.rates.index(model), gpus - 1])
+
+    def member_rates(self, view: ClusterView, members: tuple[str, ...]) -> list[float]:
+        """The planned rates of running `members` on the GPUs they hold."""
+        return [self.rate(view, m, len(view.model(m).gpus)) for m in members]
+
+
+def capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:
+    """Rates no faster than decoding, where the view knows its throughput."""
+    return rates if view.decode_rate is None else np.minimum(rates, view.decode_rate)

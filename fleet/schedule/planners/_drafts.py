@@ -1,0 +1,211 @@
+"""fleet-adaptive's streams as they are put together within one decision (steps 3 and 4).
+
+A `Draft` is a stream being assembled: a running stream that new members join, or a new one.
+`StreamMatcher` fills the free GPUs from the plan's queue: each pick is the queued model (and
+GPU count) that best matches a drafted stream's pace within the tolerance the decoding budget
+allows, or else the head of the queue in a stream of its own; GPUs left over when the queue
+empties go to the new members predicted to finish last. `place_drafts` lays the drafts' new
+members out on free GPUs (Alg. 3/4). The helpers that pick a stream for one member are shared
+with the policy's resizes and moves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleet.schedule._base import NO_DECISION, ClusterView, Decision, Member, StreamPlan
+from fleet.schedule.placement import place
+from fleet.schedule.planners._adaptive_plan import ModelPlan
+
+_MAX_CANDIDATES = 64  # queued models weighed at once, at most (planning time at 1,000 models)
+
+
+@dataclass
+class Draft:
+    """A stream being put together in one decision (a new one, or a join)."""
+
+    join: int | None
+    rates: list[float]  # own rates of the stream's running members, then of the new ones
+    members: list[tuple[str, int]] = field(default_factory=list)  # new (model, gpu count)
+
+    def remove(self, k: int) -> None:
+        """Take the ``k``-th new member out again."""
+        self.rates.pop(len(self.rates) - len(self.members) + k)
+        self.members.pop(k)
+
+    def spread_with(self, rate: float) -> float:
+        """``ln(max/min)`` of the members' own rates if a member of ``rate`` joined."""
+        return math.log(max(*self.rates, rate) / min(*self.rates, rate))
+
+
+class StreamMatcher:
+    """Fills free GPUs from the plan's queue into drafted streams; see the module docstring.
+
+    Args:
+        plan: the models' plan (its queue shrinks as models are picked).
+        tolerance: ``match_tolerance``; tight_tolerance, hard_tolerance, min_members,
+        window, extra_gpus: fleet-adaptive's options of the same names.
+    """
+
+    def __init__(self, plan: ModelPlan, tolerance: float, tight_tolerance: float, hard_tolerance: float,
+                 min_members: float, window: int, extra_gpus: int):
+        self.plan = plan
+        self.tolerance, self.tight_tolerance, self.hard_tolerance = tolerance, tight_tolerance, hard_tolerance
+        self.min_members, self.window, self.extra = min_members, window, extra_gpus
+
+    def fill(self, view: ClusterView, drafts: list[Draft]) -> None:
+        """Put queued models into `drafts` (new ones appended) while GPUs are free; leftover
+        GPUs, once the queue is empty, to the new members predicted to finish last."""
+        plan = self.plan
+        free = len(view.free_gpus)
+        while free > 0 and plan.queue:
+            model, gpus, draft = self._pick(view, drafts, free)
+            if draft is None:
+                draft = Draft(None, [])
+                drafts.append(draft)
+            draft.members.append((model, gpus))
+            draft.rates.append(plan.rate(view, model, gpus))
+            plan.queue.remove(model)
+            free -= gpus
+        if not plan.queue and free > 0:
+            self._boost(view, drafts, free)
+
+    def _pick(self, view: ClusterView, drafts: list[Draft], free: int):
+        """Best (model, gpu count, stream draft or None for a new stream) to start now.
+
+        Candidates are the first ``window`` queued models, or all that fit in the free GPUs
+        if more do (at most ``_MAX_CANDIDATES``). A candidate may take a few more GPUs than planned when that matches a
+        stream's pace better; the score adds the log-rate mismatch, the scaling loss of the
+        extra GPUs and a small penalty for skipping ahead in the queue.
+        """
+        if _decoding_used_up(view, drafts):
+            limit = math.inf
+        else:
+            used = _budget_used(drafts, self.min_members)
+            limit = self.hard_tolerance if used > 1 else max(self.tight_tolerance, self.tolerance * used ** 3)
+        options = [(rank, model, gpus) for rank, model in enumerate(self._candidates(free))
+                   for gpus in self._count_options(view, model, free)]
+        if drafts and options:
+            rate = np.array([self.plan.rate(view, m, g) for _, m, g in options])
+            loss = 1 - rate / np.array([g * self.plan.rate(view, m, 1) for _, m, g in options])
+            low = np.array([min(d.rates) for d in drafts])
+            high = np.array([max(d.rates) for d in drafts])
+            pace = np.minimum(low, rate[:, None])
+            mismatch = np.log(np.maximum(high, rate[:, None]) / pace) * np.maximum(1.0, self.plan.reference / pace)
+            score = mismatch + (loss + 0.01 * np.array([r for r, _, _ in options]))[:, None]
+            score[mismatch > limit] = np.inf
+            best = int(np.argmin(score))
+            if np.isfinite(score.flat[best]):
+                _, model, gpus = options[best // len(drafts)]
+                return model, gpus, drafts[best % len(drafts)]
+        head = self.plan.queue[0]
+        return head, min(self.plan.counts[head], free), None
+
+    def _candidates(self, free: int) -> list[str]:
+        fitting, used = 0, 0
+        for model in self.plan.queue:
+            used += self.plan.counts[model]
+            if used > free:
+                break
+            fitting += 1
+        return self.plan.queue[: max(self.window, min(fitting, _MAX_CANDIDATES))]
+
+    def _count_options(self, view: ClusterView, model: str, free: int) -> list[int]:
+        """Planned count, and up to ``extra_gpus`` more useful counts that still fit."""
+        planned = min(self.plan.counts[model], free)
+        options = [planned]
+        for gpus in range(planned + 1, min(planned + self.extra, free) + 1):
+            if self.plan.rate(view, model, gpus) > self.plan.rate(view, model, options[-1]):
+                options.append(gpus)
+        return options
+
+    def _boost(self, view: ClusterView, drafts: list[Draft], free: int) -> None:
+        """Leftover GPUs at launch go to the new members predicted to finish last.
+
+        Such a member gets just enough GPUs to finish with the next-latest member or by the
+        target, whichever is later, and moves to a drafted stream that matches its new rate
+        within ``match_tolerance`` (a slower stream would only hold it back), or to a stream of
+        its own where none does.
+        """
+        work = dict(zip(view.rates.ids, self.plan.work(view)))
+        while free > 0:
+            finishes = sorted(
+                ((work[m] / min(d.rates), d, k) for d in drafts for k, (m, _) in enumerate(d.members)),
+                key=lambda f: -f[0],
+            )
+            if not finishes:
+                return
+            finish, draft, k = finishes[0]
+            goal = max(finishes[1][0] if len(finishes) > 1 else 0.0, self.plan.target)
+            model, gpus = draft.members[k]
+            options = [(work[model] / self.plan.rate(view, model, g), g) for g in range(gpus + 1, gpus + free + 1)]
+            reaching = [g for end, g in options if end <= goal]
+            new_gpus = reaching[0] if reaching else min(options)[1]
+            if work[model] / self.plan.rate(view, model, new_gpus) >= finish * 0.98:
+                return
+            draft.remove(k)
+            if not draft.members and draft.join is None:
+                drafts.remove(draft)
+            _add_to_match(drafts, self.plan.rate(view, model, new_gpus), (model, new_gpus), self.tolerance)
+            free -= new_gpus - gpus
+
+
+def _budget_used(drafts: list[Draft], min_members: float) -> float:
+    """Share of the decoding budget the drafted streams use: what they decode against
+    ``1 / min_members`` of what their members train (each stream decodes once what all its
+    members train); above 1 the streams are crowded."""
+    trained = sum(len(d.rates) * min(d.rates) for d in drafts if d.rates)
+    return _paces(drafts) * min_members / trained if trained > 0 else 0.0
+
+
+def _decoding_used_up(view: ClusterView, drafts: list[Draft]) -> bool:
+    """True when the drafted streams' paces already take all the decoding there is."""
+    return view.decode_rate is not None and _paces(drafts) >= view.decode_rate * (1 - 1e-9)
+
+
+def _paces(drafts: list[Draft]) -> float:
+    """Samples/s the drafted streams decode together (each at its slowest member's rate)."""
+    return sum(min(d.rates) for d in drafts if d.rates)
+
+
+def stream_to_join(drafts: list[Draft], rate: float, tolerance: float, target: int | None) -> int | None:
+    """The running stream a resized or moved member of own ``rate`` joins (None: its own):
+    ``target``, the one it was moved for, if it still keeps up there; else the best match
+    within ``tolerance``."""
+    if any(d.join == target and min(d.rates) <= rate * (1 + 1e-9) for d in drafts):
+        return target
+    best = _best_match(drafts, rate, tolerance)
+    return best.join if best else None
+
+
+def _add_to_match(drafts: list[Draft], rate: float, member: tuple[str, int], tolerance: float) -> None:
+    """Add ``member`` (own ``rate``) to the draft it matches best within ``tolerance``, or to a
+    new draft of its own."""
+    best = _best_match(drafts, rate, tolerance)
+    if best:
+        best.members.append(member)
+        best.rates.append(rate)
+    else:
+        drafts.append(Draft(None, [rate], [member]))
+
+
+def _best_match(drafts: list[Draft], rate: float, tolerance: float) -> Draft | None:
+    """The draft whose spread with a member of own ``rate`` is least, within ``tolerance``."""
+    fits = [d for d in drafts if d.rates and d.spread_with(rate) <= tolerance]
+    return min(fits, key=lambda d: d.spread_with(rate)) if fits else None
+
+
+def place_drafts(view: ClusterView, drafts: list[Draft]) -> Decision:
+    """The drafts' new members on free GPUs (Alg. 3/4), one stream plan per draft."""
+    members = [(d, model, gpus) for d in drafts for model, gpus in d.members]
+    if not members:
+        return NO_DECISION
+    runs = place([g for _, _, g in members], view.free_gpus, view.gpus_per_node)
+    plans: dict[int, list[Member]] = {}
+    for (draft, model, _), run in zip(members, runs):
+        plans.setdefault(id(draft), []).append(Member(model, run))
+    by_id = {id(d): d for d in drafts}
+    return Decision.launching(StreamPlan(tuple(ms), by_id[key].join) for key, ms in plans.items())
