@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
      "fleet.runtime.train.collectives.__init__"),                      # pure planning; interfaces, registries
     ("fleet.spec",),                                                   # YAML -> frozen spec
     ("fleet.schedule_io", "fleet.report", "preprocess"),               # profile files, results, data
+    ("fleet.prediction",),                                             # runs predicted from a profile; the dry run
     ("fleet.models",),                                                 # the torch zoo
     ("fleet.engines", "fleet.inspect"),                                # engines behind the interface
     ("fleet.runtime.protocol", "fleet.runtime.waiting", "fleet.runtime.context",
@@ -36,8 +37,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("fleet.runtime.data",),                                           # preprocessors, streams, queues
     ("fleet.runtime.train",),                                          # trainers, checkpoints, collectives
     ("fleet.runtime.control",),                                        # the coordinator (rank 0)
-    ("profiler", "fleet.runtime.finish"),                              # measuring under MPI, the dry run; a job's end
-    ("fleet.runtime.main", "fleet.batch"),                             # per-rank entry; batch scripts
+    ("fleet.runtime.rank", "fleet.runtime.finish"),                    # a rank's start-up, set-up and role; a job's end
+    ("profiler",),                                                     # measuring rates and decoding under MPI
+    ("fleet.rank_entry", "fleet.batch"),                               # per-rank entry: profile, then train; batch scripts
     ("fleet.commands",),                                               # the CLI's commands
     ("fleet.cli", "fleet.__main__"),
 ]
