@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402  (after the repository is on sys.path)
 
 from fleet.engines.torch.optim import ParamUpdate  # noqa: E402
-from fleet.models import build_model  # noqa: E402
+from fleet.engines.torch.zoo import build_model  # noqa: E402
 from fleet.spec import TrainSpec  # noqa: E402
 
 NETS = {"mlp [512, 256]": ("mlp", {"hidden": [512, 256]}), "cnn [32, 64]": ("cnn", {"channels": [32, 64]}),

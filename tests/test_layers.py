@@ -29,8 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fleet.spec",),                                                   # YAML -> frozen spec
     ("fleet.schedule_io", "fleet.report", "preprocess"),               # profile files, results, data
     ("fleet.prediction",),                                             # runs predicted from a profile; the dry run
-    ("fleet.models",),                                                 # the torch zoo
-    ("fleet.engines", "fleet.inspect"),                                # engines behind the interface
+    ("fleet.engines", "fleet.inspect"),                                # engines and their zoos behind the interface
     ("fleet.runtime.protocol", "fleet.runtime.waiting", "fleet.runtime.context",
      "fleet.runtime.events"),                                          # the runtime's ground floor
     ("fleet.runtime.launch",),                                         # job environment, topology, signals

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fleet.engines._base import Engine, EnginePhase, check_evaluate, check_flat, check_state
+from fleet.engines._base import Engine, EnginePhase, InputShape, check_evaluate, check_flat, check_state
 from fleet.engines.torch._tensors import (
     bind_flat_gradients,
     copy_flat_into,
@@ -25,8 +25,8 @@ from fleet.engines.torch._tensors import (
 from fleet.engines.schedule import learning_rate
 from fleet.engines.torch.codec import CODEC
 from fleet.engines.torch.optim import ParamUpdate
+from fleet.engines.torch.zoo import build_model, set_dropout_generator
 from fleet.errors import UserError
-from fleet.models import InputShape, build_model, set_dropout_generator
 from fleet.rows import Rows
 from fleet.spec.families import is_user_family
 from fleet.spec.search import ModelSpec
