@@ -56,6 +56,8 @@ from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_objec
                                    recv_object, send_object, use_busy_polling, wait_requests)
 from fleet.schedule.choice import reconsider
 from fleet.spec import Device, load_spec
+from preprocess.readers import class_notices
+
 
 @dataclass(frozen=True)
 class TrainOptions:
@@ -216,8 +218,6 @@ def _write_ranks(ctx, run_dir: Path) -> None:
 
 def _say_data_notices(ctx) -> None:
     """Rank 0 (once for the job): what the data set's reader says of its classes."""
-    from preprocess.readers import class_notices  # preprocess loads h5py and Pillow
-
     for notice in class_notices(ctx.reader):
         print(f"fleet: {notice}", flush=True)
 

@@ -32,6 +32,7 @@ from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec, parse_spec
+from preprocess.partition import job_partitions
 
 
 @dataclass
@@ -184,8 +185,6 @@ def check_partitions(spec: Spec) -> Partitions | None:
     Raises:
         UserError: its manifest is missing or malformed, or its partitions do not fit.
     """
-    from preprocess.partition import job_partitions  # preprocess loads h5py and Pillow
-
     return job_partitions(spec.data, spec.cluster.nodes, spec.cluster.gpus_per_node)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 class SeededDropout(nn.Dropout):
     """`nn.Dropout` that draws its mask from a dedicated `torch.Generator` when one is set.
 
