@@ -164,7 +164,7 @@ def predictions(profile: Path, data: Path, args, collective: str | None = None) 
     """The simulator's makespan of each policy at the profiled rates (and decode limit)."""
     from fleet.schedule_io import load_profile  # fleet kept out of the module's imports (see profile_fits)
     from fleet.spec import parse_spec
-    from profiler.report import predicted_makespans
+    from fleet.prediction import predicted_makespans
 
     spec = parse_spec(spec_for("fleet-g", data, args, collective=collective))
     return predicted_makespans(spec, load_profile(profile), POLICIES)

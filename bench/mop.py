@@ -44,12 +44,12 @@ import yaml
 
 from _harness import fleet, fleet_run
 from fleet.inspect import describe_ensemble
+from fleet.prediction import predicted_makespans, with_partitions
 from fleet.schedule import Overheads, create_policy, lower_bounds, noisy_estimates, paper100, simulate, whole_epochs
 from fleet.schedule.simulator import Outcome
 from fleet.schedule_io import load_profile, profile_scenario
 from fleet.spec import load_spec
 from preprocess.partition import job_partitions
-from profiler.report import predicted_makespans, with_partitions
 
 NODES = (8, 16, 32, 64)
 ESTIMATES = {"exact": 0.0, "x U(0.7, 1.3)": 0.3, "exact, decode-limited": 0.0}

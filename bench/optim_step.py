@@ -16,7 +16,7 @@ import torch
 
 from _harness import run_to_end
 from fleet.engines.torch.optim import ParamUpdate
-from fleet.models import build_model
+from fleet.engines.torch.zoo import build_model
 from fleet.spec import TrainSpec
 
 NETS = {"mlp [512, 256]": ("mlp", {"hidden": [512, 256]}), "cnn [32, 64]": ("cnn", {"channels": [32, 64]}),

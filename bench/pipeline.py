@@ -139,7 +139,8 @@ def patched_pipeline(spec: str, run_dir: str, fill: bool) -> None:
     from fleet.runtime.data import preprocessor
     from fleet.runtime.train import trainer
     from fleet.runtime.data.chunks import write_header
-    from fleet.runtime.main import TrainOptions, train_entry
+    from fleet.rank_entry import train_entry
+    from fleet.runtime.rank import TrainOptions
 
     ready: dict = {}
 

@@ -32,7 +32,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from fleet.inspect import input_shape, num_classes
-from fleet.models import build_model
+from fleet.engines.torch.zoo import build_model
 from fleet.runtime.train.stop import StopTracker
 from fleet.spec import ModelSpec, Optimizer, ScheduleKind, Spec, load_spec
 from fleet.spec.sections import CenterCropOp, DecodeOp, FlipOp, NormalizeOp, RandomCropOp, ResizeOp, TrainSpec

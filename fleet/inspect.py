@@ -9,6 +9,7 @@ from typing import Any
 from fleet.engines import ModelStats, get_framework
 from fleet.errors import UserCodeError, UserError
 from fleet.spec import FAMILIES, ModelSpec, Spec, TrainSpec
+from preprocess.readers import class_notices, open_reader
 
 GIB = 2**30
 
@@ -78,8 +79,6 @@ def classes_and_notices(spec: Spec) -> tuple[int, tuple[str, ...]]:
     the data set was read for it, what the user should hear of it (`class_notices`)."""
     if spec.data.classes is not None:
         return spec.data.classes, ()
-    from preprocess.readers import class_notices, open_reader  # preprocess loads h5py and Pillow
-
     reader = open_reader(spec.data, seed=spec.seed)
     try:
         return reader.num_classes, tuple(class_notices(reader))

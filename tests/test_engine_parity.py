@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fleet.engines import EngineOptions
 from fleet.engines.torch import TorchEngine
-from fleet.models import build_model
+from fleet.engines.torch.zoo import build_model
 from fleet.spec import ModelSpec, TrainSpec
 
 SHAPE = (1, 8, 8)

@@ -18,10 +18,10 @@ tf = pytest.importorskip("tensorflow")
 import keras  # noqa: E402
 import torch  # noqa: E402
 
-from fleet import models  # noqa: E402
 from fleet.engines import Engine, EngineOptions, EnginePhase, get_framework  # noqa: E402
 from fleet.engines.tensorflow import FRAMEWORK, KerasZoo, TensorFlowEngine  # noqa: E402
 from fleet.engines.tensorflow.zoo import BUILDERS, COUNTERS, trainable_count  # noqa: E402
+from fleet.engines.torch import zoo as torch_zoo  # noqa: E402
 from fleet.engines.factory import create_engine  # noqa: E402
 from fleet.errors import UserCodeError, UserError  # noqa: E402
 from fleet.rows import Pieces  # noqa: E402
@@ -89,11 +89,11 @@ def learnable(count: int, shape=SHAPE, seed: int = 0) -> tuple[np.ndarray, np.nd
     ("lstm", {"hidden": 5, "bidirectional": True}, (1, 1, 1)),
 ])
 def test_the_keras_twins_count_like_the_torch_families(family, params, shape):
-    torch_stats = models.describe(family, params, shape, CLASSES)
+    torch_stats = torch_zoo.describe(family, params, shape, CLASSES)
     net = KerasZoo().build(family, params, shape, CLASSES, seed=0)
     assert trainable_count(net) == torch_stats.parameters
     assert KerasZoo().describe(family, params, shape, CLASSES) == torch_stats
-    assert KerasZoo().parameter_bytes(family, params, shape, CLASSES) == models.parameter_bytes(
+    assert KerasZoo().parameter_bytes(family, params, shape, CLASSES) == torch_zoo.parameter_bytes(
         family, params, shape, CLASSES)
     assert tuple(net(np.zeros((2, *shape), np.float32)).shape) == (2, CLASSES)
 
@@ -146,7 +146,7 @@ def _load_torch_weights(source: torch.nn.Module, net: keras.Model) -> None:
 def test_the_keras_twins_compute_what_the_torch_families_compute(family, params, shape):
     """With torch's weights, a twin's logits are torch's: same layers, strided convs padded
     as torch pads them (on even maps too), same LSTM gates and time order."""
-    source = models.build_model(family, params, shape, CLASSES, seed=1).eval()
+    source = torch_zoo.build_model(family, params, shape, CLASSES, seed=1).eval()
     with torch.no_grad():  # batch norm's affine parameters and statistics away from 1 and 0
         for value in [*source.parameters(), *(b for n, b in source.named_buffers() if "running" in n)]:
             value.add_(0.2 * torch.rand_like(value))

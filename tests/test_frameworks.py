@@ -16,7 +16,7 @@ from fleet.engines import FRAMEWORKS, EngineOptions, Framework, ModelStats, fram
 from fleet.engines.factory import create_engine
 from fleet.engines.torch import FRAMEWORK as TORCH, TorchEngine
 from fleet.errors import UserError
-from fleet.models import describe
+from fleet.engines.torch.zoo import describe
 from fleet.registry import Registry
 from fleet.spec import SpecError, parse_spec
 

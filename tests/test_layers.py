@@ -1,7 +1,8 @@
 """The layers of fleet, enforced: no import runs upward, no cycle between packages, imports at
 the top of modules, and small pieces.
 
-`LAYERS` lists the packages from the bottom up (docs/architecture.md draws the same map). A
+`LAYERS` lists the packages from the bottom up (docs/architecture.md draws the same map, and a
+test keeps the two alike). A
 module belongs to the longest listed name that prefixes it. An import may go to the same
 layer or below, never above; the packages (listed names) must not import each other in a
 circle, and neither may modules at import time. Imports inside ``if TYPE_CHECKING:`` are for
@@ -14,6 +15,7 @@ lines and every class within 250.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,16 +30,17 @@ LAYERS: list[tuple[str, ...]] = [
      "fleet.engines.tree_codec", "fleet.runtime.train.collectives.__init__"),  # pure planning; interfaces, registries
     ("fleet.spec",),                                                   # YAML -> frozen spec
     ("fleet.schedule_io", "fleet.report", "preprocess"),               # profile files, results, data
-    ("fleet.models",),                                                 # the torch zoo
-    ("fleet.engines", "fleet.inspect"),                                # engines behind the interface
+    ("fleet.prediction",),                                             # runs predicted from a profile; the dry run
+    ("fleet.engines", "fleet.inspect"),                                # engines and their zoos behind the interface
     ("fleet.runtime.protocol", "fleet.runtime.waiting", "fleet.runtime.context",
      "fleet.runtime.events"),                                          # the runtime's ground floor
     ("fleet.runtime.launch",),                                         # job environment, topology, signals
     ("fleet.runtime.data",),                                           # preprocessors, streams, queues
     ("fleet.runtime.train",),                                          # trainers, checkpoints, collectives
     ("fleet.runtime.control",),                                        # the coordinator (rank 0)
-    ("profiler", "fleet.runtime.finish"),                              # measuring under MPI, the dry run; a job's end
-    ("fleet.runtime.main", "fleet.batch"),                             # per-rank entry; batch scripts
+    ("fleet.runtime.rank", "fleet.runtime.finish"),                    # a rank's start-up, set-up and role; a job's end
+    ("profiler",),                                                     # measuring rates and decoding under MPI
+    ("fleet.rank_entry", "fleet.batch"),                               # per-rank entry: profile, then train; batch scripts
     ("fleet.commands",),                                               # the CLI's commands
     ("fleet.cli", "fleet.__main__"),
 ]
@@ -167,6 +170,29 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_module_is_in_a_layer():
     for module in ALL:
         _unit(module)
+
+
+def _documented_layers() -> dict[int, set[str]]:
+    """The module map of docs/architecture.md: its layer number -> the names in its package column
+    (``fleet.runtime.{protocol,waiting}`` spelled out)."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    layers: dict[int, set[str]] = defaultdict(set)
+    for level, cell in re.findall(r"^\| (\d+) \| ([^|]+) \|", text, re.M):
+        for name in re.findall(r"`([\w.{},]+)`", cell):
+            if name.split(".")[0] not in ROOTS:
+                continue  # a word in the cell, e.g. (package `__init__`)
+            stem, _, rest = name.partition("{")
+            layers[int(level)] |= {stem + part for part in rest.rstrip("}").split(",")} if rest else {name}
+    return layers
+
+
+def test_the_documented_module_map_is_the_layer_list():
+    documented = _documented_layers()
+    assert sorted(documented) == list(range(len(LAYERS)))
+    misplaced = [f"{name} (layer {level})" for level, names in documented.items() for name in names
+                 if UNITS[unit_of(name, f"{name}.__init__" in UNITS)] != level]
+    missing = [unit for unit in UNITS if unit != "fleet" and unit.removesuffix(".__init__") not in documented[UNITS[unit]]]
+    assert not misplaced and not missing, f"misplaced in the docs: {misplaced}; not in the docs: {missing}"
 
 
 def test_no_import_runs_up_a_layer():

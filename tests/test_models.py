@@ -15,7 +15,7 @@ from fleet import interrupts
 from fleet.engines import EngineOptions
 from fleet.engines.factory import create_engine
 from fleet.errors import UserCodeError, UserError
-from fleet.models import build_model, describe
+from fleet.engines.torch.zoo import build_model, describe
 from fleet.spec import parse_spec
 
 FAMILY_CASES = [
@@ -123,7 +123,7 @@ def test_describe_leaves_the_global_rng_alone():
 def test_a_model_too_large_for_the_cpu_is_counted_alike_on_the_meta_device(monkeypatch, family):
     """Zoo models are counted on the CPU up to COUNT_ON_CPU_BYTES, beyond it on torch's meta
     device (nothing allocated): both give the same figures."""
-    import fleet.models as zoo
+    import fleet.engines.torch.zoo as zoo
 
     on_cpu = describe(family, {}, (3, 16, 16), 10)
     monkeypatch.setattr(zoo, "COUNT_ON_CPU_BYTES", 0)
@@ -135,7 +135,7 @@ def test_counting_the_zoo_does_not_load_torchs_compiler_stack():
     device a normal_ or a batch norm would: 1.2 s on every `fleet validate` and rank 0)."""
     import subprocess
 
-    code = ("import sys; from fleet.models import describe, parameter_bytes\n"
+    code = ("import sys; from fleet.engines.torch.zoo import describe, parameter_bytes\n"
             "for f in ('resnet', 'densenet', 'cnn', 'mlp', 'lstm'):\n"
             "    describe(f, {}, (3, 16, 16), 10); parameter_bytes(f, {}, (3, 16, 16), 10)\n"
             "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'sympy')))[:3])\n")

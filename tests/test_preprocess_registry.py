@@ -1,5 +1,8 @@
 """The reader registry: one entry per `data.source` name, found by name, unknown names listed."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -29,13 +32,17 @@ class FakeReader(Reader):
         return RawBatch(np.zeros((len(indices), 2, 2, 1), np.uint8), self.labels[indices], [str(i) for i in indices])
 
 
+FAKE_ENTRY = ReaderEntry(FakeReader)
+"""A registry entry, as a reader module's ``ENTRY`` is."""
+
+
 def test_every_source_name_the_spec_takes_has_a_reader_and_no_other():
-    assert set(READERS) == set(Source)
+    assert set(READERS.names) == {source.value for source in Source}
 
 
 def test_entries_are_found_by_name_or_by_source():
-    assert reader_entry("hdf5") is READERS[Source.HDF5]
-    assert reader_entry(Source.DIGITS) is READERS[Source.DIGITS]
+    assert reader_entry("hdf5") is READERS.load(Source.HDF5.value)
+    assert reader_entry(Source.DIGITS) is READERS.load(Source.DIGITS.value)
     assert isinstance(reader_entry("digits").whole(DataSpec(source="digits"), 0), DigitsReader)
     synthetic = DataSpec(source="synthetic").defaults_filled()
     assert isinstance(reader_entry("synthetic").whole(synthetic, 3), SyntheticReader)
@@ -47,11 +54,26 @@ def test_an_unknown_name_is_one_line_listing_the_readers():
     assert str(err.value) == "data.source: no reader for 'csv'; valid: synthetic, imagefolder, hdf5, digits"
 
 
-def test_open_reader_opens_what_the_registry_names(monkeypatch):
-    monkeypatch.setitem(READERS, Source.DIGITS, ReaderEntry(FakeReader))
-    reader = open_reader(DataSpec(source="digits"), seed=7)
+def test_open_reader_opens_what_the_registry_names():
+    READERS.remove("digits")
+    READERS.add("digits", f"{__name__}:FAKE_ENTRY")
+    try:
+        reader = open_reader(DataSpec(source="digits"), seed=7)
+    finally:
+        READERS.remove("digits")
+        READERS.add("digits", "preprocess.readers.digits:ENTRY")
     assert isinstance(reader, FakeReader) and reader.seed == 7
     assert reader.data.image_size == (8, 8)  # the source's defaults are filled before the factory runs
+
+
+def test_importing_the_readers_imports_no_reader_module():
+    """Readers are imported when their source is opened (h5py with the hdf5 reader), as
+    frameworks are; the `preprocess` package itself imports nothing."""
+    code = ("import sys, preprocess, preprocess.readers\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('preprocess.readers.', 'h5py', 'PIL'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['preprocess.readers._base']", done.stdout
 
 
 def test_a_source_without_a_parts_reader_cannot_be_partitioned():
@@ -65,4 +87,4 @@ def test_the_spec_lists_the_reader_names_for_an_unknown_source():
     with pytest.raises(SpecError) as err:
         parse_spec({"name": "t", "data": {"source": "csv"}, "models": [{"family": "mlp"}]})
     assert str(err.value).startswith("data.source: ")
-    assert all(f"'{source.value}'" in str(err.value) for source in READERS)
+    assert all(f"'{name}'" in str(err.value) for name in READERS.names)

@@ -167,7 +167,7 @@ def test_stream_demand_counts_each_stream_once_at_its_slowest_member():
     assert stream_demand(plan, lambda model, m: rates[(model, m)]) == [140.0]
 
 
-@pytest.mark.parametrize("name", ["fleet/profiling/plan.py", "fleet/profiling/document.py", "profiler/report.py"])
+@pytest.mark.parametrize("name", ["fleet/profiling/plan.py", "fleet/profiling/document.py", "fleet/prediction.py"])
 def test_planning_parts_import_neither_mpi_nor_torch(name):
     import ast
     from pathlib import Path

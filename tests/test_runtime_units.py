@@ -896,7 +896,7 @@ def test_a_member_reports_its_start_once():
 
 def test_a_device_override_is_the_spec_s_enum():
     """`--device emulated` used to leave a plain string where the runtime reads `.value`."""
-    from fleet.runtime.main import with_device
+    from fleet.runtime.rank import with_device
     from fleet.spec import Device
 
     spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}]})

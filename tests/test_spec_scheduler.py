@@ -4,12 +4,12 @@
 import pytest
 import yaml
 
+from fleet.prediction import predict
 from fleet.schedule import POLICIES as REGISTRY
 from fleet.schedule import paper100
 from fleet.schedule.planners import FleetAdaptive, FleetGlobal, FleetLocal
 from fleet.errors import UserError
 from fleet.spec import SchedulerSpec, SpecError, parse_spec
-from profiler.report import predict
 
 
 def doc(**scheduler):

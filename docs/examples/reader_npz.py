@@ -5,7 +5,8 @@ A reader is (see docs/architecture.md, "Adding a dataset reader"):
 1. a `preprocess.readers.Reader` subclass (the contract is in `preprocess/readers/_base.py`:
    cheap metadata, `read(indices)` in order, a damaged file is a `UserError` naming it);
 2. its name in the spec's `Source` enum (`fleet/spec/sections.py`, the one list of names);
-3. one `ReaderEntry` in `preprocess.readers.READERS` that opens it from the spec's `data`.
+3. its module's ``ENTRY``, a `ReaderEntry` that opens it from the spec's `data`, named in
+   `preprocess.readers.READERS` (``"npz": "package.module:ENTRY"``: imported on first use).
 """
 
 from __future__ import annotations
@@ -62,4 +63,4 @@ def open_npz(data, seed: int) -> Reader:
 
 
 ENTRY = ReaderEntry(open_npz)
-"""What goes into `READERS` under the new `Source` name."""
+"""What `READERS` names under the new `Source` name (``"npz": "docs.examples.reader_npz:ENTRY"``)."""

@@ -16,6 +16,12 @@ import argparse
 from typing import Any, Callable
 
 from fleet.errors import UserError
+from preprocess.check import CheckProgress, check_samples, judge_for
+from preprocess.convert import convert_folder
+from preprocess.info import describe, open_any
+from preprocess.make import make_synthetic
+from preprocess.partition import partition_dataset
+from preprocess.readers import class_notices
 
 SUB_COMMANDS = ("make", "convert", "partition", "info")
 
@@ -93,8 +99,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from preprocess.make import make_synthetic  # preprocess loads h5py and Pillow
-
     out = make_synthetic(
         args.out, args.fmt, classes=args.classes, samples=args.samples, image_size=args.image_size,
         channels=args.channels, seed=args.seed, shards=args.shards, progress=not args.quiet, force=args.force,
@@ -104,8 +108,6 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from preprocess.convert import convert_folder  # preprocess loads h5py and Pillow
-
     out = convert_folder(
         args.src, args.out, args.image_size, shards=args.shards, channels=args.channels,
         progress=not args.quiet, force=args.force,
@@ -115,8 +117,6 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _partition(args: argparse.Namespace) -> int:
-    from preprocess.partition import partition_dataset  # preprocess loads h5py and Pillow
-
     manifest = partition_dataset(
         args.src, args.parts, args.out, seed=args.seed, progress=not args.quiet, force=args.force
     )
@@ -126,9 +126,6 @@ def _partition(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from preprocess.info import describe, open_any  # preprocess loads h5py and Pillow
-    from preprocess.readers import class_notices  # preprocess loads h5py and Pillow
-
     reader, manifest = open_any(args.path_or_spec)
     with reader:
         print(describe(reader, args.path_or_spec, manifest, lenient=args.check), flush=True)
@@ -139,8 +136,6 @@ def _info(args: argparse.Namespace) -> int:
 
 def _check(reader: Any, path_or_spec: str) -> int:
     """`fleet data info --check`: every bad sample on a line of its own, then a summary; 2 if any."""
-    from preprocess.check import CheckProgress, check_samples, judge_for  # preprocess loads h5py and Pillow
-
     progress = CheckProgress(len(reader))
     try:
         result = check_samples(reader, judge_for(path_or_spec), progress)

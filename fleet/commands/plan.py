@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
+from fleet.prediction import candidates_for, decode_limit_line, with_partitions
 from fleet.report.plan_text import render_plan
 from fleet.schedule import POLICIES, Overheads, Policy, create_policy, lower_bounds, simulate, whole_epochs
 from fleet.errors import UserError
@@ -20,7 +21,6 @@ from fleet.schedule.choice import AUTO, CANDIDATES, choose_policy
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
 from fleet.spec import load_spec
-from profiler.report import candidates_for, decode_limit_line, with_partitions
 
 DEFAULT_POLICY = "fleet-g"
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 from fleet.commands._args import positive_int, positive_int_list
 from fleet.commands._watch import finish, start_timeout
+from fleet.prediction import dry_run
+from fleet.rank_entry import train_entry
 from fleet.runtime.control.setup import check_partitions
 from fleet.runtime.launch.jobenv import read_job_env
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, start_here
-from fleet.runtime.main import TrainOptions, train_entry
+from fleet.runtime.rank import TrainOptions
 from fleet.spec import load_spec
-from profiler.report import dry_run
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -11,10 +11,10 @@ from fleet.atomic import atomic_write_text
 from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
 from fleet.batch.submit import check_partition, require_submitter, submit
 from fleet.commands._args import one_of, positive_int
+from fleet.prediction import preprocessors_for
 from fleet.runtime.control.setup import check_partitions, check_same_ensemble
 from fleet.schedule_io import load_profile
 from fleet.spec import load_spec
-from profiler.report import preprocessors_for
 
 SCHEDULERS = ("slurm", "lsf")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from fleet.commands._args import positive_int
-from fleet.runtime.main import TrainOptions, train_entry
+from fleet.rank_entry import train_entry
+from fleet.runtime.rank import TrainOptions
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -56,6 +56,15 @@ def reuse_verdict(document: Mapping[str, Any] | None, spec) -> tuple[bool, str]:
     return True, "measured for this ensemble"
 
 
+def epochs_estimate(rates, spec) -> list[float]:
+    """Per model: the profile's `epochs` when given, else the spec's max_epochs."""
+    out = []
+    for profile in rates.models:
+        epochs = getattr(profile, "epochs", None)
+        out.append(float(epochs) if epochs else float(spec.model(profile.id).train.max_epochs))
+    return out
+
+
 def model_rates(measured: Mapping[int, Mapping[str, Any]]) -> dict[str, float]:
     """``{"1": r1, "2": r2, ...}`` from measurements by m, up to the first m that failed or is missing."""
     rates: dict[str, float] = {}

@@ -10,6 +10,10 @@ import numpy as np
 
 from fleet.inspect import input_shape, num_classes
 from fleet.spec import Spec
+from preprocess.partition import job_partitions
+from preprocess.readers import open_reader
+from preprocess.split import split_indices
+from preprocess.transforms import Pipeline
 
 
 @dataclass
@@ -45,8 +49,6 @@ class RunContext:
     @cached_property
     def partitions(self):
         """Where the partitions of partitioned data live (a `Partitions`), else None."""
-        from preprocess.partition import job_partitions  # preprocess loads h5py and Pillow
-
         return job_partitions(self.spec.data, self.spec.cluster.nodes, self.spec.cluster.gpus_per_node)
 
     @cached_property
@@ -60,8 +62,6 @@ class RunContext:
         return self.open_part(self.partition)
 
     def open_part(self, partition: int | None):
-        from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
-
         return open_reader(self.spec.data, seed=self.spec.seed, partition=partition)
 
     @cached_property
@@ -70,8 +70,6 @@ class RunContext:
         return self.split_of(self.reader)
 
     def split_of(self, reader) -> tuple[np.ndarray, np.ndarray]:
-        from preprocess.split import split_indices  # preprocess loads h5py and Pillow
-
         return split_indices(reader.labels, self.spec.data.val_fraction, self.spec.seed)
 
     @property
@@ -109,8 +107,6 @@ class RunContext:
 
     @cached_property
     def pipeline(self):
-        from preprocess.transforms import Pipeline  # preprocess loads h5py and Pillow
-
         return Pipeline(self.spec.preprocess, self.spec.data)
 
     @cached_property

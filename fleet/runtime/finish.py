@@ -14,13 +14,13 @@ from pathlib import Path
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
+from fleet.prediction import planned
 from fleet.report.run_report import Prediction, Report, write_report
 from fleet.report.table import format_table
 from fleet.runtime.control.console import SLOT_NAMES
 from fleet.runtime.events import read_events
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.schedule_io import load_profile
-from profiler.report import planned
 
 
 def summarize_job(spec, run_dir: Path, code: int) -> None:

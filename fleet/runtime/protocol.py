@@ -15,7 +15,7 @@ class Tag(int, Enum):
     TRAINER = 11  # coordinator -> a trainer rank's main thread
     PREPROCESSOR = 13  # coordinator -> a preprocessor
     REPORT = 14  # any rank -> coordinator
-    STARTUP = 15  # the first trainer -> rank 0, once at start-up (`fleet.runtime.main`)
+    STARTUP = 15  # the first trainer -> rank 0, once at start-up (`fleet.runtime.rank`)
 
 
 INBOX_DEPTH = 2

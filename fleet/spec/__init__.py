@@ -1,7 +1,7 @@
 """The ensemble spec: YAML -> frozen, validated objects (`load_spec`, `Spec`).
 
 Only pydantic, yaml and the pure planner package `fleet.schedule` (the policy registry and its
-options) are imported here; `fleet/models` and `preprocess` build from it.
+options) are imported here; the engines' zoos and `preprocess` build from it.
 """
 
 from fleet.spec._base import SpecError

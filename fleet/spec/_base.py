@@ -7,7 +7,7 @@ import reprlib
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from fleet.errors import UserError
@@ -56,6 +56,25 @@ KEYED_ERRORS = ("unknown_key", "bool_for_number", "field_error")
 def field_error(key: str, problem: str) -> PydanticCustomError:
     """An error about field `key` raised by a check of the whole section (a cross-field rule)."""
     return PydanticCustomError("field_error", "{problem}", {"key": key, "problem": problem})
+
+
+def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
+    """The first error of `exc` as one line; the count of the others at the end."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = prefix + tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
+    kind, ctx = first["type"], first.get("ctx") or {}
+    if kind in KEYED_ERRORS:  # raised for the whole section: its key says where
+        loc += (ctx["key"],)
+        message = first["msg"]
+    elif kind == "missing":
+        message = "required field is missing"
+    else:
+        message = first["msg"].removeprefix("Value error, ")
+        if kind not in ("value_error", "assertion_error") and "input" in first:
+            message += f", got {shown(first['input'])}"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{yaml_path(loc) or 'spec'}: {message}{more}"
 
 
 def at_most(limit: int, why: str) -> AfterValidator:

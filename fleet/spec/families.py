@@ -1,6 +1,7 @@
 """Parameter schemas of the model zoo's families (pure: no torch here).
 
-`fleet/models/` builds the networks from the validated, default-filled parameters.
+The engines' zoos (`fleet/engines/torch/zoo/`, `fleet/engines/tensorflow/zoo.py`) build the
+networks from the validated, default-filled parameters (`family_params`).
 A family written as ``package.module:function`` is a user model: its params are passed
 to the function as keyword arguments, unchecked here.
 """
@@ -8,11 +9,13 @@ to the function as keyword arguments, unchecked here.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, field_validator
 
-from fleet.spec._base import Section
+from fleet.errors import UserError
+from fleet.spec._base import Section, format_validation_error
 
 USER_FAMILY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
@@ -116,3 +119,13 @@ def is_user_family(family: str) -> bool:
 def family_error(family: str) -> str:
     valid = ", ".join(sorted(FAMILIES))
     return f"unknown family {family!r} (valid: {valid}, or package.module:function)"
+
+
+def family_params(family: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a zoo family's params and fill its defaults (raises `UserError`)."""
+    if family not in FAMILIES:
+        raise UserError(family_error(family))
+    try:
+        return FAMILIES[family].model_validate(dict(params)).model_dump()
+    except ValidationError as exc:
+        raise UserError(f"family {family!r}: " + format_validation_error(exc, ("params",))) from None

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from fleet.spec._base import KEYED_ERRORS, Section, SpecError, shown, valid_keys, yaml_path
+from fleet.spec._base import Section, SpecError, format_validation_error, shown, valid_keys, yaml_path
 from fleet.spec.checks import check_data, check_data_path, check_hopping, check_models, check_pipeline, check_run_dir
 from fleet.spec.families import FAMILIES, family_error, is_user_family
 from fleet.engines.registry import DEFAULT_FRAMEWORK
@@ -33,25 +33,6 @@ from fleet.spec.sections import (
     TrainSpec,
 )
 from fleet.spec.yamlfile import read_yaml
-
-
-def format_validation_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
-    """The first error of `exc` as one line; the count of the others at the end."""
-    errors = exc.errors()
-    first = errors[0]
-    loc = prefix + tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
-    kind, ctx = first["type"], first.get("ctx") or {}
-    if kind in KEYED_ERRORS:  # raised for the whole section: its key says where
-        loc += (ctx["key"],)
-        message = first["msg"]
-    elif kind == "missing":
-        message = "required field is missing"
-    else:
-        message = first["msg"].removeprefix("Value error, ")
-        if kind not in ("value_error", "assertion_error") and "input" in first:
-            message += f", got {shown(first['input'])}"
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{yaml_path(loc) or 'spec'}: {message}{more}"
 
 
 def validate(model: type[Section], data: Any, loc: tuple[Any, ...]) -> Any:

@@ -3,94 +3,47 @@
 `open_reader` looks the spec's `data.source` up in `READERS` and opens its reader. The names
 themselves are the spec's `Source` enum (the one list: the spec validates `data.source`
 against it without importing the readers); every name has one entry here, and a test keeps
-the two equal. To add a reader: a module with a `Reader` subclass (see `_base.py`), a name
-in `Source`, and one `ReaderEntry` below.
+the two equal. Like the engines' frameworks, a reader's module is imported the first time
+its source is opened (`fleet.registry.Registry`): importing this package imports neither
+h5py nor Pillow. To add a reader: a module with a `Reader` subclass (see `_base.py`) and its
+``ENTRY`` (a `ReaderEntry`), a name in `Source`, and one line in `READERS` below.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.errors import UserError
+from fleet.registry import Registry
 from fleet.spec.sections import DataSpec, Source
-from preprocess.generator import SyntheticRecipe
 from preprocess.layout import part_name, read_manifest
-from preprocess.readers._base import RawBatch, Reader, class_notices
-from preprocess.readers.digits import DigitsReader
-from preprocess.readers.hdf5 import HDF5Reader, shard_files
-from preprocess.readers.imagefolder import ImageFolderReader
-from preprocess.readers.synthetic import SyntheticReader
+from preprocess.readers._base import RawBatch, Reader, ReaderEntry, class_notices, data_path
 
 __all__ = [
     "READERS", "RawBatch", "Reader", "ReaderEntry", "class_notices", "open_reader", "partition_count",
     "partition_manifest", "reader_entry",
 ]
 
-
-def _path(data: DataSpec) -> Path:
-    return Path(os.path.expanduser(str(data.path)))
-
-
-def _synthetic(data: DataSpec, seed: int) -> Reader:
-    return SyntheticReader(SyntheticRecipe(data.classes, data.image_size, data.channels, seed), data.samples)
-
-
-def _imagefolder(data: DataSpec, seed: int) -> Reader:
-    return ImageFolderReader(_path(data), data.classes)
-
-
-def _hdf5(data: DataSpec, seed: int) -> Reader:
-    return HDF5Reader(shard_files(_path(data)), data.classes, where=str(_path(data)))
-
-
-def _hdf5_parts(data: DataSpec, files: list[Path], classes: int) -> Reader:
-    return HDF5Reader(files, data.classes, num_classes=classes, where=str(_path(data)))
-
-
-def _digits(data: DataSpec, seed: int) -> Reader:
-    return DigitsReader(data.classes)
-
-
-@dataclass(frozen=True)
-class ReaderEntry:
-    """How `open_reader` opens one `data.source`.
-
-    Attributes:
-        whole: ``(data, seed) -> Reader`` over the whole data set (`data` with its per-source
-            defaults filled; `seed` the spec's).
-        parts: ``(data, files, classes) -> Reader`` over some part files of a data set written
-            by ``fleet data partition`` (`classes`: the whole set's class count); None where
-            the source cannot be partitioned.
-    """
-
-    whole: Callable[[DataSpec, int], Reader]
-    parts: Callable[[DataSpec, list[Path], int], Reader] | None = None
-
-
-READERS: dict[Source, ReaderEntry] = {
-    Source.SYNTHETIC: ReaderEntry(_synthetic),
-    Source.IMAGEFOLDER: ReaderEntry(_imagefolder),
-    Source.HDF5: ReaderEntry(_hdf5, parts=_hdf5_parts),
-    Source.DIGITS: ReaderEntry(_digits),
-}
-"""The reader of each `data.source`."""
+READERS: Registry[ReaderEntry] = Registry("data.source", {
+    Source.SYNTHETIC.value: "preprocess.readers.synthetic:ENTRY",
+    Source.IMAGEFOLDER.value: "preprocess.readers.imagefolder:ENTRY",
+    Source.HDF5.value: "preprocess.readers.hdf5:ENTRY",
+    Source.DIGITS.value: "preprocess.readers.digits:ENTRY",
+})
+"""The reader of each `data.source`, by name: its module's ``ENTRY``, imported on first use."""
 
 
 def reader_entry(source: Source | str) -> ReaderEntry:
-    """The registry entry of `source` (a `Source` or its name).
+    """The registry entry of `source` (a `Source` or its name), its module imported on first use.
 
     Raises:
         UserError: no reader has that name; the message lists the valid ones.
     """
-    try:
-        return READERS[Source(source)]
-    except (ValueError, KeyError):
-        name = getattr(source, "value", source)
-        valid = ", ".join(s.value for s in READERS)
-        raise UserError(f"data.source: no reader for {name!r}; valid: {valid}") from None
+    name = getattr(source, "value", source)
+    if name not in READERS:
+        raise UserError(f"data.source: no reader for {name!r}; valid: {', '.join(READERS.names)}")
+    return READERS.load(name)
 
 
 def partition_count(data: DataSpec) -> int:
@@ -105,14 +58,14 @@ def partition_manifest(data: DataSpec):
         UserError: the source cannot be partitioned, or the manifest is missing or malformed.
     """
     _parts_opener(data)
-    return read_manifest(_path(data))
+    return read_manifest(data_path(data))
 
 
 def _parts_opener(data: DataSpec) -> Callable[[DataSpec, list[Path], int], Reader]:
     """The `parts` factory of `data.source`; a source without one cannot be partitioned."""
     parts = reader_entry(data.source).parts
     if parts is None:
-        able = " or ".join(repr(s.value) for s, entry in READERS.items() if entry.parts is not None)
+        able = " or ".join(repr(name) for name in READERS.names if READERS.load(name).parts is not None)
         raise UserError(
             f"data.partitioned: source {data.source.value!r} cannot be partitioned; "
             f"use source {able} with a directory written by: fleet data partition"
@@ -122,7 +75,7 @@ def _parts_opener(data: DataSpec) -> Callable[[DataSpec, list[Path], int], Reade
 
 def _open_partition(data: DataSpec, partition: int | None) -> Reader:
     parts = _parts_opener(data)
-    root = _path(data)
+    root = data_path(data)
     manifest = read_manifest(root)
     if partition is not None and not 0 <= partition < manifest.count:
         raise IndexError(f"partition {partition} out of range: {root} has {manifest.count} partitions")

@@ -19,13 +19,19 @@ Contract (every implementation):
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from fleet.errors import UserError
+
+if TYPE_CHECKING:  # annotations only
+    from fleet.spec.sections import DataSpec
 
 
 @dataclass(frozen=True)
@@ -151,3 +157,24 @@ def class_notices(reader: Reader) -> list[str]:
         lines.append(f"warning: {where}: only {present} of {classes} classes have samples; every model gets "
                      f"{classes} outputs (are the labels numbered 0..{present - 1}?)")
     return lines
+
+
+@dataclass(frozen=True)
+class ReaderEntry:
+    """How `open_reader` opens one `data.source` (each reader module's ``ENTRY``).
+
+    Attributes:
+        whole: ``(data, seed) -> Reader`` over the whole data set (`data` with its per-source
+            defaults filled; `seed` the spec's).
+        parts: ``(data, files, classes) -> Reader`` over some part files of a data set written
+            by ``fleet data partition`` (`classes`: the whole set's class count); None where
+            the source cannot be partitioned.
+    """
+
+    whole: Callable[[DataSpec, int], Reader]
+    parts: Callable[[DataSpec, list[Path], int], Reader] | None = None
+
+
+def data_path(data: DataSpec) -> Path:
+    """The data set's path as the spec gives it, ``~`` expanded."""
+    return Path(os.path.expanduser(str(data.path)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from preprocess.readers._base import RawBatch, Reader, as_indices, check_declared_classes
+from preprocess.readers._base import RawBatch, Reader, ReaderEntry, as_indices, check_declared_classes
 
 
 def load_digit_images() -> tuple[np.ndarray, np.ndarray]:
@@ -40,3 +40,11 @@ class DigitsReader(Reader):
     def read(self, indices: np.ndarray) -> RawBatch:
         idx = as_indices(indices, len(self._labels))
         return RawBatch(items=self._images[idx], labels=self._labels[idx], names=[f"digits[{i}]" for i in idx])
+
+
+def open_digits(data, seed: int) -> Reader:
+    """The registry's opener: the bundled digits, with the spec's ``data.classes``."""
+    return DigitsReader(data.classes)
+
+
+ENTRY = ReaderEntry(open_digits)

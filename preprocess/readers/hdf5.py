@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 from fleet.errors import UserError
-from preprocess.readers._base import RawBatch, Reader, as_indices, check_declared_classes
+from preprocess.readers._base import RawBatch, Reader, ReaderEntry, as_indices, check_declared_classes, data_path
 
 IMAGES = "images"
 LABELS = "labels"
@@ -244,3 +244,16 @@ class HDF5Reader(Reader):
         state = self.__dict__.copy()
         state["_handles"] = {}
         return state
+
+
+def open_hdf5(data, seed: int) -> Reader:
+    """The registry's opener: the shards at the spec's ``data.path``."""
+    return HDF5Reader(shard_files(data_path(data)), data.classes, where=str(data_path(data)))
+
+
+def open_hdf5_parts(data, files: list[Path], classes: int) -> Reader:
+    """The registry's opener of some partitions (`files`) of a data set of `classes` classes."""
+    return HDF5Reader(files, data.classes, num_classes=classes, where=str(data_path(data)))
+
+
+ENTRY = ReaderEntry(open_hdf5, parts=open_hdf5_parts)

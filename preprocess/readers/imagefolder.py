@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fleet.errors import UserError
-from preprocess.readers._base import RawBatch, Reader, as_indices, check_declared_classes
+from preprocess.readers._base import RawBatch, Reader, ReaderEntry, as_indices, check_declared_classes, data_path
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -99,3 +99,11 @@ def _read_bytes(path: str) -> bytes:
             return f.read()
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc.__class__.__name__}") from None
+
+
+def open_imagefolder(data, seed: int) -> Reader:
+    """The registry's opener: the folder at the spec's ``data.path``."""
+    return ImageFolderReader(data_path(data), data.classes)
+
+
+ENTRY = ReaderEntry(open_imagefolder)

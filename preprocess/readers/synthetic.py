@@ -6,7 +6,7 @@ import numpy as np
 
 from fleet.errors import UserError
 from preprocess.generator import SyntheticRecipe, draw_samples, sample_labels
-from preprocess.readers._base import RawBatch, Reader, as_indices
+from preprocess.readers._base import RawBatch, Reader, ReaderEntry, as_indices
 
 
 class SyntheticReader(Reader):
@@ -44,3 +44,11 @@ class SyntheticReader(Reader):
             labels=self._labels[idx],
             names=[f"synthetic[{i}]" for i in idx],
         )
+
+
+def open_synthetic(data, seed: int) -> Reader:
+    """The registry's opener: the images the spec's ``data`` and `seed` draw."""
+    return SyntheticReader(SyntheticRecipe(data.classes, data.image_size, data.channels, seed), data.samples)
+
+
+ENTRY = ReaderEntry(open_synthetic)

@@ -2,9 +2,9 @@
 
 The twins of ``mlp``, ``cnn``, ``resnet``, ``densenet`` and ``lstm`` take the same params
 (validated by `fleet.spec.families`), with the same defaults and meaning as the torch
-families of `fleet.models`, and have exactly as many trainable parameters as the torch
-networks for the same params, input shape and classes; `KerasZoo.describe` counts them, and
-their FLOPs as `fleet.models.stats` does, without building them. The deeper three are in
+families of `fleet.engines.torch.zoo`, and have exactly as many trainable parameters as the
+torch networks for the same params, input shape and classes; `KerasZoo.describe` counts them,
+and their FLOPs as the torch zoo's `stats` does, without building them. The deeper three are in
 `fleet.engines.tensorflow.zoo_blocks`. Every model takes fleet's ``(N, C, H, W)`` float32
 batches and returns ``(N, K)`` logits: the ``mlp`` flattens them in torch's order; the
 convolutional families transpose them to channels-last first (TF's CPU convolutions are NHWC
@@ -36,15 +36,13 @@ from typing import Any, Callable
 
 import keras
 import numpy as np
-from pydantic import ValidationError
 
 from fleet.engines._base import InputShape, ModelStats, ModelZoo
 from fleet.engines.tensorflow.zoo_blocks import (Layers, Seeds, batch_norm, build_densenet, build_lstm, build_resnet,
                                                  channels_last, count_densenet, count_lstm, count_resnet, dense,
                                                  linear_counts)
 from fleet.errors import UserCodeError, UserError
-from fleet.spec.families import FAMILIES, family_error, is_user_family
-from fleet.spec.load import format_validation_error
+from fleet.spec.families import family_params, is_user_family
 
 _SEEDED_BUILD = threading.Lock()
 """Serialises user-model builds: they borrow the global RNGs under `keras.utils.set_random_seed`."""
@@ -126,20 +124,10 @@ COUNTERS: dict[str, Callable[..., Layers]] = {
 def count_parameters(family: str, params: Mapping[str, Any], input_shape: InputShape,
                      num_classes: int) -> tuple[int, int]:
     """(trainable parameters, forward FLOPs per sample) of a zoo family, without building it;
-    FLOPs are 2 x multiply-adds, as `fleet.models.stats` counts them."""
+    FLOPs are 2 x multiply-adds, as `fleet.engines.torch.zoo.stats` counts them."""
     checked = family_params(family, params)
     layers = COUNTERS[family](input_shape, num_classes, **checked)
     return sum(p for p, _ in layers), 2 * sum(m for _, m in layers)
-
-
-def family_params(family: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate a zoo family's params and fill its defaults (raises `UserError`)."""
-    if family not in FAMILIES:
-        raise UserError(family_error(family))
-    try:
-        return FAMILIES[family].model_validate(dict(params)).model_dump()
-    except ValidationError as exc:
-        raise UserError(f"family {family!r}: " + format_validation_error(exc, ("params",))) from None
 
 
 def _user_code(family: str, what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -1,11 +1,11 @@
 """Building blocks of the Keras zoo (`fleet.engines.tensorflow.zoo`) and its deeper families.
 
 `Seeds` and `dense` are shared by every twin. The ``resnet``, ``densenet`` and ``lstm`` twins
-of `fleet.models.resnet`, `fleet.models.densenet` and `fleet.models.lstm` are planned first
+of the torch zoo's (`fleet.engines.torch.zoo`: `resnet`, `densenet`, `lstm`) are planned first
 (`resnet_plan`, `densenet_plan`: every convolution with its channels, stride and output size),
 and both their builder and their counter read the plan, so the counts cannot drift from the
 network. A counter returns ``(parameters, multiply-adds)`` per layer, multiply-adds as
-`fleet.models.stats` counts them: convolutions, linear layers and LSTMs only, no biases.
+the torch zoo's `stats` counts them: convolutions, linear layers and LSTMs only, no biases.
 
 Torch semantics kept where Keras differs: a strided convolution is zero-padded by
 ``kernel // 2`` on every side, as torch's (Keras' ``'same'`` pads a stride-2 conv of an
@@ -55,7 +55,7 @@ class Seeds:
         return self.uniform(1 / math.sqrt(fan_in))
 
     def conv_weight(self) -> keras.initializers.Initializer:
-        """He-normal over fan-out, as `fleet.models._layers.init_weights`."""
+        """He-normal over fan-out, as `fleet.engines.torch.zoo._layers.init_weights`."""
         return keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal", seed=self.next())
 
 
@@ -137,7 +137,7 @@ class Residual(NamedTuple):
 
 
 def residual(cin: int, width: int, stride: tuple[int, int], height: int, w: int, bottleneck: bool) -> Residual:
-    """The block `fleet.models.resnet` builds: basic (two 3x3) or bottleneck (1x1, 3x3, 1x1 to 4x width)."""
+    """The block `fleet.engines.torch.zoo.resnet` builds: basic (two 3x3) or bottleneck (1x1, 3x3, 1x1 to 4x width)."""
     out_h, out_w = -(-height // stride[0]), -(-w // stride[1])
     if bottleneck:
         cout = width * BOTTLENECK_EXPANSION

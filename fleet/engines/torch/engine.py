@@ -26,8 +26,8 @@ from fleet.engines.torch._tensors import (
 from fleet.engines.schedule import epoch_lr
 from fleet.engines.torch.codec import CODEC
 from fleet.engines.torch.optim import ParamUpdate
+from fleet.engines.torch.zoo import build_model, set_dropout_generator
 from fleet.errors import UserError
-from fleet.models import InputShape, build_model, set_dropout_generator
 from fleet.rows import Rows
 from fleet.spec.families import is_user_family
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from fleet import models
 from fleet.engines._base import Framework, InputShape, ModelStats, ModelZoo
 from fleet.engines.options import EngineOptions
+from fleet.engines.torch import zoo as torch_zoo
 from fleet.engines.torch.codec import CODEC, read_legacy_checkpoint
 from fleet.engines.torch.engine import TorchEngine
 
@@ -20,21 +20,21 @@ def _is_cuda(device: str) -> bool:
 
 
 class TorchZoo(ModelZoo):
-    """The zoo of `fleet.models` (torch modules)."""
+    """The zoo of `fleet.engines.torch.zoo` (torch modules)."""
 
     def build(
         self, family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int, *,
         seed: int | None = None,
     ) -> torch.nn.Module:
-        return models.build_model(family, params, input_shape, num_classes, seed=seed)
+        return torch_zoo.build_model(family, params, input_shape, num_classes, seed=seed)
 
     def describe(self, family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int) -> ModelStats:
-        return models.describe(family, params, input_shape, num_classes)
+        return torch_zoo.describe(family, params, input_shape, num_classes)
 
     def parameter_bytes(
         self, family: str, params: Mapping[str, Any], input_shape: InputShape, num_classes: int
     ) -> int | None:
-        return models.parameter_bytes(family, params, input_shape, num_classes)
+        return torch_zoo.parameter_bytes(family, params, input_shape, num_classes)
 
 
 class TorchFramework(Framework):

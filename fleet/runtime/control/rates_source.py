@@ -48,15 +48,6 @@ def load_run_profile(run_dir: str | Path, spec: Spec):
     return rates
 
 
-def epochs_estimate(rates, spec: Spec) -> list[float]:
-    """Per model: the profile's `epochs` when given, else the spec's max_epochs."""
-    out = []
-    for profile in rates.models:
-        epochs = getattr(profile, "epochs", None)
-        out.append(float(epochs) if epochs else float(spec.model(profile.id).train.max_epochs))
-    return out
-
-
 def emulated_epochs(rates, model_id: str, spec: Spec) -> int:
     epochs = getattr(rates.models[rates.index(model_id)], "epochs", None)
     return max(1, math.ceil(epochs)) if epochs else spec.model(model_id).train.max_epochs

@@ -18,11 +18,11 @@ import yaml
 from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.inspect import describe_ensemble
-from fleet.profiling.document import decode_limit, reuse_verdict
+from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
 from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
-from fleet.runtime.control.rates_source import emulated_epochs, epochs_estimate, estimated_profile, load_run_profile
+from fleet.runtime.control.rates_source import emulated_epochs, estimated_profile, load_run_profile
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
@@ -32,6 +32,7 @@ from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec, parse_spec
+from preprocess.partition import job_partitions
 
 
 @dataclass
@@ -184,8 +185,6 @@ def check_partitions(spec: Spec) -> Partitions | None:
     Raises:
         UserError: its manifest is missing or malformed, or its partitions do not fit.
     """
-    from preprocess.partition import job_partitions  # preprocess loads h5py and Pillow
-
     return job_partitions(spec.data, spec.cluster.nodes, spec.cluster.gpus_per_node)
 
 

@@ -19,6 +19,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 from fleet.runtime.protocol import StreamSource
+from preprocess.split import epoch_order
 
 HEADER_WORDS = 8
 HEADER_BYTES = HEADER_WORDS * 8
@@ -156,8 +157,6 @@ class StreamOrder:
 
     def indices(self, chunk: int) -> np.ndarray:
         """Data-set indices of chunk `chunk`, in stream order."""
-        from preprocess.split import epoch_order  # preprocess loads h5py and Pillow
-
         epoch, i = divmod(chunk, self.chunks_per_epoch)
         if epoch != self._epoch:
             self._order = epoch_order(self.train_idx, self._seed(), self.epoch_key(epoch))

@@ -18,6 +18,9 @@ from fleet.inspect import input_shape
 from fleet.report.results import ModelResult, RunResult
 from fleet.runtime.train.stop import StopTracker
 from fleet.spec import ModelSpec, Spec
+from preprocess.readers import class_notices, open_reader, partition_manifest
+from preprocess.split import epoch_order, split_blocks
+from preprocess.transforms import Pipeline
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,6 @@ class LocalData:
     """The data set, split and preprocessed in this process."""
 
     def __init__(self, spec: Spec):
-        from preprocess.readers import class_notices, open_reader, partition_manifest  # loads h5py and Pillow
-        from preprocess.split import split_blocks  # preprocess loads h5py and Pillow
-        from preprocess.transforms import Pipeline  # preprocess loads h5py and Pillow
-
         self.spec = spec
         self.reader = open_reader(spec.data, seed=spec.seed)
         self.notices = class_notices(self.reader)  # "note: ..."/"warning: ..." lines for the user
@@ -59,8 +58,6 @@ class LocalData:
         return self.pipeline(raw, rng, train=train), raw.labels
 
     def epoch_batches(self, epoch: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        from preprocess.split import epoch_order  # preprocess loads h5py and Pillow
-
         order = epoch_order(self.train_idx, self.spec.seed, epoch)
         rng = np.random.default_rng([self.spec.seed, epoch])
         for start in range(0, len(order), batch_size):

@@ -3,9 +3,11 @@
 `build_model` turns a family name and its validated parameters (see `fleet.spec.families`)
 into a `torch.nn.Module` taking ``(N, C, H, W)`` float images and returning ``(N, K)`` logits;
 `describe` gives its size and approximate cost, `parameter_bytes` its size without building
-it. A family written ``package.module:function`` is a user model (see `fleet.models.user`).
-This is the torch zoo: `fleet.engines.torch.framework.TorchZoo` offers it to the rest of fleet
-as a `fleet.engines.ModelZoo`.
+it. A family written ``package.module:function`` is a user model (see `user`). This is the
+torch zoo, inside its engine as the Keras zoo is inside its own (`fleet.engines.tensorflow.zoo`):
+`fleet.engines.torch.framework.TorchZoo` offers it to the rest of fleet as a
+`fleet.engines.ModelZoo`. What both zoos share is framework-neutral: the families' params
+(`fleet.spec.families.family_params`) and `InputShape` and `ModelStats` (`fleet.engines._base`).
 """
 
 from __future__ import annotations
@@ -14,15 +16,14 @@ import threading
 from typing import Any, Callable, Mapping
 
 import torch
-from pydantic import ValidationError
 from torch import nn
 
+from fleet.engines._base import InputShape, ModelStats
+from fleet.engines.torch.zoo import cnn, densenet, lstm, mlp, resnet, user
+from fleet.engines.torch.zoo._layers import SeededDropout, set_dropout_generator
+from fleet.engines.torch.zoo.stats import model_stats
 from fleet.errors import UserError
-from fleet.models import cnn, densenet, lstm, mlp, resnet, user
-from fleet.models._layers import InputShape, SeededDropout, set_dropout_generator
-from fleet.models.stats import ModelStats, model_stats
-from fleet.spec.families import FAMILIES, family_error, is_user_family
-from fleet.spec.load import format_validation_error
+from fleet.spec.families import family_params, is_user_family
 
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "resnet": resnet.build,
@@ -34,16 +35,6 @@ BUILDERS: dict[str, Callable[..., nn.Module]] = {
 
 _SEEDED_BUILD = threading.Lock()
 """Serialises seeded builds: they borrow torch's global CPU RNG under `fork_rng`."""
-
-
-def family_params(family: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate a zoo family's params and fill its defaults (raises `UserError`)."""
-    if family not in FAMILIES:
-        raise UserError(family_error(family))
-    try:
-        return FAMILIES[family].model_validate(dict(params)).model_dump()
-    except ValidationError as exc:
-        raise UserError(f"family {family!r}: " + format_validation_error(exc, ("params",))) from None
 
 
 def _check_shape(input_shape: InputShape, num_classes: int) -> None:
@@ -106,7 +97,7 @@ def describe(family: str, params: Mapping[str, Any], input_shape: InputShape, nu
     neglected, so the figure is approximate. Leaves torch's global RNG untouched. A zoo
     family is counted on the CPU, or past `COUNT_ON_CPU_BYTES` on torch's meta device
     (nothing allocated); a user model is built on
-    the CPU, run once and its output checked (`fleet.models.user.check_forward`).
+    the CPU, run once and its output checked (`fleet.engines.torch.zoo.user.check_forward`).
 
     Raises:
         UserError: the model cannot be built, or a user model's code fails or returns logits
@@ -139,12 +130,9 @@ def parameter_bytes(family: str, params: Mapping[str, Any], input_shape: InputSh
 
 __all__ = [
     "BUILDERS",
-    "InputShape",
-    "ModelStats",
     "SeededDropout",
     "build_model",
     "describe",
-    "family_params",
     "parameter_bytes",
     "set_dropout_generator",
 ]

@@ -5,9 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-InputShape = tuple[int, int, int]
-"""(channels, height, width) of one sample."""
-
 
 class SeededDropout(nn.Dropout):
     """`nn.Dropout` that draws its mask from a dedicated `torch.Generator` when one is set.

@@ -1,8 +1,10 @@
-"""`fleet train`: the per-rank entry point under mpiexec, srun or jsrun.
+"""One rank of a training job, in the runtime: its start-up, the run's set-up, its role's loop.
 
 Every rank reads the spec, takes part in one topology step that gives it its role for the
-whole job, and runs that role's loop: rank 0 is a preprocessor and also runs the
-coordinator in a thread. Any error ends the whole job with one line naming the rank.
+whole job (`start`), learns the run's set-up from rank 0 once the rates are known (`set_up`)
+and runs that role's loop (`run_role`): rank 0 is a preprocessor and also runs the
+coordinator in a thread. The per-rank entry point, `fleet.rank_entry`, runs these in order,
+with profiling between start-up and set-up where the rates must be measured first.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import importlib
 import os
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -37,15 +38,12 @@ from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
 from fleet.runtime.data.stream import FANOUT_WINDOW
 from fleet.runtime.events import EventLog
-from fleet.runtime.finish import summarize_job
 from fleet.runtime.launch.jobenv import read_job_env
-from fleet.runtime.launch.process import exit_all, finalize_mpi, init_mpi, mpi_library
-from fleet.runtime.launch.signals import EXIT_CHECKPOINTED, install_checkpoint_signals
+from fleet.runtime.launch.process import exit_all, mpi_library
+from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.launch.supervise import RANKS_FILE
 from fleet.runtime.launch.topology import (
-    LaunchMismatch,
     Role,
-    TopologyError,
     bind_device,
     build_topology,
     check_launch,
@@ -57,11 +55,8 @@ from fleet.runtime.train.trainer import TrainerLoop
 from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, polling_threads,
                                    recv_object, send_object, use_busy_polling, wait_requests)
 from fleet.schedule.choice import reconsider
-from fleet.spec import Device, SpecError, load_spec
-from profiler.job import run_profiling
-
-LINE_GRACE_S = 2.0
-"""How long ranks that print nothing wait before leaving, where MPI cannot end the job together."""
+from fleet.spec import Device, load_spec
+from preprocess.readers import class_notices
 
 
 @dataclass(frozen=True)
@@ -75,78 +70,22 @@ class TrainOptions:
     epilogue: Callable[[Any, Path], None] | None = None  # rank 0, (spec, run dir), before the job ends
 
 
-def train_entry(options: TrainOptions) -> int:
-    import warnings
-
-    # mpi4py's three-line warning about another MPI's launcher, given once MPI_Init has
-    # returned a world of one: `check_launch` then says it in one line
-    warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
-
-    try:
-        MPI = init_mpi()
-    except LaunchMismatch as exc:  # before MPI_Init: no collective exit, each rank leaves on its own
-        if exc.prints:
-            sys.stderr.write(f"fleet train: error: {exc}\n")
-        else:  # the launcher ends the job at the first rank's exit: let the line out first
-            time.sleep(LINE_GRACE_S)
-        raise SystemExit(UserError.exit_code) from None
-    world = MPI.COMM_WORLD
-    who = RankIdentity(world.rank)
-    process_start = time.monotonic()
-    checkpoint_signal = install_checkpoint_signals()
-    try:
-        ctx = _start_or_exit(world, who, options)
-        ctx.extras["process_start"] = process_start
-        ctx.extras["checkpoint_signal"] = checkpoint_signal
-        if not options.profile_only:
-            _run_role(ctx, options)
-        if options.epilogue is not None and ctx.rank == 0:
-            options.epilogue(ctx.spec, Path(ctx.run_dir))
-        barrier(world, "every rank to finish", ctx.timeout_s)
-        if ctx.pool is not None:
-            ctx.pool.free()
-        if "run_lock" in ctx.extras:
-            ctx.extras["run_lock"].release()
-        finalize_mpi()  # now, not in the interpreter's exit: MPI_Finalize waits for every rank's
-        if ctx.rank == 0 and not options.profile_only:  # while the other ranks exit
-            summarize_job(ctx.spec, Path(ctx.run_dir), ctx.extras.get("exit_code", 0))
-    except SystemExit as exc:
-        if MPI.Is_finalized():  # exit_all: every rank leaves together
-            raise
-        # anything else (code run on fleet's behalf calling sys.exit) would leave the others waiting
-        abort_job(world, who, f"sys.exit({'' if exc.code is None else repr(exc.code)}) was called during the job",
-                  code=3)
-    except UserError as exc:
-        abort_job(world, who, str(exc), code=UserError.exit_code)
-    except BaseException as exc:  # any other failure ends the whole job, never a hang
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().replace("\n", " ")
-        if os.environ.get("FLEET_DEBUG"):
-            traceback.print_exc()
-        abort_job(world, who, detail, code=3)
-    return ctx.extras.get("exit_code", 0)
-
-
-def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
-    """`_start`; an error every rank meets alike (spec, topology, run directory) ends the job
-    cleanly: rank 0 prints one line and every rank exits 2."""
-    started: dict = {}
-    try:
-        return _start(world, who, options, started)
-    except (SpecError, TopologyError, SameOnEveryRank) as exc:
-        if "ctx" in started and "run_lock" in started["ctx"].extras:  # rank 0 had taken it
-            started["ctx"].extras["run_lock"].release()
-        exit_all(world, UserError.exit_code, f"fleet train: error: {exc}")
-    except LaunchMismatch as exc:
-        exit_all(world, UserError.exit_code, f"fleet train: error: {exc}" if exc.prints else None)
-
-
 class SameOnEveryRank(UserError):
     """A user error that rank 0 found and broadcast, so every rank raises it."""
 
 
-def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
-    """Spec, topology and communicators; rank 0 prepares the run directory and the plan
-    (`started` gets the context as soon as there is one)."""
+def start(world: Any, who: RankIdentity, options: TrainOptions, started: dict) -> tuple[RunContext, dict]:
+    """Collective: spec, topology and communicators; rank 0 prepares the run directory and
+    decides whether to profile first (`started` gets the context as soon as there is one).
+
+    Returns:
+        The rank's context and rank 0's rates decision: ``measure`` (profile before training),
+        ``emulated`` (the rates an emulated device's steps take) and ``setup`` (the run's
+        set-up, already made where nothing is measured first; else None).
+
+    Raises:
+        SpecError, TopologyError, LaunchMismatch, SameOnEveryRank: what every rank meets alike.
+    """
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
     partitions = check_partitions(spec)
     if options.device:
@@ -176,17 +115,22 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     if ctx.rank == 0:
         _say_data_notices(ctx)
     barrier(world, "every rank to finish starting up", spec.runtime.timeout_s)
-    if rates["measure"]:
-        _profile(ctx, options)
-    if options.profile_only:
-        return ctx
+    return ctx, rates
+
+
+def set_up(ctx: RunContext, rates: dict) -> None:
+    """Collective, once the rates are known (measured or not): the run's set-up from rank 0
+    (`start`'s, or made now) and what every rank takes from it.
+
+    Raises:
+        SameOnEveryRank: rank 0 could not set the run up.
+    """
     shared = rates["setup"] or _from_rank0(ctx, _rank0_setup, "the run's set-up from rank 0")
     ctx.rates = rates["emulated"] or shared["rates"]
     ctx.extras["epoch_limits"] = shared["epoch_limits"]
     ctx.extras["own_decoding"] = shared["own_decoding"]
     if shared["own_decoding"]:  # each trainer also runs a decoder thread: one more poller
-        _choose_polling(spec, topology, placement.node, own_decoding=True)
-    return ctx
+        _choose_polling(ctx.spec, ctx.topology, ctx.topology.placements[ctx.rank].node, own_decoding=True)
 
 
 def _agree_on_collective(world: Any, spec, trainers: int, why: str | None) -> None:
@@ -272,26 +216,8 @@ def _write_ranks(ctx, run_dir: Path) -> None:
     atomic_write_json(run_dir / RANKS_FILE, {"ranks": ranks})
 
 
-def _profile(ctx, options: TrainOptions) -> None:
-    """Every rank takes part; rank 0 writes profile.json (and, for a dry run, the report)."""
-    say = (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
-    document = run_profiling(ctx, say)
-    if ctx.rank != 0:
-        return
-    path = Path(ctx.run_dir) / "profile.json"
-    atomic_write_json(path, document)
-    print(f"fleet: profiled {len(document['models'])} model(s) in {document['profiler']['seconds']:.1f} s; "
-          f"wrote {path}", flush=True)
-    for failure in document["failures"]:
-        print(f"fleet: warning: {failure['id']} on {failure['gpus']} GPU(s) failed to profile: {failure['reason']}; "
-              "it is left out of the plan", flush=True)
-    ctx.extras["profile_document"] = document
-
-
 def _say_data_notices(ctx) -> None:
     """Rank 0 (once for the job): what the data set's reader says of its classes."""
-    from preprocess.readers import class_notices  # preprocess loads h5py and Pillow
-
     for notice in class_notices(ctx.reader):
         print(f"fleet: {notice}", flush=True)
 
@@ -399,7 +325,7 @@ def _rank0_setup(ctx) -> dict | str:
             "own_decoding": plan.policy.own_decoding}
 
 
-def _run_role(ctx, options: TrainOptions) -> None:
+def run_role(ctx, options: TrainOptions) -> None:
     """The rank's loop. Each role imports only its own modules: a preprocessor never loads
     torch, whose import would steal a core from the others just as the run starts."""
     role = ctx.topology.placements[ctx.rank].role

@@ -8,7 +8,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from fleet.models._layers import InputShape, SeededDropout
+from fleet.engines._base import InputShape
+from fleet.engines.torch.zoo._layers import SeededDropout
 
 
 class MLP(nn.Module):

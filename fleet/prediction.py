@@ -1,7 +1,11 @@
-"""The dry run's report: the plan, predicted makespans per policy, a what-if over GPU counts.
+"""Runs predicted from a profile: the plan the spec's policy makes, makespans per policy, the
+preprocessors a plan needs, and the dry run's report (plan, predictions, a what-if over GPU
+counts).
 
 Everything here is predicted by the simulator from ``profile.json`` (the measured rates)
 and each model's epochs (``max_epochs``, or the profile's ``epochs`` where a user put one).
+It sits below the runtime and the profiler: `fleet plan`, `fleet profile`, `fleet submit` and
+the end of a job (`fleet.runtime.finish`) read it.
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet.errors import UserError
-from fleet.profiling.document import decode_rates, stream_demand, summarize_failures
+from fleet.profiling.document import decode_rates, epochs_estimate, stream_demand, summarize_failures
 from fleet.profiling.plan import needed_preprocessors
 from fleet.report.gantt import write_gantt
 from fleet.report.plan_text import render_plan
 from fleet.report.table import format_duration, format_table
-from fleet.runtime.control.rates_source import epochs_estimate
 from fleet.schedule import lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule.planners import HOPPING_POLICIES

@@ -12,7 +12,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from fleet.models._layers import InputShape, init_weights, pooled_size
+from fleet.engines._base import InputShape
+from fleet.engines.torch.zoo._layers import init_weights, pooled_size
 
 
 def bn_relu_conv(cin: int, cout: int, kernel: int) -> list[nn.Module]:

@@ -7,7 +7,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from fleet.models._layers import InputShape, SeededDropout, init_weights, pooled_size
+from fleet.engines._base import InputShape
+from fleet.engines.torch.zoo._layers import SeededDropout, init_weights, pooled_size
 
 
 def conv_layer(cin: int, cout: int, kernel_size: int, height: int, width: int) -> tuple[nn.Sequential, int, int]:

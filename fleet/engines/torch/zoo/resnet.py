@@ -11,7 +11,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from fleet.models._layers import InputShape, halving_stride, init_weights, strided_size
+from fleet.engines._base import InputShape
+from fleet.engines.torch.zoo._layers import halving_stride, init_weights, strided_size
 
 STAGE_MULTIPLIERS = (1, 2, 4, 8)
 STAGE_HALVES = (False, True, True, True)

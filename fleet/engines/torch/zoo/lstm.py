@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fleet.models._layers import InputShape
+from fleet.engines._base import InputShape
 
 
 def rows_as_steps(x: torch.Tensor) -> torch.Tensor:

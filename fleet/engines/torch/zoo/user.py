@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from fleet import interrupts
+from fleet.engines._base import InputShape
 from fleet.errors import UserCodeError
-from fleet.models._layers import InputShape
 
 MAX_DETAIL = 200  # characters of the user's own exception message that a line quotes
 CHECK_BATCH = 2  # samples of the forward `check_forward` runs (2 shows a batch dimension mixed up)

@@ -13,8 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from fleet.engines._base import ModelStats
-from fleet.models._layers import InputShape
+from fleet.engines._base import InputShape, ModelStats
 
 
 def conv2d_macs(layer: nn.Conv2d, output: torch.Tensor) -> int:
