@@ -49,6 +49,9 @@ import yaml
 from _harness import fleet_run, jpeg_folder, work_dir
 from fleet.spec import load_spec, parse_spec, read_yaml
 from plain_loop import PlainData, worker_init, worker_train
+from preprocess.readers import open_reader
+from preprocess.split import split_indices
+from preprocess.transforms import Decode, Pipeline
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -127,9 +130,6 @@ def run_plain(spec_path: Path, spec, run: int, workers: int) -> tuple[list[dict]
 def input_check(spec) -> dict[str, float]:
     """Mean and largest |fleet's validation input - the plain loop's| (model space), with
     fleet's pipeline as it runs and with its JPEG decoding at full size (no draft mode)."""
-    from preprocess.readers import open_reader  # preprocess loads h5py and Pillow
-    from preprocess.split import split_indices
-    from preprocess.transforms import Decode, Pipeline
 
     reader = open_reader(spec.data, seed=spec.seed)
     _, val_idx = split_indices(reader.labels, spec.data.val_fraction, spec.seed)

@@ -51,6 +51,7 @@ from pathlib import Path
 import yaml
 
 from _harness import at_least, read_results, run_to_end, runtime_option
+from preprocess.make import make_synthetic
 
 RAW_REPEATS = 3  # raw measurements per round
 
@@ -178,7 +179,6 @@ def mpiexec(ranks: int) -> list[str]:
 
 def setup(root: Path, args) -> tuple[Path, Path, Path, int]:
     """Data set, spec and profile.json for a stream of A (trainers - 1 GPUs) and B (1 GPU)."""
-    from preprocess.make import make_synthetic
 
     data = root / "data.h5"
     make_synthetic(data, "hdf5", classes=10, samples=args.samples, image_size=args.image_size, channels=3,

@@ -11,6 +11,7 @@ from fleet.runtime.control.visits import VisitLog, read_visits
 from fleet.runtime.train.trainer import Visit
 from fleet.spec.sections import DataSpec
 from preprocess.make import make_synthetic
+from preprocess.readers import open_reader
 from preprocess.partition import job_partitions, partition_dataset
 from preprocess.split import split_blocks, split_indices, train_count
 
@@ -25,7 +26,6 @@ def parts(tmp_path_factory):
 
 
 def test_partition_sizes_come_from_the_manifest_as_each_node_splits_its_part(parts):
-    from preprocess.readers import open_reader
 
     data = DataSpec(source="hdf5", path=str(parts), partitioned=True, val_fraction=0.15)
     where = job_partitions(data, nodes=4, gpus_per_node=2)

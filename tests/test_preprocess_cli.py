@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from preprocess.make import make_synthetic
 
 
 def assert_user_error(result, *fragments):
@@ -140,7 +141,6 @@ def test_inferred_classes_are_said_by_data_info_and_validate(tmp_path, fleet_cli
 
 def broken_folder(root):
     """Good JPEGs, one cut in half, and a text file named .jpg."""
-    from preprocess.make import make_synthetic
 
     make_synthetic(root, "jpeg", classes=2, samples=10, image_size=12, progress=False)
     truncated = root / "000.class0" / "000004.jpg"

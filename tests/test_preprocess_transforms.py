@@ -19,6 +19,7 @@ from fleet.spec.sections import (
 )
 from preprocess.readers import RawBatch
 from preprocess.transforms import Pipeline, resample_matrix, resize_batch
+from preprocess.transforms import decode_image
 
 RGB32 = DataSpec(source="synthetic", image_size=32, channels=3)
 
@@ -207,7 +208,6 @@ def test_crops_larger_than_the_image():
 
 
 def test_jpeg_draft_decodes_at_a_reduced_scale_but_not_below_the_target():
-    from preprocess.transforms import decode_image
 
     blob = encode(random_images(1, 256, 200)[0])
     drafted = decode_image(blob, "big.jpg", 3, draft=(32, 32))

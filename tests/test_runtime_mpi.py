@@ -18,6 +18,10 @@ import pytest
 import yaml
 
 from conftest import REPO, fleet_under_mpi, mpi_env, mpi_launcher, run_mpi
+from fleet.spec import parse_spec
+from preprocess.make import make_synthetic
+from preprocess.readers import open_reader
+from preprocess.split import split_indices
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -25,10 +29,6 @@ DIGITS_TRAIN = None
 
 
 def digits_train_size(val_fraction: float, seed: int) -> int:
-    from preprocess.readers import open_reader
-    from preprocess.split import split_indices
-    from fleet.spec import parse_spec
-
     spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}]})
     return len(split_indices(open_reader(spec.data).labels, val_fraction, seed)[0])
 
@@ -541,7 +541,6 @@ def test_sixteen_emulated_trainers_match_the_simulator(tmp_path):
     epochs (3,800 samples) are long next to the queues (Qt 64 samples, Qd 1 batch), whose
     slack lets a stream's members drift apart, which the simulator does not model."""
     from fleet.schedule import Cluster, Overheads, RateTable, Scenario, create_policy, simulate
-    from preprocess.make import make_synthetic
 
     make_synthetic(tmp_path / "h8.h5", "hdf5", classes=10, samples=4000, image_size=8, channels=1, progress=False)
     models = [{"family": "mlp", "name": f"m{i:02d}"} for i in range(10)]
