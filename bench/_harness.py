@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from preprocess.make import make_synthetic
 
 TAIL_CHARS = 3000  # characters of a failed command's stdout and of its stderr shown
 
@@ -118,6 +117,7 @@ def read_results(run_dir: Path) -> dict:
 def jpeg_folder(folder: Path, samples: int, image_size: int) -> Path:
     """A synthetic image folder of JPEGs (10 classes, 3 channels), made once: a folder this
     made before (it holds a `.made` mark) is reused, anything else there is replaced."""
+    from preprocess.make import make_synthetic  # Pillow and h5py: not at the start-up peers.py measures
 
     if not (folder / ".made").exists():
         shutil.rmtree(folder, ignore_errors=True)
