@@ -494,7 +494,7 @@ class RecordedMembership:
     def __init__(self, run_dir, ledger, preprocessors=(0,), trainer_of_gpu=None, epochs=3):
         ctx = SimpleNamespace(
             topology=OneNode(preprocessors, trainer_of_gpu or {g: g + len(preprocessors) for g in range(4)}),
-            run_dir=run_dir, extras={"epoch_limits": {m: epochs for m in "abcd"}}, spec=SimpleNamespace(seed=1),
+            run_dir=run_dir, epoch_limits={m: epochs for m in "abcd"}, spec=SimpleNamespace(seed=1),
             train_idx=np.arange(80), chunk_samples=8,
         )
         self.sent, self.log = [], RecordingLog()
@@ -931,12 +931,12 @@ def test_a_trainer_that_starves_says_what_its_stream_thread_waits_for():
         def get(self):
             raise WaitTimeout("timed out after 0.2 s waiting for samples in Qt of m")
 
-    group = SimpleNamespace(ctx=SimpleNamespace(extras={}))
+    group = SimpleNamespace(ctx=SimpleNamespace(draining=[]))
     with pytest.raises(WaitTimeout, match=r"samples in Qt of m; its stream thread waits for chunk 36 of stream 3"):
         GroupTraining._next_batch(group, Starved(), thread)
     old = StreamThread("stream-3", SampleQueue(10, "Qt of old"))
     old.waiting_for = "regroup 6 of stream 3 from the coordinator"
-    group.ctx.extras["draining"] = [old]
+    group.ctx.draining = [old]
     with pytest.raises(WaitTimeout, match=r"rank 5; the draining stream-3 of its last group waits for regroup 6"):
         GroupTraining._next_batch(group, Starved(), thread)
 

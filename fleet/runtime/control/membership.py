@@ -227,7 +227,7 @@ class Membership:
     def _start_group(self, live: LiveStream, group: Group, first_chunk: int) -> None:
         live.groups.setdefault(group.model, group)
         resume = self.store.latest_info(group.model) is not None
-        limit = self.ctx.extras.get("epoch_limits", {}).get(group.model)
+        limit = self.ctx.epoch_limits.get(group.model)
         command = StartMember(group.model, group.uid, group.ranks, live.layout, live.source, first_chunk,
                               self.ledger.round, resume, limit)
         self.groups_open += 1
@@ -247,7 +247,7 @@ class Membership:
             return resumed_end_chunk(first_chunk, 1, 0, 0, visited, source.chunk_samples)
         info = self.store.latest_info(model)
         epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
-        limit = self.ctx.extras.get("epoch_limits", {}).get(model) or self.ctx.spec.model(model).train.max_epochs
+        limit = self.ctx.epoch_limits.get(model) or self.ctx.spec.model(model).train.max_epochs
         return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx), source.chunk_samples)
 
     def _source(self, models: list[str], partition: int | None = None) -> StreamSource:

@@ -130,6 +130,13 @@ class RegroupBox:
             return next((c for c in self.received.get(stream, ()) if c.layout.version > version), None)
 
 
+def regroup_box(ctx) -> RegroupBox:
+    """The rank's one `RegroupBox` (`RunContext.regroups`), made at its first use."""
+    if ctx.regroups is None:
+        ctx.regroups = RegroupBox(ctx.ctrl)
+    return ctx.regroups
+
+
 class StreamThread(threading.Thread):
     """Base of the two stream threads: error capture and the leave request."""
 
@@ -276,7 +283,7 @@ class MasterStream(StreamThread):
         in_place = [self.pool is not None and self.pool.is_local(r) for r in start.ranks]  # by group rank
         window = max(2, ctx.spec.runtime.qt_samples // start.source.chunk_samples)
         self.shares = GroupSends(group_comm, window, in_place, self.pool, start.ranks, self._wait)
-        self.regroups = ctx.extras.setdefault("regroups", RegroupBox(ctx.ctrl))
+        self.regroups = regroup_box(ctx)
 
     # -- the loop ----------------------------------------------------------------------
 

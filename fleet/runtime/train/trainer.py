@@ -55,10 +55,10 @@ def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int 
     """This trainer's replica of `model` on its device (the emulated device: with the run's rates)."""
     device = ctx.device
     threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
-    extras = {}
+    emulation = {}
     if device == "emulated":
-        extras = {"rates": ctx.rates, "group_size": group_size, "epochs_to_converge": epoch_limit}
-    return create_engine(model, ctx.input_shape, ctx.num_classes, device=device, threads=threads, **extras)
+        emulation = {"rates": ctx.rates, "group_size": group_size, "epochs_to_converge": epoch_limit}
+    return create_engine(model, ctx.input_shape, ctx.num_classes, device=device, threads=threads, **emulation)
 
 
 def build_collective(ctx: RunContext, group_comm: Any):
@@ -252,11 +252,11 @@ class GroupTraining:
         if not converged and (self.visit is None or self.visit.saves_at_leave):
             self._epoch_sums = self._group_epoch_sums()
             self._save_checkpoint()
-        self.ctx.extras.setdefault("draining", []).append(stream)
+        self.ctx.draining.append(stream)
         return MemberLeft(
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
             self.totals.samples, self.gpu_seconds, self.costs.take_checkpoint_s(), self.engine.num_parameters,
-            self.ctx.extras.pop("val_decoded", 0), self.costs.take_start_s(),
+            self.ctx.take_val_decoded(), self.costs.take_start_s(),
             self.visit.partition if self.visit and self.visit.ended else None,
         )
 
@@ -308,7 +308,7 @@ class GroupTraining:
         except WaitTimeout as exc:
             if stream.error is not None:
                 raise stream.error
-            draining = [t for t in self.ctx.extras.get("draining", []) if t.waiting_for]
+            draining = [t for t in self.ctx.draining if t.waiting_for]
             also = "".join(f"; the draining {t.name} of its last group waits for {t.waiting_for}" for t in draining)
             raise WaitTimeout(f"{exc}; {stream.describe()}{also}") from None
         if batch.leave and stream.error is not None:
@@ -413,7 +413,7 @@ class GroupTraining:
             if isinstance(command, CheckpointModel) and command.model == self.model.id:
                 self.stop_requested = True
             elif not isinstance(command, (KeepAlive, CheckpointModel)):
-                self.ctx.extras.setdefault("pending", []).append(command)
+                self.ctx.pending.append(command)
 
     def _maybe_progress(self) -> None:
         now = time.monotonic()
@@ -433,7 +433,7 @@ class TrainerLoop:
         self.ctx = ctx
 
     def run(self) -> None:
-        decoder = OwnDecoder(self.ctx) if self.ctx.extras.get("own_decoding") else None
+        decoder = OwnDecoder(self.ctx) if self.ctx.own_decoding else None
         if decoder is not None:
             decoder.start()
         while True:
@@ -443,13 +443,13 @@ class TrainerLoop:
                 if decoder is not None:
                     decoder.stop()
                 if command.reason == "checkpointed":
-                    self.ctx.extras["exit_code"] = EXIT_CHECKPOINTED
+                    self.ctx.exit_code = EXIT_CHECKPOINTED
                 return
             if isinstance(command, StartMember):
                 self._run_member(command)
 
     def _next_command(self):
-        pending = self.ctx.extras.get("pending")
+        pending = self.ctx.pending
         if pending:
             return pending.pop(0)
         deadline = time.monotonic() + self.ctx.timeout_s
@@ -484,13 +484,13 @@ class TrainerLoop:
         self.ctx.who.role = "trainer"
 
     def _reap_draining(self) -> None:
-        draining = self.ctx.extras.get("draining", [])
+        draining = self.ctx.draining
         for thread in [t for t in draining if not t.is_alive()]:
             draining.remove(thread)
             if thread.error is not None:
                 raise thread.error
 
     def _finish_draining(self) -> None:
-        for thread in self.ctx.extras.get("draining", []):
+        for thread in self.ctx.draining:
             wait_thread(thread, f"stream thread {thread.name} to finish", self.ctx.timeout_s)
         self._reap_draining()
