@@ -14,7 +14,8 @@ import pytest
 from fleet.errors import UserError
 from fleet.runtime.data.chunks import ChunkLayout, Field, StreamOrder, member_end_chunk, share_bounds, write_header
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
-from fleet.runtime.control.membership import Group, LiveStream, Membership
+from fleet.runtime.control.membership import Membership
+from fleet.runtime.control.streams import Group, LiveStream
 from fleet.runtime.control.rates_source import estimated_profile
 from fleet.runtime.control.tuning import RateTuner
 from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_launch_flags, mpiexec_command
@@ -543,7 +544,7 @@ def test_a_deferred_join_that_would_leave_its_stream_without_a_master_starts_a_s
         ledger.start_checkpoint(model)
     recorded = RecordedMembership(tmp_path, ledger, preprocessors=(0, 1), trainer_of_gpu={0: 2, 1: 3, 2: 3})
     live = LiveStream(StreamLayout(old, 0, (0, 1), (2, 3)), StreamSource(1, 0, 0, 8), 0)
-    recorded.membership.streams[old] = live
+    recorded.membership.books.streams[old] = live
     live.groups = {"a": Group("a", (2,), (0,), 1), "b": Group("b", (3,), (1,), 2)}
     live.leaving = {"a", "b"}
     live.joining = [Group("c", (3,), (1,), 3)]
@@ -576,10 +577,10 @@ def test_checkpointing_a_model_whose_join_is_pending_drops_the_join(tmp_path):
     live.groups = {"a": Group("a", (1,), (0,), 1)}
     live.joining = [Group("c", (2,), (1,), 2)]
     membership = recorded.membership
-    membership.streams[stream] = live
+    membership.books.streams[stream] = live
     recorded.account.record_member("c", (1,), stream)
     membership.checkpoint("c")
-    assert not live.joining and recorded.sent == [] and membership.groups_open == 1
+    assert not live.joining and recorded.sent == [] and membership.books.groups_open == 1
     assert recorded.account.plan_rounds[-1]["members"] == []
     (left,) = membership.local_reports
     assert (left.model, left.converged, left.epochs) == ("c", False, 2)
@@ -600,7 +601,7 @@ def test_checkpointing_a_model_takes_it_off_its_new_stream_while_the_old_one_sti
     draining.groups, draining.leaving, draining.pausing = {"a": Group("a", (1,), (0,), 1)}, {"a"}, True
     running = LiveStream(StreamLayout(new, 0, (3,), (1,)), StreamSource(1, 0, 0, 8), 1)
     running.groups = {"a": Group("a", (1,), (0,), 2)}
-    membership.streams.update({old: draining, new: running})
+    membership.books.streams.update({old: draining, new: running})
     membership.checkpoint("a")
     assert running.leaving == {"a"} and running.pausing
     assert [(type(c).__name__, rank) for c, rank in recorded.sent] == [("CheckpointModel", 1), ("Pause", 3)]
@@ -695,7 +696,7 @@ def test_a_switch_is_never_past_the_stream_end_and_a_join_moves_the_end(tmp_path
                                   preprocessors=(5, 6), epochs=1)
     membership = recorded.membership
     live = LiveStream(StreamLayout(0, 0, (5, 6), (1, 2), end=20), StreamSource(1, 0, 0, 8), 0)
-    membership.streams[0] = live
+    membership.books.streams[0] = live
     live.groups = {"a": Group("a", (1,), (0,), 1), "b": Group("b", (2,), (1,), 2)}
     live.leaving, live.pausing, live.awaiting = {"a"}, True, {5: 20, 6: -1}
     membership.on_paused(Paused(0, 1, 6, 21))
