@@ -22,7 +22,9 @@ from fleet.runtime.launch.mpiexec import allocation_note, find_mpiexec, local_la
 from fleet.runtime.protocol import Paused, Regroup, StartMember, StreamLayout, StreamSource, stream_tag
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue, Share
 from fleet.runtime.events import first_batch_s
-from fleet.runtime.data.stream import GroupSends, MemberClock, SlotClaims, own_rows
+from fleet.runtime.data.shares import GroupSends, MemberClock, ShareForwarding, own_rows
+from fleet.runtime.data.stream import MasterStream
+from fleet.runtime.data.transport import SlotClaims
 from fleet.runtime.train.trainer import GroupTraining, MemberCosts
 from fleet.runtime import waiting
 from fleet.runtime.waiting import Backoff, WaitTimeout, busy_polling_fits, poll, polling_threads, use_busy_polling
@@ -656,34 +658,38 @@ class FakeDataComm:
         return FakeReceive(buffer)
 
 
+def master_stream(comm, rank: int, layout: StreamLayout, first_chunk: int, qp_chunks: int = 30) -> MasterStream:
+    """A `MasterStream` (not started) as a group master builds it, over fake data and group
+    communicators, for chunks of 4 samples of shape (1, 2, 2) and a Qp of `qp_chunks`."""
+    runtime = SimpleNamespace(qp_samples=4 * qp_chunks, qt_samples=64)
+    ctx = SimpleNamespace(rank=rank, input_shape=(1, 2, 2), pool=None, data_parent=comm, timeout_s=5.0, ctrl=None,
+                          regroups=None, spec=SimpleNamespace(runtime=runtime))
+    start = SimpleNamespace(layout=layout, first_chunk=first_chunk, source=StreamSource(1, 0, 0, 4), ranks=(rank,))
+    return MasterStream(ctx, start, FakeDataComm(), SampleQueue(64, "Qt"), MemberClock(20))
+
+
 def test_a_chunk_that_arrived_before_its_receive_was_cancelled_stays_in_qp():
     # The homogeneous hang (8 trainers, 6 preprocessors): master 8 lags and knows layout v1,
     # where it owns chunk 104; preprocessor 2 already knows v6, where it owns 104 again, and
     # sends it. Learning v2 (104 to master 9) cancelled the receive after the chunk had
     # arrived and dropped it; learning v6, master 8 posted a new receive that nobody served.
-    from types import SimpleNamespace
-
     from fleet.runtime.protocol import Regroup
-    from fleet.runtime.data.stream import MasterStream, Version
 
     comm, preprocessors = FakeDataComm(), (0, 1, 2, 3, 4, 5)
-    master = MasterStream.__new__(MasterStream)
-    master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
-    master.rank, master.stream, master.k, master.qp_chunks = 8, 0, 80, 30  # Qp: chunks 80-109
-    master.chunks, master.qp, master.inbox, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, {}, deque()
-    master.pool, master.claims = None, SlotClaims(None)
-    master.versions = [Version(0, StreamLayout(0, 1, preprocessors, (6, 7, 8, 9, 10, 11, 13)))]
-    master._post_qp()
-    assert sorted(master.qp) == [80, 86, 92, 98, 104]
+    # Qp: chunks 80-109
+    master = master_stream(comm, 8, StreamLayout(0, 1, preprocessors, (6, 7, 8, 9, 10, 11, 13)), 80, qp_chunks=30)
+    receives = master.receives
+    receives.post_qp(master.k, master.layouts)
+    assert sorted(receives.qp) == [80, 86, 92, 98, 104]
     comm.receives[104].arrived = True
     write_header(master.chunks.header(comm.receives[104].buffer), 104, 0, 4)  # a chunk's bytes, not a descriptor
     master._apply(Regroup(StreamLayout(0, 2, preprocessors, (6, 8, 9, 10, 11, 13)), 92))
-    assert sorted(master.qp) == [80, 86, 104] and master.qp[104][0] is None  # received, kept
+    assert sorted(receives.qp) == [80, 86, 104] and receives.qp[104][0] is None  # received, kept
     assert comm.receives[98].cancelled and not comm.receives[104].cancelled
     master._apply(Regroup(StreamLayout(0, 6, preprocessors, (8, 13)), 99))
-    assert 104 in master.qp
+    assert 104 in receives.qp
     master.k = 104
-    data, claim = master._take_chunk(master._version_at(104))
+    data, claim = master._take_chunk(master.layouts.at(104))
     assert data is comm.receives[104].buffer and claim is None
     assert comm.sends == [(13, 104)]  # passed on to the other master
 
@@ -710,11 +716,8 @@ def test_a_switch_is_never_past_the_stream_end_and_a_join_moves_the_end(tmp_path
 
 
 def test_preprocessors_and_masters_stop_at_the_stream_end():
-    from types import SimpleNamespace
-
     from fleet.runtime.data.preprocessor import StreamProducer
     from fleet.runtime.protocol import Regroup
-    from fleet.runtime.data.stream import MasterStream, Version
 
     layout = StreamLayout(0, 0, (0, 1), (8,), end=5)
     producer = StreamProducer.__new__(StreamProducer)
@@ -727,16 +730,11 @@ def test_preprocessors_and_masters_stop_at_the_stream_end():
     assert producer.can_produce()
 
     comm = FakeDataComm()
-    master = MasterStream.__new__(MasterStream)
-    master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
-    master.rank, master.stream, master.k, master.qp_chunks = 8, 0, 2, 30
-    master.chunks, master.qp, master.inbox, master.fanout = ChunkLayout(4, (1, 2, 2)), {}, {}, deque()
-    master.versions = [Version(0, layout)]
-    master._post_qp()
-    master._post_inbox()
-    assert sorted(master.qp) == [2, 3, 4] and master.inbox == {}  # the only master: it owns all of them
-    master.k = 5
-    assert master._at_end()
+    master = master_stream(comm, 8, layout, first_chunk=2, qp_chunks=30)
+    master.receives.post_qp(master.k, master.layouts)
+    master.receives.post_inbox(master.k, master.layouts)
+    assert sorted(master.receives.qp) == [2, 3, 4] and master.receives.inbox == {}  # the only master: it owns all of them
+    assert master.layouts.at_end(5)
 
 
 def test_once_every_member_has_left_the_chunks_before_the_switch_go_out_hollow():
@@ -750,7 +748,6 @@ def test_once_every_member_has_left_the_chunks_before_the_switch_go_out_hollow()
     from fleet.runtime.data.chunks import HEADER_BYTES, Flag
     from fleet.runtime.data.preprocessor import StreamProducer
     from fleet.runtime.protocol import Regroup
-    from fleet.runtime.data.stream import MasterStream
 
     source, chunks = StreamSource(1, 0, 0, 4), ChunkLayout(4, (1, 2, 2))
     data = FakeDataComm()
@@ -772,21 +769,17 @@ def test_once_every_member_has_left_the_chunks_before_the_switch_go_out_hollow()
     assert producer.finished
 
     group = FakeDataComm(size=2)  # the master and one worker
-    master = MasterStream.__new__(MasterStream)
-    master.ctx, master.group_comm, master.chunks = SimpleNamespace(timeout_s=5.0), group, chunks
-    master.qt, master.clock, master.leave_requested = SampleQueue(64, "Qt"), MemberClock(20), threading.Event()
-    master.forwarding, master.claims = True, SlotClaims(None)
-    master.shares = GroupSends(group, 2, [False, False], None, (0, 1), lambda test, what: test())
-    master.k = 3
+    sends = GroupSends(group, 2, [False, False], None, (0, 1), lambda test, what: test())
+    shares = ShareForwarding(chunks, MemberClock(20), SampleQueue(64, "Qt"), sends, SlotClaims(None), threading.Event(),
+                             timeout_s=5.0)
     real = chunks.new_buffer()
     write_header(chunks.header(real), 3, 0, 4)
-    master._forward(real, None)
-    master.k = 4
+    shares.forward(3, real, None)
     received = chunks.new_buffer()
     received[:HEADER_BYTES] = data.messages[0].view(np.uint8)
-    master._forward(received, None)
-    assert master.clock.done == 4 and not master.forwarding  # chunk 3's samples, then nothing
-    assert master.qt.get(1.0).count == 2 and master.qt.get(1.0).leave
+    shares.forward(4, received, None)
+    assert shares.clock.done == 4 and not shares.active  # chunk 3's samples, then nothing
+    assert shares.qt.get(1.0).count == 2 and shares.qt.get(1.0).leave
     worker_heads = [m.view(np.int64) for m in group.messages if m.dtype == np.int64]
     assert [int(h[Field.FLAGS]) for h in worker_heads] == [Flag.NONE, Flag.LEAVE]
 
@@ -798,27 +791,24 @@ def test_a_chunk_split_between_two_epochs_gives_a_worker_at_most_one_share_in_pl
 
     from fleet.runtime.data.chunks import Flag
     from fleet.runtime.data.shm import Claim
-    from fleet.runtime.data.stream import MasterStream
 
     chunks, group, pool = ChunkLayout(8, (1, 1, 1)), FakeDataComm(size=3), SimpleNamespace(local={0: 0, 1: 1, 2: 2})
-    master = MasterStream.__new__(MasterStream)
-    master.ctx, master.group_comm, master.chunks = SimpleNamespace(timeout_s=5.0), group, chunks
-    master.qt, master.leave_requested = SampleQueue(64, "Qt"), threading.Event()
-    master.clock = MemberClock(10, done=7)  # 3 rows end the epoch, 5 start the next
+    clock = MemberClock(10, done=7)  # 3 rows end the epoch, 5 start the next
     held = []
-    master.forwarding, master.claims = True, SimpleNamespace(add=held.append)
-    master.shares = GroupSends(group, 4, [False, True, True], pool, (0, 1, 2), lambda test, what: test())
+    sends = GroupSends(group, 4, [False, True, True], pool, (0, 1, 2), lambda test, what: test())
+    shares = ShareForwarding(chunks, clock, SampleQueue(64, "Qt"), sends, SimpleNamespace(add=held.append),
+                             threading.Event(), timeout_s=5.0)
     slot = chunks.new_buffer()
     write_header(chunks.header(slot), 5, 0, 8)
     chunks.labels(slot)[:] = np.arange(8)
     claim = Claim(owner=9, slot=0, ticket=1)
-    master._forward(slot, claim)
+    shares.forward(5, slot, claim)
     heads = [m.view(np.int64) for m in group.messages if m.size and m.dtype == np.int64]
     in_place = [bool(int(h[Field.FLAGS]) & Flag.IN_SHM) for h in heads]
     assert in_place == [True, True, False, False]  # the first share of each worker only
     assert [int(h[Field.FLAGS]) & Flag.EPOCH_END for h in heads] == [Flag.EPOCH_END] * 2 + [0] * 2
     assert held == [claim] and sorted(claim.readers) == [1, 2] and len(claim.requests) == 2  # rows sent as bytes
-    own = [master.qt.get(1.0) for _ in range(2)]
+    own = [shares.qt.get(1.0) for _ in range(2)]
     assert [(list(s.y), s.epoch_end) for s in own] == [([0], True), ([3, 4], False)]
 
 
@@ -948,7 +938,7 @@ def test_two_masters_of_one_stream_on_one_rank_each_get_their_regroups():
     (draining) thread needs to learn that it left."""
     from types import SimpleNamespace
 
-    from fleet.runtime.data.stream import RegroupBox
+    from fleet.runtime.data.layouts import RegroupBox
 
     def regroup(version, switch):
         return Regroup(StreamLayout(3, version, (0, 1, 2), (4, 3), 53), switch)
@@ -978,22 +968,15 @@ def test_a_joining_master_posts_its_receives_again_from_the_roots_of_the_next_la
     masters 3, 4, 6, 5) and posted its receive of chunk 84 from rank 3 at once. Layout 16
     (switch 84: rank 3's model converged) made rank 4 the root of chunk 84; the receive from
     rank 3 never matched, rank 4's send never completed, and the stream stopped."""
-    from types import SimpleNamespace
-
-    from fleet.runtime.data.stream import MasterStream, Version
-
     comm, preprocessors = FakeDataComm(), (0, 1, 2)
-    master = MasterStream.__new__(MasterStream)
-    master.ctx = SimpleNamespace(data_parent=comm, timeout_s=5.0)
-    master.rank, master.stream, master.k, master.qp, master.inbox = 5, 0, 83, {}, {}
-    master.chunks = ChunkLayout(4, (1, 2, 2))
-    master.versions = [Version(83, StreamLayout(0, 15, preprocessors, (3, 4, 6, 5), 103))]
-    master._post_inbox()
-    assert {c: r.source for c, (r, _) in master.inbox.items()} == {83: 6, 84: 3}
+    master = master_stream(comm, 5, StreamLayout(0, 15, preprocessors, (3, 4, 6, 5), 103), first_chunk=83)
+    inbox = master.receives.inbox
+    master.receives.post_inbox(master.k, master.layouts)
+    assert {c: r.source for c, (r, _) in inbox.items()} == {83: 6, 84: 3}
     first = comm.receives[84]
     master._apply(Regroup(StreamLayout(0, 16, preprocessors, (4, 6, 5), 103), 84))
-    master._post_inbox()
-    assert first.cancelled and {c: r.source for c, (r, _) in master.inbox.items()} == {83: 6, 84: 4}
+    master.receives.post_inbox(master.k, master.layouts)
+    assert first.cancelled and {c: r.source for c, (r, _) in inbox.items()} == {83: 6, 84: 4}
 
 
 def test_a_member_reports_its_start_once():

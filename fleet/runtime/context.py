@@ -16,7 +16,8 @@ from fleet.spec import Spec
 if TYPE_CHECKING:
     from fleet.runlock import RunLock
     from fleet.runtime.control.setup import RunPlan
-    from fleet.runtime.data.stream import RegroupBox, StreamThread
+    from fleet.runtime.data.layouts import RegroupBox
+    from fleet.runtime.data.stream import StreamThread
 
 
 @dataclass
@@ -63,7 +64,7 @@ class RunContext:
             stream (they take chunks until the regroup that removes them); the trainer loop
             reaps them.
         regroups: the `Regroup` commands that reached this rank, shared by all of its stream
-            threads (`fleet.runtime.data.stream.RegroupBox`); made by the first master stream
+            threads (`fleet.runtime.data.layouts.RegroupBox`); made by the first master stream
             thread (`regroup_box`).
         profile_batches: the profiler's decoded training batch of each batch size, decoded
             once per process (`profiler.measure.profile_batch`).

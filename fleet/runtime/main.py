@@ -35,7 +35,7 @@ from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_ru
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
-from fleet.runtime.data.stream import FANOUT_WINDOW
+from fleet.runtime.data.transport import FANOUT_WINDOW
 from fleet.runtime.events import EventLog
 from fleet.runtime.finish import summarize_job
 from fleet.runtime.launch.jobenv import read_job_env

@@ -21,7 +21,8 @@ from fleet.runtime.context import RunContext
 from fleet.runtime.data.chunks import resumed_end_chunk
 from fleet.runtime.data.preprocessor import OwnDecoder
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue
-from fleet.runtime.data.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
+from fleet.runtime.data.shares import MemberClock
+from fleet.runtime.data.stream import MasterStream, StreamThread, WorkerShares, wait_thread
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.protocol import (
     CheckpointModel,
