@@ -812,6 +812,16 @@ def test_a_chunk_split_between_two_epochs_gives_a_worker_at_most_one_share_in_pl
     assert [(list(s.y), s.epoch_end) for s in own] == [([0], True), ([3, 4], False)]
 
 
+class QuietLink:
+    """A master's `CoordinatorLink` that has no command for it and sends nothing."""
+
+    def poll_commands(self):
+        return False  # the checkpoint command has not been polled when the leave arrives
+
+    def maybe_progress(self, epochs, samples, since):
+        pass
+
+
 class ScriptedTraining:
     """`GroupTraining._train` on one master whose batches come from a list; steps and
     epoch ends are recorded instead of trained."""
@@ -821,9 +831,7 @@ class ScriptedTraining:
     def __init__(self, batches):
         self.batches, self.is_master, self.size, self.stop_requested = list(batches), True, 1, False
         self.steps, self.epochs_closed, self.visit = [], 0, None
-
-    def _poll_commands(self):
-        pass  # the checkpoint command has not been polled when the leave arrives
+        self.link, self.tracker, self.totals = QuietLink(), SimpleNamespace(epochs=0), SimpleNamespace(samples=0, started=0)
 
     def _next_batch(self, batcher, stream):
         return self.batches.pop(0)
@@ -834,9 +842,6 @@ class ScriptedTraining:
     def _end_epoch(self):
         self.epochs_closed += 1
         return False
-
-    def _maybe_progress(self):
-        pass
 
 
 def test_a_leave_stops_the_group_and_never_closes_an_epoch():
