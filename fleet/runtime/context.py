@@ -55,8 +55,8 @@ class RunContext:
         exit_code: this rank's exit code: `EXIT_CHECKPOINTED` once the coordinator's
             `Shutdown` says the run stopped on the checkpoint signal (the trainer and
             preprocessor loops set it), else 0.
-        val_decoded: validation samples this rank decoded since its master last reported
-            them (`validation` counts, a group's `MemberLeft` takes them: `take_val_decoded`).
+        val_decoded: validation samples this rank decoded that no `MemberLeft` counted yet
+            (`validation` adds them, a group's leave takes them: `take_val_decoded`).
         pending: a trainer's commands from the coordinator that its group's training thread
             took while polling for a `CheckpointModel` (the next `StartMember`, a `Shutdown`),
             for the trainer loop to run in order.
