@@ -53,8 +53,8 @@ def train_entry(options: TrainOptions) -> int:
     checkpoint_signal = install_checkpoint_signals()
     try:
         ctx = _start_or_exit(world, who, options)
-        ctx.extras["process_start"] = process_start
-        ctx.extras["checkpoint_signal"] = checkpoint_signal
+        ctx.process_start = process_start
+        ctx.checkpoint_signal = checkpoint_signal
         if not options.profile_only:
             run_role(ctx, options)
         if options.epilogue is not None and ctx.rank == 0:
@@ -62,11 +62,11 @@ def train_entry(options: TrainOptions) -> int:
         barrier(world, "every rank to finish", ctx.timeout_s)
         if ctx.pool is not None:
             ctx.pool.free()
-        if "run_lock" in ctx.extras:
-            ctx.extras["run_lock"].release()
+        if ctx.run_lock is not None:
+            ctx.run_lock.release()
         finalize_mpi()  # now, not in the interpreter's exit: MPI_Finalize waits for every rank's
         if ctx.rank == 0 and not options.profile_only:  # while the other ranks exit
-            summarize_job(ctx.spec, Path(ctx.run_dir), ctx.extras.get("exit_code", 0))
+            summarize_job(ctx.spec, Path(ctx.run_dir), ctx.exit_code)
     except SystemExit as exc:
         if MPI.Is_finalized():  # exit_all: every rank leaves together
             raise
@@ -80,7 +80,7 @@ def train_entry(options: TrainOptions) -> int:
         if os.environ.get("FLEET_DEBUG"):
             traceback.print_exc()
         abort_job(world, who, detail, code=3)
-    return ctx.extras.get("exit_code", 0)
+    return ctx.exit_code
 
 
 def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
@@ -90,8 +90,8 @@ def _start_or_exit(world: Any, who: RankIdentity, options: TrainOptions):
     try:
         return _start(world, who, options, started)
     except (SpecError, TopologyError, SameOnEveryRank) as exc:
-        if "ctx" in started and "run_lock" in started["ctx"].extras:  # rank 0 had taken it
-            started["ctx"].extras["run_lock"].release()
+        if "ctx" in started and started["ctx"].run_lock is not None:  # rank 0 had taken it
+            started["ctx"].run_lock.release()
         exit_all(world, UserError.exit_code, f"fleet train: error: {exc}")
     except LaunchMismatch as exc:
         exit_all(world, UserError.exit_code, f"fleet train: error: {exc}" if exc.prints else None)
@@ -121,4 +121,3 @@ def _profile(ctx, options: TrainOptions) -> None:
     for failure in document["failures"]:
         print(f"fleet: warning: {failure['id']} on {failure['gpus']} GPU(s) failed to profile: {failure['reason']}; "
               "it is left out of the plan", flush=True)
-    ctx.extras["profile_document"] = document

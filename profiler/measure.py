@@ -24,7 +24,7 @@ from fleet.runtime.waiting import IDLE, wait_request
 
 def profile_batch(ctx, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """`batch_size` training samples, decoded and augmented once per process and reused."""
-    cache = ctx.extras.setdefault("profile_batches", {})
+    cache = ctx.profile_batches
     if batch_size not in cache:
         rng = np.random.default_rng(ctx.spec.seed)
         train = ctx.train_idx

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +17,12 @@ from preprocess.readers import open_reader
 from preprocess.split import split_indices
 from preprocess.transforms import Pipeline
 
+if TYPE_CHECKING:
+    from fleet.runlock import RunLock
+    from fleet.runtime.control.setup import RunPlan
+    from fleet.runtime.data.layouts import RegroupBox
+    from fleet.runtime.data.stream import StreamThread
+
 
 @dataclass
 class RunContext:
@@ -23,6 +31,47 @@ class RunContext:
     Communicators, each a Dup of the world so that threads and purposes never share one:
     `ctrl` (commands and reports), `data_parent` (stream communicators are created from it),
     `group_parent` (trainer groups are created from it).
+
+    The fields after `pool` are set as the job goes, each by the one part named below; a rank
+    that never sets one reads its default.
+
+    Attributes:
+        rates: the run's rate table (`RateTable`), which the emulated device's steps follow.
+        pool: this node's shared-memory chunk pool (`fleet.runtime.data.shm.ChunkPool`), if any.
+        process_start: `time.monotonic()` when this process started, before MPI's start-up
+            (`train_entry`); rank 0's `run_start` event counts the job's start-up from it.
+        checkpoint_signal: set when a checkpoint signal reaches this process
+            (`install_checkpoint_signals`, from `train_entry`); the coordinator polls it.
+        profile_only: `fleet profile`: measure the rates, train nothing (`_start`).
+        processes: ``"host pid"`` of every rank, in rank order (`_start`); rank 0 writes
+            them to ranks.json.
+        run_lock: rank 0: the run directory's lock, held for the whole job and released
+            at its end (`_lock_run_dir`); None on every other rank.
+        plan: rank 0: the run's plan (`fleet.runtime.control.setup.RunPlan`), which the
+            coordinator runs (`_rank0_setup`); None on every other rank.
+        collective: the gradient collective the groups build (`runtime.collective` resolved:
+            ``"mpi"``, ``"torch"``, ``"horovod"``), found by a trainer at warm-up and sent to
+            rank 0; None where no rank has resolved it.
+        epoch_limits: the emulated device's epochs to convergence by model id, from rank 0's
+            set-up (empty on a real device: every model runs to its stop rule).
+        own_decoding: the run's policy has each member decode its own stream (Baseline):
+            every trainer then runs an `OwnDecoder` (from rank 0's set-up).
+        exit_code: this rank's exit code: `EXIT_CHECKPOINTED` once the coordinator's
+            `Shutdown` says the run stopped on the checkpoint signal (the trainer and
+            preprocessor loops set it), else 0.
+        val_decoded: validation samples this rank decoded that no `MemberLeft` counted yet
+            (`validation` adds them, a group's leave takes them: `take_val_decoded`).
+        pending: a trainer's commands from the coordinator that its group's training thread
+            took while polling for a `CheckpointModel` (the next `StartMember`, a `Shutdown`),
+            for the trainer loop to run in order.
+        draining: a trainer's stream threads of groups that left and still drain their
+            stream (they take chunks until the regroup that removes them); the trainer loop
+            reaps them.
+        regroups: the `Regroup` commands that reached this rank, shared by all of its stream
+            threads (`fleet.runtime.data.layouts.RegroupBox`); made by the first master stream
+            thread (`regroup_box`).
+        profile_batches: the profiler's decoded training batch of each batch size, decoded
+            once per process (`profiler.measure.profile_batch`).
     """
 
     spec: Spec
@@ -34,9 +83,23 @@ class RunContext:
     who: Any  # fleet.runtime.waiting.RankIdentity
     device: str
     run_dir: str
-    rates: Any = None  # RateTable, needed by the emulated device
-    pool: Any = None  # this node's shared-memory chunk pool (fleet.runtime.data.shm.ChunkPool), if any
-    extras: dict = field(default_factory=dict)
+    rates: Any = None
+    pool: Any = None
+    process_start: float = field(default_factory=time.monotonic)
+    checkpoint_signal: threading.Event | None = None
+    profile_only: bool = False
+    processes: list[str] = field(default_factory=list)
+    run_lock: RunLock | None = None
+    plan: RunPlan | None = None
+    collective: str | None = None
+    epoch_limits: dict[str, int] = field(default_factory=dict)
+    own_decoding: bool = False
+    exit_code: int = 0
+    val_decoded: int = 0
+    pending: list[Any] = field(default_factory=list)
+    draining: list[StreamThread] = field(default_factory=list)
+    regroups: RegroupBox | None = None
+    profile_batches: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @cached_property
     def rank(self) -> int:
@@ -126,5 +189,10 @@ class RunContext:
         val_idx = np.sort(self.split_of(reader)[1])
         raw = reader.read(val_idx)
         x = self.pipeline(raw, np.random.default_rng(self.spec.seed), train=False)
-        self.extras["val_decoded"] = self.extras.get("val_decoded", 0) + len(val_idx)
+        self.val_decoded += len(val_idx)
         return x, raw.labels
+
+    def take_val_decoded(self) -> int:
+        """The validation samples decoded since the last call (a group's leave reports them)."""
+        decoded, self.val_decoded = self.val_decoded, 0
+        return decoded

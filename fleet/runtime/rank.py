@@ -36,7 +36,7 @@ from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_ru
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
-from fleet.runtime.data.stream import FANOUT_WINDOW
+from fleet.runtime.data.transport import FANOUT_WINDOW
 from fleet.runtime.events import EventLog
 from fleet.runtime.launch.jobenv import read_job_env
 from fleet.runtime.launch.process import exit_all, mpi_library
@@ -105,8 +105,8 @@ def start(world: Any, who: RankIdentity, options: TrainOptions, started: dict) -
     )
     ctx = started["ctx"] = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
     ctx.partitions = partitions  # read once, from the manifest
-    ctx.extras["profile_only"] = options.profile_only
-    ctx.extras["processes"] = processes
+    ctx.profile_only = options.profile_only
+    ctx.processes = processes
     _agree_on_collective(world, spec, len(topology.trainer_ranks()), _warm_up(ctx, placement.role.value))
     rates = _from_rank0(ctx, _rank0_rates, "the rates decision from rank 0")
     ctx.rates = rates["emulated"]
@@ -127,8 +127,8 @@ def set_up(ctx: RunContext, rates: dict) -> None:
     """
     shared = rates["setup"] or _from_rank0(ctx, _rank0_setup, "the run's set-up from rank 0")
     ctx.rates = rates["emulated"] or shared["rates"]
-    ctx.extras["epoch_limits"] = shared["epoch_limits"]
-    ctx.extras["own_decoding"] = shared["own_decoding"]
+    ctx.epoch_limits = shared["epoch_limits"]
+    ctx.own_decoding = shared["own_decoding"]
     if shared["own_decoding"]:  # each trainer also runs a decoder thread: one more poller
         _choose_polling(ctx.spec, ctx.topology, ctx.topology.placements[ctx.rank].node, own_decoding=True)
 
@@ -178,13 +178,13 @@ def _rank0_rates(ctx) -> dict | str:
         _lock_run_dir(ctx)
         run_dir = prepare_run_dir(ctx.spec)
         _write_ranks(ctx, run_dir)
-        decision = rates_decision(ctx.spec, run_dir, ctx.extras.get("profile_only", False), ctx.epoch_samples)
+        decision = rates_decision(ctx.spec, run_dir, ctx.profile_only, ctx.epoch_samples)
     except UserError as exc:
         return str(exc)
     if decision.note:
         print(f"fleet: {decision.note}", flush=True)
     setup = None
-    if not decision.measure and not ctx.extras["profile_only"]:  # the plan now, in the same message
+    if not decision.measure and not ctx.profile_only:  # the plan now, in the same message
         ctx.rates = decision.emulated_rates
         setup = _rank0_setup(ctx)
         if isinstance(setup, str):
@@ -194,14 +194,14 @@ def _rank0_rates(ctx) -> dict | str:
 
 def _lock_run_dir(ctx) -> None:
     """Rank 0 holds the run directory's lock for the whole job (`fleet.runlock`)."""
-    command = "fleet profile" if ctx.extras.get("profile_only") else "fleet train"
+    command = "fleet profile" if ctx.profile_only else "fleet train"
     lock = RunLock(ctx.spec.run_dir, command, job=read_job_env(os.environ).job_id)
 
     def lost(message: str) -> None:
         abort_job(ctx.world, ctx.who, message, code=UserError.exit_code)
 
     lock.acquire(on_lost=lost)
-    ctx.extras["run_lock"] = lock
+    ctx.run_lock = lock
     if lock.note:
         print(f"fleet: note: {lock.note}", flush=True)
 
@@ -209,7 +209,7 @@ def _lock_run_dir(ctx) -> None:
 def _write_ranks(ctx, run_dir: Path) -> None:
     """ranks.json: every rank's host, pid, role and node (`fleet run` watches these pids)."""
     ranks = []
-    for placement, process in zip(ctx.topology.placements, ctx.extras["processes"]):
+    for placement, process in zip(ctx.topology.placements, ctx.processes):
         host, _, pid = process.rpartition(" ")
         ranks.append({"rank": placement.rank, "host": host, "pid": int(pid), "role": placement.role.value,
                       "node": placement.node, "gpu": placement.gpu})
@@ -234,7 +234,7 @@ def _warm_up(ctx, role: str) -> str | None:
     why = None
     if role == "trainer":
         try:
-            ctx.extras["collective"] = resolve_backend(ctx.spec.runtime.collective, ctx.spec.cluster.device.value)
+            ctx.collective = resolve_backend(ctx.spec.runtime.collective, ctx.spec.cluster.device.value)
         except UserError as exc:
             why = str(exc) if ctx.spec.cluster.gpus > 1 else None
     _hand_to_rank0(ctx)
@@ -266,12 +266,12 @@ def _hand_to_rank0(ctx) -> None:
                 counts = ensemble_counts(ctx.spec)
             except UserError:
                 pass
-        message = {"collective": ctx.extras.get("collective"), "counts": counts}
+        message = {"collective": ctx.collective, "counts": counts}
         send_object(ctx.ctrl, message, 0, Tag.STARTUP, what, ctx.timeout_s)
         return
     message = recv_object(ctx.ctrl, first, Tag.STARTUP, what, ctx.timeout_s)
     if message["collective"]:
-        ctx.extras["collective"] = message["collective"]
+        ctx.collective = message["collective"]
     if message["counts"]:
         remember(message["counts"])
 
@@ -319,7 +319,7 @@ def _rank0_setup(ctx) -> dict | str:
         plan = plan_run(ctx.spec, Path(ctx.run_dir), ctx.epoch_samples, ctx.partitions)
     except UserError as exc:
         return str(exc)
-    ctx.extras["plan"] = plan
+    ctx.plan = plan
     emulated = ctx.rates or plan.rates
     return {"rates": plan.rates, "epoch_limits": epoch_limits(ctx.spec, emulated),
             "own_decoding": plan.policy.own_decoding}
@@ -368,13 +368,13 @@ def _start_coordinator(ctx, options: TrainOptions) -> CoordinatorThread:
 
 
 def _coordinate(ctx, options: TrainOptions) -> None:
-    spec, plan = ctx.spec, ctx.extras["plan"]
+    spec, plan = ctx.spec, ctx.plan
     run_dir = Path(ctx.run_dir)
     console = Console(quiet=options.quiet, device=spec.cluster.device.value)
-    collective = ctx.extras.get("collective") or resolve_backend(spec.runtime.collective, spec.cluster.device.value)
+    collective = ctx.collective or resolve_backend(spec.runtime.collective, spec.cluster.device.value)
     log = EventLog(run_dir / "events.jsonl")
     started = time.monotonic()
-    startup_s = started - ctx.extras["process_start"]
+    startup_s = started - ctx.process_start
     if plan.choice is not None:
         console.banner(f"policy auto: {plan.choice.describe()}")
     log.write("run_start", startup_s=startup_s, policy=plan.policy_name, gpus=spec.cluster.gpus, ranks=ctx.world.size,

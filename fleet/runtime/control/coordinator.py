@@ -64,7 +64,7 @@ class Coordinator:
         self.adapter = Adapter(tuner, auto)
         self.driver = Driver(policy, ledger, self, self.adapter)
         self.last_keepalive = time.monotonic()
-        self.checkpoint_signal = ctx.extras.get("checkpoint_signal")
+        self.checkpoint_signal = ctx.checkpoint_signal
         self.board: ScalarBoard | None = ScalarBoard(Path(ctx.run_dir) / "tensorboard")
         self.visits = VisitLog(Path(ctx.run_dir)) if ledger.partitions is not None else None
         if self.visits is not None:

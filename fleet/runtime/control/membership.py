@@ -1,4 +1,4 @@
-"""Stream membership on rank 0: starting streams and groups, and changing who is in a stream.
+"""Stream membership on rank 0: the policy's decisions as changes of who is in a stream.
 
 A stream is decoded by its preprocessors and read by its groups' masters (`StreamLayout`).
 Members join and leave a running stream only at a chunk boundary that every rank of the
@@ -9,25 +9,22 @@ master and preprocessor gets the new layout (`Regroup`) and joining groups get `
 from the switch on. A group joining on a rank whose group leaves at the same switch waits for
 the next regroup (a rank is a stream's master once per layout); where that would leave the
 stream without a master, the stream ends there and the waiting groups start a stream of their
-own. A stream's end chunk is where its last member ends its last epoch; a member resumed from
-an older checkpoint than expected claims a later end (`EndNeeded`). A stream its one member
-decodes itself (`own_decoding`, Baseline's) has that member's master as its only
-preprocessor: the master rank's `OwnDecoder` takes the stream's commands.
+own. A member resumed from an older checkpoint than expected claims a later end of its stream
+(`EndNeeded`), which the next regroup sets. Starting streams and groups is the
+`StreamStarter`'s (`fleet.runtime.control.starts`); the books are `StreamBooks`
+(`fleet.runtime.control.streams`).
 """
 
 from __future__ import annotations
 
-import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import RunAccount
 from fleet.runtime.control.console import Console
-from fleet.runtime.control.preprocessors import pick_preprocessors, preprocessors_needed
-from fleet.runtime.data.chunks import resumed_end_chunk
+from fleet.runtime.control.starts import Send, StreamStarter
+from fleet.runtime.control.streams import Group, LiveStream, StreamBooks, visit_reads
 from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
     INBOX_DEPTH,
@@ -37,77 +34,19 @@ from fleet.runtime.protocol import (
     Pause,
     Paused,
     Regroup,
-    StartMember,
-    StartStream,
     StreamDone,
     StreamLayout,
-    StreamSource,
     Tag,
     stream_tag,
 )
-from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule.ledger import Ledger
-
-Send = Callable[[Any, int, int], None]  # (command, rank, tag)
-
-
-@dataclass
-class Group:
-    model: str
-    ranks: tuple[int, ...]
-    gpus: tuple[int, ...]
-    uid: int
-
-
-@dataclass
-class LiveStream:
-    """The coordinator's view of one running stream and its pending membership changes."""
-
-    layout: StreamLayout
-    source: StreamSource
-    round: int
-    groups: dict[str, Group] = field(default_factory=dict)
-    joining: list[Group] = field(default_factory=list)
-    leaving: set[str] = field(default_factory=set)
-    awaiting: dict[int, int] = field(default_factory=dict)  # preprocessor rank -> next chunk (-1: pending)
-    pausing: bool = False
-    last_switch: int = 0
-    claimed_end: int = 0  # the furthest end a member resumed from an older checkpoint needs
-    done: set[int] = field(default_factory=set)
-    decoded: int = 0
-    shared: int = 0  # chunks its root masters took from shared memory
-    hollow: int = 0  # chunks sent without samples after its last members left
-    read_from: dict[int, dict[str, int]] = field(default_factory=dict)  # preprocessor rank -> samples per file
-
-    @property
-    def ended(self) -> bool:
-        return not self.layout.masters and self.done >= set(self.layout.preprocessors)
-
-    @property
-    def staying(self) -> bool:
-        """True while the stream will still have masters once its pending changes are made."""
-        joining = {g.model for g in self.joining}
-        return bool(joining) or any(model not in self.leaving for model in self.groups)
-
-    def holds(self, model: str) -> bool:
-        """True while `model` is in this stream or joins it, and is not leaving it already: a
-        model checkpointed at a round's end may be in a new stream while its old one still
-        waits for the regroup that takes it out."""
-        in_it = model in self.groups and model not in self.leaving
-        return in_it or any(g.model == model for g in self.joining)
-
-
-def visit_reads(live: LiveStream) -> dict:
-    """What a visit of partitioned data read, for its `stream_end` event: its partition and the
-    samples each preprocessor read from each file (nothing for whole data)."""
-    if live.source.partition is None:
-        return {}
-    return {"partition": live.source.partition,
-            "read_from": {str(rank): files for rank, files in live.read_from.items()}}
 
 
 class Membership:
-    """Streams and their groups, as commands to the ranks; see the module docstring.
+    """Who is in which stream, changed as the policy decides (see the module docstring): the
+    driver's launches, joins, leaves and checkpoints become commands to the ranks, and the
+    ranks' `Paused`, `EndNeeded`, `StreamDone` and `MemberLeft` reports move the changes on.
+    Owned by the coordinator; it owns the `StreamBooks` and the `StreamStarter`.
 
     Args:
         ctx: the run (topology, spec, run directory, data facts).
@@ -119,28 +58,27 @@ class Membership:
 
     def __init__(self, ctx: RunContext, ledger: Ledger, account: RunAccount, send: Send, log: EventLog,
                  console: Console):
-        self.ctx, self.ledger, self.account, self.send = ctx, ledger, account, send
-        self.log, self.console = log, console
-        self.topology = ctx.topology
-        self.store = CheckpointStore(ctx.run_dir)
-        self.streams: dict[int, LiveStream] = {}
-        self.finished: list[LiveStream] = []
-        self.groups_started = 0
-        self.groups_open = 0
-        self.local_reports: deque = deque()  # reports made here (a join dropped before it happened)
+        self.ledger, self.account, self.send, self.log, self.console = ledger, account, send, log, console
+        self.books = StreamBooks()
+        self.starter = StreamStarter(ctx, ledger, self.books, send, log, console)
 
     @property
     def busy(self) -> bool:
         """Streams still running or groups not yet reported gone."""
-        return bool(self.streams) or self.groups_open > 0
+        return self.books.busy
+
+    @property
+    def local_reports(self) -> deque:
+        """Reports made here (a join dropped before it happened), for the coordinator to take first."""
+        return self.books.local_reports
 
     @property
     def samples_decoded(self) -> int:
-        return sum(s.decoded for s in self.finished)
+        return self.books.samples_decoded
 
     @property
     def chunks_shared(self) -> int:
-        return sum(s.shared for s in self.finished)
+        return self.books.chunks_shared
 
     # -- what the policy decided ------------------------------------------------------------
 
@@ -148,23 +86,23 @@ class Membership:
                      partition: int | None = None, own_decoding: bool = False) -> None:
         """A new stream of `members` ((model, GPUs)); `launching`: new streams in this decision;
         `partition`: the partition its members visit (partitioned data); `own_decoding`: its master decodes it."""
-        groups = [self._group(model, gpus) for model, gpus in members]
+        groups = [self.starter.new_group(model, gpus) for model, gpus in members]
         for group in groups:
             self.account.record_member(group.model, group.gpus, stream_id)
-        self._open_stream(stream_id, groups, launching, partition, own_decoding)
+        self.starter.open_stream(stream_id, groups, launching, partition, own_decoding)
 
     def join(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]]) -> None:
         """`members` join running stream `stream_id` at its next regroup."""
-        live = self.streams[stream_id]
+        live = self.books.streams[stream_id]
         for model, gpus in members:
-            group = self._group(model, gpus)
+            group = self.starter.new_group(model, gpus)
             live.joining.append(group)
             self.account.record_member(model, gpus, stream_id)
         self._request_change(live)
 
     def checkpoint(self, model: str) -> None:
         """Checkpoint `model` and take it off its stream (a join not yet made is dropped)."""
-        live = next((s for s in self.streams.values() if s.holds(model)), None)
+        live = self.books.holding(model)
         if live is None:
             return  # leaving its stream already
         if model not in live.groups:
@@ -175,7 +113,7 @@ class Membership:
 
     def leave(self, stream_id: int | None, model: str) -> None:
         """`model`'s group leaves its stream at the next regroup (converged or checkpointing)."""
-        live = self.streams.get(stream_id) if stream_id is not None else None
+        live = self.books.streams.get(stream_id) if stream_id is not None else None
         if live is None or model not in live.groups:
             return
         live.leaving.add(model)
@@ -189,75 +127,10 @@ class Membership:
         live.joining.remove(group)
         self.account.rerecord({model}, live.layout.stream, None)
         record = self.account.records[model]
-        self.groups_open += 1  # the report below closes it
-        self.local_reports.append(MemberLeft(model, live.layout.stream, group.uid, False, record.epochs, 0,
-                                             record.gpu_seconds, 0.0, record.parameters))
+        self.books.groups_open += 1  # the report below closes it
+        self.books.local_reports.append(MemberLeft(model, live.layout.stream, group.uid, False, record.epochs, 0,
+                                                   record.gpu_seconds, 0.0, record.parameters))
         self.log.write("join_cancelled", model=model, stream=live.layout.stream)
-
-    # -- starting streams and groups ----------------------------------------------------------
-
-    def _group(self, model: str, gpus: tuple[int, ...]) -> Group:
-        self.groups_started += 1
-        ranks = tuple(self.topology.trainer_rank(g) for g in gpus)
-        return Group(model, ranks, tuple(gpus), self.groups_started)
-
-    def _open_stream(self, stream_id: int, groups: list[Group], launching: int, partition: int | None = None,
-                     own_decoding: bool = False) -> None:
-        staying = [s.layout.preprocessors for s in self.streams.values() if s.staying]
-        nodes = None if partition is None else self._nodes_of(partition)
-        masters = tuple(g.ranks[0] for g in groups)
-        preprocessors = masters if own_decoding else pick_preprocessors(self.topology, staying, masters, launching, nodes)
-        source = self._source([g.model for g in groups], partition)
-        end = max(self._member_end(g.model, 0, source) for g in groups)
-        layout = StreamLayout(stream_id, 0, preprocessors, masters, end)
-        live = self.streams[stream_id] = LiveStream(layout, source, self.ledger.round)
-        need = None if own_decoding else preprocessors_needed(self.ledger.rates, [(g.model, len(g.gpus)) for g in groups])
-        self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
-                       preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need, end=end,
-                       partition=partition, own_decoding=own_decoding)
-        if need is not None and need > len(preprocessors):
-            self.console.banner(f"stream {stream_id} needs about {need} preprocessor(s) to keep its pace and has "
-                                f"{len(preprocessors)}: its members may wait for data")
-        for rank in preprocessors:
-            self.send(StartStream(layout, source), rank, Tag.PREPROCESSOR)
-        self.console.shared_stream(stream_id, [g.model for g in groups])
-        for group in groups:
-            self._start_group(live, group, first_chunk=0)
-
-    def _start_group(self, live: LiveStream, group: Group, first_chunk: int) -> None:
-        live.groups.setdefault(group.model, group)
-        resume = self.store.latest_info(group.model) is not None
-        limit = self.ctx.extras.get("epoch_limits", {}).get(group.model)
-        command = StartMember(group.model, group.uid, group.ranks, live.layout, live.source, first_chunk,
-                              self.ledger.round, resume, limit)
-        self.groups_open += 1
-        for rank in group.ranks:
-            self.send(command, rank, Tag.TRAINER)
-        self.console.member(group.model, group.gpus, live.layout.stream, resume)
-        self.log.write("member_start", model=group.model, stream=live.layout.stream, gpus=list(group.gpus),
-                       ranks=list(group.ranks), first_chunk=first_chunk, resume=resume)
-
-    def _member_end(self, model: str, first_chunk: int, source: StreamSource) -> int:
-        """The stream chunk after the one where `model`, taking the stream from `first_chunk`,
-        ends its last epoch (`max_epochs`, or the emulated device's limit), counted from the
-        checkpoint it resumes from: the same count as its master's `MemberClock`. A visit of a
-        partition ends after one pass over it."""
-        if source.partition is not None:
-            visited = int(self.ctx.partitions.sizes[source.partition])
-            return resumed_end_chunk(first_chunk, 1, 0, 0, visited, source.chunk_samples)
-        info = self.store.latest_info(model)
-        epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
-        limit = self.ctx.extras.get("epoch_limits", {}).get(model) or self.ctx.spec.model(model).train.max_epochs
-        return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx), source.chunk_samples)
-
-    def _source(self, models: list[str], partition: int | None = None) -> StreamSource:
-        base = min(self.ledger.model(m).epochs_done for m in models)
-        salt = zlib.crc32(",".join(sorted(models)).encode()) & 0x7FFFFFFF
-        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples, partition)
-
-    def _nodes_of(self, partition: int) -> list[int]:
-        per = self.ctx.partitions.nodes_each
-        return list(range(partition * per, (partition + 1) * per))
 
     # -- membership changes (pause -> regroup) ------------------------------------------------
 
@@ -271,7 +144,7 @@ class Membership:
             self.send(Pause(live.layout.stream, version), rank, Tag.PREPROCESSOR)
 
     def on_paused(self, reply: Paused) -> None:
-        live = self.streams[reply.stream]
+        live = self.books.streams[reply.stream]
         live.awaiting[reply.rank] = reply.next_chunk
         if min(live.awaiting.values()) < 0:
             return
@@ -298,12 +171,13 @@ class Membership:
         masters = tuple(g.ranks[0] for g in live.groups.values())
         end = old.end
         if end is not None:
-            end = max(end, live.claimed_end, *(self._member_end(g.model, switch, live.source) for g in joining))
+            ends = (self.starter.member_end(g.model, switch, live.source) for g in joining)
+            end = max(end, live.claimed_end, *ends)
         live.layout = StreamLayout(old.stream, old.version + 1, old.preprocessors, masters, end)
         live.last_switch, live.pausing = switch, False
         self._send_regroup(old, Regroup(live.layout, switch), [g.model for g in joining])
         for group in joining:
-            self._start_group(live, group, first_chunk=switch)
+            self.starter.start_group(live, group, first_chunk=switch)
         if live.leaving or live.joining:
             self._request_change(live)
         elif restream:
@@ -326,11 +200,11 @@ class Membership:
             self.ledger.move(group.model, stream_id)
         self.account.rerecord(moved, ended, stream_id)
         self.log.write("restream", ended=ended, stream=stream_id, members=sorted(moved))
-        self._open_stream(stream_id, groups, launching=1)
+        self.starter.open_stream(stream_id, groups, launching=1)
 
     def on_end_needed(self, claim: EndNeeded) -> None:
         """A member fell back to an older checkpoint: the next regroup moves the end for it."""
-        live = self.streams.get(claim.stream)
+        live = self.books.streams.get(claim.stream)
         if (live is None or claim.model not in live.groups or claim.model in live.leaving or live.layout.end is None
                 or claim.end <= live.layout.end):
             return  # the member is leaving (or left) anyway, or the end is already far enough
@@ -343,16 +217,10 @@ class Membership:
     # -- streams and groups that ended ----------------------------------------------------------
 
     def on_stream_done(self, report: StreamDone) -> None:
-        live = self.streams[report.stream]
-        live.done.add(report.rank)
-        live.decoded += report.decoded
-        live.shared += report.shared
-        live.hollow += report.hollow
-        live.read_from[report.rank] = dict(report.read_from)
-        if live.ended:
-            self.finished.append(self.streams.pop(report.stream))
+        live = self.books.stream_done(report)
+        if live is not None:
             self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared,
                            hollow_chunks=live.hollow, **visit_reads(live))
 
     def on_left(self, report: MemberLeft) -> None:
-        self.groups_open -= 1
+        self.books.groups_open -= 1

@@ -45,6 +45,11 @@ class Flag(IntFlag):
     HOLLOW = 8  # (chunks) a header only, nothing decoded: every member of the stream is leaving
 
 
+def is_hollow(header: np.ndarray) -> bool:
+    """A chunk sent without samples, once every member of its stream had left (see preprocessor.py)."""
+    return bool(int(header[Field.FLAGS]) & Flag.HOLLOW)
+
+
 @dataclass(frozen=True)
 class ChunkLayout:
     """Byte layout of a chunk of `capacity` samples of shape `sample_shape` (C, H, W)."""

@@ -224,7 +224,7 @@ class PreprocessorLoop:
             handled = True
             if isinstance(command, Shutdown):
                 if command.reason == "checkpointed":
-                    self.ctx.extras["exit_code"] = EXIT_CHECKPOINTED
+                    self.ctx.exit_code = EXIT_CHECKPOINTED
                 return None
             if not isinstance(command, KeepAlive):
                 self._handle(command)

@@ -22,7 +22,8 @@ from fleet.runtime.context import RunContext
 from fleet.runtime.data.chunks import resumed_end_chunk
 from fleet.runtime.data.preprocessor import OwnDecoder
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue
-from fleet.runtime.data.stream import MasterStream, MemberClock, StreamThread, WorkerShares, wait_thread
+from fleet.runtime.data.shares import MemberClock
+from fleet.runtime.data.stream import MasterStream, StreamThread, WorkerShares, wait_thread
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.protocol import (
     CheckpointModel,
@@ -30,18 +31,16 @@ from fleet.runtime.protocol import (
     EpochReport,
     KeepAlive,
     MemberLeft,
-    Progress,
     Shutdown,
     StartMember,
     Tag,
     VisitEnded,
 )
-from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
 from fleet.runtime.train.collectives.factory import create_collective
+from fleet.runtime.train.coordinator_link import CoordinatorLink
+from fleet.runtime.train.member_checkpoints import MemberCheckpoints
 from fleet.runtime.train.stop import StopReason, StopTracker
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
-
-PROGRESS_EVERY_S = 10.0
 
 
 def create_group_comm(parent: Any, ranks: tuple[int, ...], uid: int) -> Any:
@@ -56,11 +55,11 @@ def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int 
     """This trainer's replica of `model` on its device (the emulated device: with the run's rates)."""
     device = ctx.device
     threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
-    extras = {}
+    emulation = {}
     if device == "emulated":
-        extras = {"rates": ctx.rates, "group_size": group_size, "epochs_to_converge": epoch_limit}
+        emulation = {"rates": ctx.rates, "group_size": group_size, "epochs_to_converge": epoch_limit}
     options = EngineOptions(model, ctx.input_shape, ctx.num_classes, device=device, threads=threads)
-    return create_engine(options, **extras)
+    return create_engine(options, **emulation)
 
 
 def build_collective(ctx: RunContext, group_comm: Any):
@@ -156,16 +155,6 @@ def resumed_totals(epoch_samples: int, is_master: bool, sums: tuple[float, float
     return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * size, resumed=epoch_samples)
 
 
-def tell_hop(training: GroupTraining, converged: bool) -> None:
-    """A group whose visit ended hops: its master tells the coordinator before the hop's
-    checkpoint is saved (the driver sees the model checkpointing on its GPUs meanwhile)."""
-    visit = training.visit
-    if converged or visit is None or not visit.ended or not training.is_master:
-        return
-    hop = VisitEnded(training.model.id, training.start.layout.stream, training.tracker.epochs, training.totals.samples)
-    send_object(training.ctx.ctrl, hop, 0, Tag.REPORT, "the coordinator to take a visit's end", training.ctx.timeout_s)
-
-
 def group_step(engine: Any, collective: Any, batch: Batch | None, count: int, total: float) -> float:
     """One step of a member of a group of 2 or more: its share (`count` of the step's `total`
     samples) of the gradients, summed over the group, then the update; returns its loss times
@@ -184,7 +173,10 @@ def group_step(engine: Any, collective: Any, batch: Batch | None, count: int, to
 
 class GroupTraining:
     """One model trained by one group until it converges or is asked to leave; on partitioned
-    data, for one visit (`Visit`)."""
+    data, for one visit (`Visit`): the member's stream thread, the steps, the epochs' ends
+    (evaluation and the stop rule on the master) and the leave. Made by the `TrainerLoop` for
+    each `StartMember`; it owns the model's engine, its collective, its `MemberCheckpoints`
+    and, on the master, its `CoordinatorLink`."""
 
     def __init__(self, ctx: RunContext, start: StartMember, group_comm: Any):
         self.costs = MemberCosts()
@@ -192,43 +184,19 @@ class GroupTraining:
         self.model = ctx.spec.model(start.model)
         self.is_master = group_comm.rank == 0
         self.size = group_comm.size
-        self.store = CheckpointStore(ctx.run_dir)
+        self.checkpoints = MemberCheckpoints(ctx.run_dir, self.model, start, self.is_master, self.size, self.costs)
         self.engine = build_engine(ctx, self.model, self.size, start.epoch_limit)
         self.collective = build_collective(ctx, group_comm)
         self.tracker = StopTracker(self.model.train.stop, start.epoch_limit or self.model.train.max_epochs)
-        self.history: list[dict] = []
-        self.gpu_seconds = 0.0
-        self.resumed_totals = (0.0, 0.0)
-        self._epoch_sums = (0.0, 0.0)  # saved with a checkpoint taken mid-epoch
         partition = start.source.partition
         self.visit = None if partition is None else Visit(partition, ctx.partitions.count)
-        epoch_samples = self._resume()
+        self.tracker, epoch_samples = self.checkpoints.restore(self.engine, self.tracker, self.visit)
         self.collective.broadcast_engine(self.engine)
-        self.totals = resumed_totals(epoch_samples, self.is_master, self.resumed_totals, self.size)
+        self.totals = resumed_totals(epoch_samples, self.is_master, self.checkpoints.resumed_sums, self.size)
         self.stop_requested = False
-        self.last_progress = time.monotonic()
+        self.link = CoordinatorLink(ctx, self.model.id)
 
-    # -- set-up ---------------------------------------------------------------------------
-
-    def _resume(self) -> int:
-        """Load the model's checkpoint when the command says so; returns the epoch's data position."""
-        if not self.start.resume:
-            return 0
-        checkpoint = self.store.load(self.model.id)
-        if checkpoint is None:
-            return 0
-        self.engine.load_state_bytes(checkpoint.engine_state)
-        self.tracker = StopTracker.from_dict(self.model.train.stop, checkpoint.stop)
-        self.tracker.max_epochs = self.start.epoch_limit or self.model.train.max_epochs
-        self.history = list(checkpoint.history)
-        self.gpu_seconds = checkpoint.gpu_seconds
-        self.resumed_totals = (float(checkpoint.meta.get("epoch_loss_sum", 0.0)),
-                               float(checkpoint.meta.get("epoch_compute_s", 0.0)))
-        if self.visit is not None:
-            self.visit.visited = tuple(int(k) for k in checkpoint.meta.get("visited", ()))
-        return checkpoint.epoch_samples
-
-    # -- the loop -------------------------------------------------------------------------
+    # -- the stint ------------------------------------------------------------------------
 
     def run(self) -> MemberLeft:
         began = time.monotonic()
@@ -249,18 +217,32 @@ class GroupTraining:
         finally:
             stream.request_leave()
             batcher.stop()
-        self.gpu_seconds += (time.monotonic() - began) * self.size
-        tell_hop(self, converged)
+        self.checkpoints.gpu_seconds += (time.monotonic() - began) * self.size
+        return self._leave(converged, stream)
+
+    def _leave(self, converged: bool, stream: StreamThread) -> MemberLeft:
+        """After the last step: a hop's news first, then the save that keeps the model's place
+        (not for a model that converged, nor a visit cut short); the stream thread drains on."""
+        self._tell_hop(converged)
         if not converged and (self.visit is None or self.visit.saves_at_leave):
-            self._epoch_sums = self._group_epoch_sums()
+            self.checkpoints.epoch_sums = self._group_epoch_sums()
             self._save_checkpoint()
-        self.ctx.extras.setdefault("draining", []).append(stream)
+        self.ctx.draining.append(stream)
         return MemberLeft(
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
-            self.totals.samples, self.gpu_seconds, self.costs.take_checkpoint_s(), self.engine.num_parameters,
-            self.ctx.extras.pop("val_decoded", 0), self.costs.take_start_s(),
+            self.totals.samples, self.checkpoints.gpu_seconds, self.costs.take_checkpoint_s(),
+            self.engine.num_parameters, self.ctx.take_val_decoded(), self.costs.take_start_s(),
             self.visit.partition if self.visit and self.visit.ended else None,
         )
+
+    def _tell_hop(self, converged: bool) -> None:
+        """A group whose visit ended hops: its master tells the coordinator before the hop's
+        checkpoint is saved (the driver sees the model checkpointing on its GPUs meanwhile)."""
+        visit = self.visit
+        if converged or visit is None or not visit.ended or not self.is_master:
+            return
+        hop = VisitEnded(self.model.id, self.start.layout.stream, self.tracker.epochs, self.totals.samples)
+        self.link.report(hop, "a visit's end")
 
     def _claim_stream_end(self) -> None:
         """Ask for the stream past its end when this member needs it: the coordinator computed
@@ -271,15 +253,16 @@ class GroupTraining:
         need = resumed_end_chunk(self.start.first_chunk, self.tracker.max_epochs, self.tracker.epochs,
                                  self.totals.samples, len(self.ctx.train_idx), self.start.source.chunk_samples)
         if need > end:
-            claim = EndNeeded(self.model.id, self.start.layout.stream, need)
-            send_object(self.ctx.ctrl, claim, 0, Tag.REPORT, "the coordinator to take a stream-end claim", self.ctx.timeout_s)
+            self.link.report(EndNeeded(self.model.id, self.start.layout.stream, need), "a stream-end claim")
+
+    # -- the loop -------------------------------------------------------------------------
 
     def _train(self, batcher: Batcher, stream: StreamThread) -> bool:
         """Steps until the model converges (True) or the master asks to leave (False)."""
         done_this_epoch = False
         while True:
-            if self.is_master:
-                self._poll_commands()
+            if self.is_master and self.link.poll_commands():
+                self.stop_requested = True
             batch = self._next_batch(batcher, stream) if not done_this_epoch else None
             count = batch.count if batch is not None else 0
             has_more = batch is not None and not batch.epoch_end and not batch.leave
@@ -302,7 +285,7 @@ class GroupTraining:
                     return True
                 done_this_epoch = False
             elif self.is_master:
-                self._maybe_progress()
+                self.link.maybe_progress(self.tracker.epochs, self.totals.samples, self.totals.started)
 
     def _next_batch(self, batcher: Batcher, stream: StreamThread) -> Batch:
         try:
@@ -310,7 +293,7 @@ class GroupTraining:
         except WaitTimeout as exc:
             if stream.error is not None:
                 raise stream.error
-            draining = [t for t in self.ctx.extras.get("draining", []) if t.waiting_for]
+            draining = [t for t in self.ctx.draining if t.waiting_for]
             also = "".join(f"; the draining {t.name} of its last group waits for {t.waiting_for}" for t in draining)
             raise WaitTimeout(f"{exc}; {stream.describe()}{also}") from None
         if batch.leave and stream.error is not None:
@@ -379,7 +362,7 @@ class GroupTraining:
             "val_accuracy": metrics["accuracy"], "samples_per_s": compute_rate, "lr": lr, "epoch_s": epoch_s,
             "samples": samples,
         }
-        self.history.append(record)
+        self.checkpoints.history.append(record)
         self.totals = EpochTotals()
         self._save_checkpoint()
         report = EpochReport(
@@ -387,44 +370,12 @@ class GroupTraining:
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
             reason.value if reason else None, samples, self.costs.take_start_s(),
         )
-        send_object(self.ctx.ctrl, report, 0, Tag.REPORT, "the coordinator to take an epoch report", self.ctx.timeout_s)
+        self.link.report(report, "an epoch report")
         return reason
 
     def _save_checkpoint(self) -> None:
-        if not self.is_master:
-            return
-        started = time.monotonic()
-        reason = self.tracker.reason
-        checkpoint = ModelCheckpoint(
-            model_id=self.model.id, engine_state=self.engine.state_bytes(), stop=self.tracker.to_dict(),
-            history=self.history, epochs=self.tracker.epochs, epoch_samples=self.totals.samples,
-            gpu_seconds=self.gpu_seconds, converged=reason is not None,
-            stop_reason=reason.value if reason else None,
-            meta={"round": self.start.round, "stream": self.start.layout.stream, "gpus": self.size,
-                  "epoch_loss_sum": self._epoch_sums[0], "epoch_compute_s": self._epoch_sums[1],
-                  **({"visited": list(self.visit.visited)} if self.visit else {})},
-        )
-        self.store.save(checkpoint)
-        self.costs.saved(time.monotonic() - started)
-
-    # -- the master's mailbox ---------------------------------------------------------------
-
-    def _poll_commands(self) -> None:
-        while (message := self.ctx.ctrl.improbe(source=0, tag=Tag.TRAINER)) is not None:
-            command = message.recv()
-            if isinstance(command, CheckpointModel) and command.model == self.model.id:
-                self.stop_requested = True
-            elif not isinstance(command, (KeepAlive, CheckpointModel)):
-                self.ctx.extras.setdefault("pending", []).append(command)
-
-    def _maybe_progress(self) -> None:
-        now = time.monotonic()
-        if now - self.last_progress < min(PROGRESS_EVERY_S, self.ctx.timeout_s / 4):
-            return
-        self.last_progress = now
-        rate = self.totals.samples / max(1e-9, now - self.totals.started)
-        progress = Progress(self.model.id, self.tracker.epochs, self.totals.samples, rate)
-        send_object(self.ctx.ctrl, progress, 0, Tag.REPORT, "the coordinator to take a progress report", self.ctx.timeout_s)
+        """The master saves the model where it stands (the other members return at once)."""
+        self.checkpoints.save(self.engine, self.tracker, self.totals.samples, self.visit)
 
 
 class TrainerLoop:
@@ -435,7 +386,7 @@ class TrainerLoop:
         self.ctx = ctx
 
     def run(self) -> None:
-        decoder = OwnDecoder(self.ctx) if self.ctx.extras.get("own_decoding") else None
+        decoder = OwnDecoder(self.ctx) if self.ctx.own_decoding else None
         if decoder is not None:
             decoder.start()
         while True:
@@ -445,13 +396,13 @@ class TrainerLoop:
                 if decoder is not None:
                     decoder.stop()
                 if command.reason == "checkpointed":
-                    self.ctx.extras["exit_code"] = EXIT_CHECKPOINTED
+                    self.ctx.exit_code = EXIT_CHECKPOINTED
                 return
             if isinstance(command, StartMember):
                 self._run_member(command)
 
     def _next_command(self):
-        pending = self.ctx.extras.get("pending")
+        pending = self.ctx.pending
         if pending:
             return pending.pop(0)
         deadline = time.monotonic() + self.ctx.timeout_s
@@ -486,13 +437,13 @@ class TrainerLoop:
         self.ctx.who.role = "trainer"
 
     def _reap_draining(self) -> None:
-        draining = self.ctx.extras.get("draining", [])
+        draining = self.ctx.draining
         for thread in [t for t in draining if not t.is_alive()]:
             draining.remove(thread)
             if thread.error is not None:
                 raise thread.error
 
     def _finish_draining(self) -> None:
-        for thread in self.ctx.extras.get("draining", []):
+        for thread in self.ctx.draining:
             wait_thread(thread, f"stream thread {thread.name} to finish", self.ctx.timeout_s)
         self._reap_draining()

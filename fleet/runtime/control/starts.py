@@ -1,0 +1,116 @@
+"""Starting streams and groups on rank 0: a new stream's preprocessors, source and end chunk,
+and the commands that start it (`StartStream`) and each of its groups (`StartMember`).
+
+A stream's end chunk is where its last member ends its last epoch, counted from the
+checkpoint each resumes from; a member resumed from an older checkpoint than expected claims a
+later end (`EndNeeded`, handled by `Membership`). A stream its one member decodes itself
+(`own_decoding`, Baseline's) has that member's master as its only preprocessor: the master
+rank's `OwnDecoder` takes the stream's commands.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from fleet.runtime.context import RunContext
+from fleet.runtime.control.console import Console
+from fleet.runtime.control.preprocessors import pick_preprocessors, preprocessors_needed
+from fleet.runtime.control.streams import Group, LiveStream, StreamBooks
+from fleet.runtime.data.chunks import resumed_end_chunk
+from fleet.runtime.events import EventLog
+from fleet.runtime.protocol import StartMember, StartStream, StreamLayout, StreamSource, Tag
+from fleet.runtime.train.checkpoint import CheckpointStore
+from fleet.schedule.ledger import Ledger
+
+Send = Callable[[Any, int, int], None]  # (command, rank, tag)
+
+
+class StreamStarter:
+    """Starts streams and groups (see the module docstring); a group that joins a running
+    stream is started here too, from its switch chunk. Owned by `Membership`, which decides
+    what starts when; what it starts it books in the `StreamBooks`.
+
+    Args:
+        ctx: the run (topology, spec, run directory, data facts, the emulated epoch limits).
+        ledger: the run's books (rounds, epochs done, rates).
+        books: the coordinator's streams, where new streams and groups are booked.
+        send: how a command reaches a rank.
+        log, console: the event log and the console.
+    """
+
+    def __init__(self, ctx: RunContext, ledger: Ledger, books: StreamBooks, send: Send, log: EventLog,
+                 console: Console):
+        self.ctx, self.ledger, self.books, self.send = ctx, ledger, books, send
+        self.log, self.console = log, console
+        self.topology = ctx.topology
+        self.store = CheckpointStore(ctx.run_dir)
+        self.groups_started = 0
+
+    def new_group(self, model: str, gpus: tuple[int, ...]) -> Group:
+        """The group of trainers of `gpus` for `model`, with the next group id."""
+        self.groups_started += 1
+        ranks = tuple(self.topology.trainer_rank(g) for g in gpus)
+        return Group(model, ranks, tuple(gpus), self.groups_started)
+
+    def open_stream(self, stream_id: int, groups: list[Group], launching: int, partition: int | None = None,
+                    own_decoding: bool = False) -> None:
+        """Start stream `stream_id` and its `groups` (`launching`: new streams in this decision;
+        `partition`: the partition its members visit; `own_decoding`: its master decodes it)."""
+        nodes = None if partition is None else self._nodes_of(partition)
+        masters = tuple(g.ranks[0] for g in groups)
+        preprocessors = masters if own_decoding else pick_preprocessors(
+            self.topology, self.books.staying_preprocessors(), masters, launching, nodes)
+        source = self._source([g.model for g in groups], partition)
+        end = max(self.member_end(g.model, 0, source) for g in groups)
+        layout = StreamLayout(stream_id, 0, preprocessors, masters, end)
+        live = self.books.streams[stream_id] = LiveStream(layout, source, self.ledger.round)
+        need = None if own_decoding else preprocessors_needed(self.ledger.rates, [(g.model, len(g.gpus)) for g in groups])
+        self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
+                       preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need, end=end,
+                       partition=partition, own_decoding=own_decoding)
+        if need is not None and need > len(preprocessors):
+            self.console.banner(f"stream {stream_id} needs about {need} preprocessor(s) to keep its pace and has "
+                                f"{len(preprocessors)}: its members may wait for data")
+        for rank in preprocessors:
+            self.send(StartStream(layout, source), rank, Tag.PREPROCESSOR)
+        self.console.shared_stream(stream_id, [g.model for g in groups])
+        for group in groups:
+            self.start_group(live, group, first_chunk=0)
+
+    def start_group(self, live: LiveStream, group: Group, first_chunk: int) -> None:
+        """`StartMember` to every rank of `group`, which takes stream `live` from `first_chunk`."""
+        live.groups.setdefault(group.model, group)
+        resume = self.store.latest_info(group.model) is not None
+        limit = self.ctx.epoch_limits.get(group.model)
+        command = StartMember(group.model, group.uid, group.ranks, live.layout, live.source, first_chunk,
+                              self.ledger.round, resume, limit)
+        self.books.groups_open += 1
+        for rank in group.ranks:
+            self.send(command, rank, Tag.TRAINER)
+        self.console.member(group.model, group.gpus, live.layout.stream, resume)
+        self.log.write("member_start", model=group.model, stream=live.layout.stream, gpus=list(group.gpus),
+                       ranks=list(group.ranks), first_chunk=first_chunk, resume=resume)
+
+    def member_end(self, model: str, first_chunk: int, source: StreamSource) -> int:
+        """The stream chunk after the one where `model`, taking the stream from `first_chunk`,
+        ends its last epoch (`max_epochs`, or the emulated device's limit), counted from the
+        checkpoint it resumes from: the same count as its master's `MemberClock`. A visit of a
+        partition ends after one pass over it."""
+        if source.partition is not None:
+            visited = int(self.ctx.partitions.sizes[source.partition])
+            return resumed_end_chunk(first_chunk, 1, 0, 0, visited, source.chunk_samples)
+        info = self.store.latest_info(model)
+        epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
+        limit = self.ctx.epoch_limits.get(model) or self.ctx.spec.model(model).train.max_epochs
+        return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx), source.chunk_samples)
+
+    def _source(self, models: list[str], partition: int | None = None) -> StreamSource:
+        base = min(self.ledger.model(m).epochs_done for m in models)
+        salt = zlib.crc32(",".join(sorted(models)).encode()) & 0x7FFFFFFF
+        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples, partition)
+
+    def _nodes_of(self, partition: int) -> list[int]:
+        per = self.ctx.partitions.nodes_each
+        return list(range(partition * per, (partition + 1) * per))

@@ -1,0 +1,45 @@
+"""The driver's books (`fleet.schedule.ledger.Ledger`): streams, GPU owners, rounds, moves."""
+
+import pytest
+
+from fleet.schedule import Member, ModelState, PolicyError, RateTable, StreamPlan
+from fleet.schedule.ledger import Ledger
+
+
+def rates3() -> RateTable:
+    return RateTable.from_dict({"schema": 1, "gpus_per_node": 2, "samples_per_epoch": 100, "models": [
+        {"id": m, "rates": {"1": r, "2": 1.8 * r}} for m, r in (("a", 100), ("b", 90), ("c", 50))]})
+
+
+def test_ledger_tracks_streams_gpus_and_rounds():
+    ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2, epochs_done={"c": 1}, paused=["c"])
+    assert ledger.model("c").state is ModelState.PAUSED and ledger.model("c").epochs_done == 1
+    plan = StreamPlan((Member("a", (0,)), Member("c", (1, 2))))
+    ledger.check_launch([plan], "p")
+    assert ledger.begin_launch()
+    stream = ledger.open_stream()
+    for member in plan.members:
+        ledger.reserve(member.model, member.gpus, stream)
+    view = ledger.view(1.0)
+    assert view.free_gpus == (3,) and view.streams[0].members == ("a", "c") and view.round == 0
+    rates = rates3()
+    assert view.streams[0].pace == min(rates.rate("a", 1), rates.rate("c", 2)) > 0  # planned from the profile
+    with pytest.raises(PolicyError, match="GPU 2 for b is not free"):
+        ledger.check_launch([StreamPlan((Member("b", (2,)),))], "p")
+    with pytest.raises(PolicyError, match="cannot launch a"):
+        ledger.check_launch([StreamPlan((Member("a", (3,)),))], "p")
+    assert ledger.release("a", ModelState.CONVERGED) == (0,)
+    ledger.start_checkpoint("c")
+    assert ledger.release("c", ModelState.PAUSED) == (1, 2) and ledger.drained and not ledger.streams
+    assert ledger.begin_launch() and ledger.round == 1  # a launch on a drained cluster starts a round
+    assert ledger.unfinished == 2
+
+
+def test_ledger_moves_a_reserved_model_to_another_stream():
+    ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
+    old = ledger.open_stream()
+    ledger.reserve("a", (0,), old)
+    new = ledger.open_stream()
+    ledger.move("a", new)
+    assert ledger.model("a").stream == new and ledger.model("a").gpus == (0,)
+    assert old not in ledger.streams and ledger.streams[new] == ["a"]
