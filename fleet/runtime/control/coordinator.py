@@ -112,13 +112,13 @@ class Coordinator:
         deadline = time.monotonic() + self.ctx.timeout_s
         sleeps = IDLE.sleeps()
         while True:
+            self._check_signal()  # before any report: a steady flow of them must not hold these back
+            self._keepalive()
             if self.membership.local_reports:
                 return self.membership.local_reports.popleft()
             message = self.ctx.ctrl.improbe(tag=Tag.REPORT)
             if message is not None:
                 return message.recv()
-            self._check_signal()
-            self._keepalive()
             if time.monotonic() > deadline:
                 running = self.ledger.ids_in(ModelState.RUNNING, ModelState.CHECKPOINTING)
                 raise WaitTimeout(
