@@ -76,7 +76,7 @@ def test_the_spec_builds_its_policy_with_its_options():
     local = parse_spec(doc(policy="fleet-l", delta=3)).scheduler.create_policy(0)
     assert isinstance(local, FleetLocal) and local.delta == 3.0
     adaptive = parse_spec(doc(policy="fleet-adaptive", window=2, extra_gpus=0)).scheduler.create_policy(0)
-    assert isinstance(adaptive, FleetAdaptive) and (adaptive.window, adaptive.extra) == (2, 0)
+    assert isinstance(adaptive, FleetAdaptive) and (adaptive.matcher.window, adaptive.matcher.extra) == (2, 0)
 
 
 def test_another_policy_by_name_takes_its_own_defaults():
