@@ -64,7 +64,7 @@ def test_settings_defaults_and_resolved_values():
     ({"method": "ashaa"}, "method", "unknown method 'ashaa' (valid: none, asha, sha, hyperband, median)"),
     ({"max_epochs": 0}, "max_epochs", "must be an integer >= 1, got 0"),
     ({"min_epochs": 0}, "min_epochs", "must be an integer >= 1, got 0"),
-    ({"min_epochs": 8}, "min_epochs", "must be below max_epochs, the largest of the ensemble (8), got 8"),
+    ({"min_epochs": 8}, "min_epochs", "must be below the largest train.max_epochs of the ensemble (8), got 8"),
     ({"reduction": 1}, "reduction", "must be a number > 1, got 1"),
     ({"reduction": True}, "reduction", "must be a number > 1, got True"),
     ({"reduction": math.inf}, "reduction", "must be a number > 1, got inf"),

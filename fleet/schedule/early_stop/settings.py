@@ -62,7 +62,7 @@ class EarlyStopSettings:
         _integer("min_epochs", self.min_epochs, 1)
         self._check_reduction()
         if self.method != "none" and self.min_epochs >= self.max_epochs:
-            raise EarlyStopError("min_epochs", f"must be below max_epochs, the largest of the ensemble "
+            raise EarlyStopError("min_epochs", f"must be below the largest train.max_epochs of the ensemble "
                                                f"({self.max_epochs}), got {self.min_epochs}")
         if self.grace_epochs is None:
             object.__setattr__(self, "grace_epochs", self.min_epochs)
