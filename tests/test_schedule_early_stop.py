@@ -289,6 +289,11 @@ def test_restore_refuses_records_that_do_not_fit_the_run():
         stopping("sha", "ab", 10).restore([RungDecision("a", 1, C, 0.1, None)])
     with pytest.raises(RecordError, match="rung: 2 is no rung of model 'a'"):
         stopping("sha", "ab", 10).restore([RungDecision("a", 2, P, 0.1, None)])
+    with pytest.raises(RecordError, match="verdict: model 'a' cannot pause at rung 3 here"):
+        stopping("sha", "ab", 10).restore([RungDecision("a", 3, P, 0.1, None)])  # not promoted at rung 1
+    with pytest.raises(RecordError, match="model: 'a' was stopped by an earlier record"):
+        stopping("asha", "ab", 10, reduction=2).restore([RungDecision("a", 1, S, 0.1, 0.0),
+                                                          RungDecision("a", 2, C, 0.1, None, seq=1)])
     with pytest.raises(RecordError, match="verdict: model 'a' was not waiting at rung 1"):
         stopping("sha", "ab", 10).restore([RungDecision("a", 1, PR, 0.1, None)])
     with pytest.raises(RecordError, match="rung: model 'a' was decided at rung 1 already"):

@@ -149,12 +149,15 @@ class SuccessiveHalving(EarlyStopping):
             epochs, due = bracket.due(self.settings.reduction)
 
     def _check_record(self, record: RungDecision, place: int) -> None:
+        """Besides the base's checks: a pause where the model could pause, a verdict about a
+        model paused at that rung and not decided yet."""
         super()._check_record(record, place)
         bracket = self._of[record.model]
-        rung = bracket.rungs[bracket.rung_at(record.rung)]
-        if record.verdict is Verdict.PAUSED and not bracket.may_report(record.model, bracket.rung_at(record.rung)):
-            raise RecordError("verdict", f"model {record.model!r} cannot pause at rung {record.rung} here")
-        if record.verdict is not Verdict.PAUSED and (record.model not in rung.reports or record.model in rung.verdicts):
+        i = bracket.rung_at(record.rung)
+        if record.verdict is Verdict.PAUSED:
+            if not bracket.may_report(record.model, i):
+                raise RecordError("verdict", f"model {record.model!r} cannot pause at rung {record.rung} here")
+        elif record.model not in bracket.rungs[i].reports or record.model in bracket.rungs[i].verdicts:
             raise RecordError("verdict", f"model {record.model!r} was not waiting at rung {record.rung}")
 
     def _apply(self, decision: RungDecision) -> None:
