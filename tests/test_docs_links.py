@@ -93,21 +93,23 @@ def test_the_readme_lists_every_command():
 
 
 def spec_sections():
+    from fleet.schedule.early_stop import METHODS
     from fleet.schedule.planners import POLICIES
     from fleet.spec.families import FAMILIES
     from fleet.spec.load import RawSpec
     from fleet.spec.search import Dimension, ModelEntry
-    from fleet.spec.sections import OPS, ClusterSpec, DataSpec, LRSchedule, RuntimeSpec, SchedulerSpec, StopRule, TrainSpec
+    from fleet.spec.sections import (OPS, ClusterSpec, DataSpec, EarlyStopSpec, LRSchedule, RuntimeSpec, SchedulerSpec,
+                                     StopRule, TrainSpec)
 
     sections = {"top level": RawSpec, "data": DataSpec, "train": TrainSpec, "train.schedule": LRSchedule,
-                "train.stop": StopRule, "scheduler": SchedulerSpec, "cluster": ClusterSpec, "runtime": RuntimeSpec,
-                "models[]": ModelEntry, "search dimension": Dimension}
+                "train.stop": StopRule, "scheduler": SchedulerSpec, "scheduler.early_stop": EarlyStopSpec,
+                "cluster": ClusterSpec, "runtime": RuntimeSpec, "models[]": ModelEntry, "search dimension": Dimension}
     sections |= {f"family {name}": params for name, params in FAMILIES.items()}
     sections |= {f"op {name}": op for name, op in OPS.items()}
     fields = {where: [f.alias or name for name, f in model.model_fields.items() if name not in ("op", "options")]
               for where, model in sections.items()}
     fields |= {f"policy {name}": list(policy.Options.names()) for name, policy in POLICIES.items()}
-    fields["names"] = [*FAMILIES, *OPS, *POLICIES]
+    fields["names"] = [*FAMILIES, *OPS, *POLICIES, *METHODS]
     return fields
 
 

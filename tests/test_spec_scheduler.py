@@ -7,9 +7,10 @@ import yaml
 from fleet.prediction import predict
 from fleet.schedule import POLICIES as REGISTRY
 from fleet.schedule import paper100
+from fleet.schedule.early_stop import EarlyStopSettings
 from fleet.schedule.planners import FleetAdaptive, FleetGlobal, FleetLocal
 from fleet.errors import UserError
-from fleet.spec import SchedulerSpec, SpecError, parse_spec
+from fleet.spec import EarlyStopSpec, SchedulerSpec, SpecError, parse_spec
 
 
 def doc(**scheduler):
@@ -41,9 +42,10 @@ def test_an_option_the_policy_does_not_take_names_the_field_and_the_policy():
 
 def test_a_key_no_policy_takes_is_unknown_with_the_valid_keys():
     assert scheduler_error(alpah=0.5) == (
-        "scheduler.alpah: unknown key (valid keys: policy, profile, profile_batches, profile_timed)")
+        "scheduler.alpah: unknown key (valid keys: early_stop, policy, profile, profile_batches, profile_timed)")
     assert scheduler_error(policy="fleet-g", alpah=0.5) == (
-        "scheduler.alpah: unknown key (valid keys: alpha, delta, policy, profile, profile_batches, profile_timed)")
+        "scheduler.alpah: unknown key (valid keys: alpha, delta, early_stop, policy, profile, profile_batches, "
+        "profile_timed)")
     assert scheduler_error(policy="baseline", options={}).startswith("scheduler.options: unknown key")
 
 
@@ -131,3 +133,59 @@ def test_profile_is_true_false_or_auto(value, expected):
 def test_profile_of_another_value_is_one_line_naming_the_choices():
     with pytest.raises(SpecError, match=r"^scheduler.profile: expected true, false or auto, got 'sometimes'$"):
         parse_spec(doc(profile="sometimes"))
+
+
+# -- scheduler.early_stop -------------------------------------------------------------------
+
+def test_a_spec_without_early_stop_is_written_as_before_and_runs_none():
+    spec = parse_spec(doc(policy="fleet-l", delta=3))
+    assert spec.scheduler.early_stop is None and "early_stop" not in spec.resolved()["scheduler"]
+    assert "early_stop" not in spec.to_yaml()
+    assert spec.early_stop_settings() == EarlyStopSettings("none", 10)
+
+
+def test_early_stop_takes_a_method_name_alone_and_fills_in_the_models_metric():
+    spec = parse_spec(doc(early_stop="asha"))
+    section = spec.scheduler.early_stop
+    assert (section.method, section.min_epochs, section.reduction, section.metric.value) == ("asha", 1, 3.0,
+                                                                                            "val_accuracy")
+    assert spec.early_stop_settings() == EarlyStopSettings("asha", 10)
+    written = yaml.safe_load(spec.to_yaml())["scheduler"]["early_stop"]
+    assert written == {"method": "asha", "min_epochs": 1, "reduction": 3.0, "metric": "val_accuracy"}
+    assert parse_spec(yaml.safe_load(spec.to_yaml())) == spec
+
+
+def test_early_stop_settings_come_from_the_section_and_the_largest_max_epochs():
+    models = [{"family": "mlp"}, {"family": "mlp", "name": "long", "train": {"max_epochs": 27}}]
+    spec = parse_spec({**doc(early_stop={"method": "hyperband", "brackets": 2, "reduction": 3}), "models": models})
+    assert spec.early_stop_settings() == EarlyStopSettings("hyperband", 27, brackets=2)
+    median = parse_spec(doc(early_stop={"method": "median", "grace_epochs": 2, "min_models": 3, "min_epochs": 2}))
+    assert median.early_stop_settings() == EarlyStopSettings("median", 10, min_epochs=2, grace_epochs=2, min_models=3)
+    assert parse_spec(yaml.safe_load(median.to_yaml())) == median
+
+
+def test_early_stop_on_loss_when_every_model_stops_on_loss():
+    loss = {"stop": {"metric": "val_loss"}}
+    spec = parse_spec({**doc(early_stop={"method": "sha", "reduction": 2}), "train": loss})
+    assert spec.scheduler.early_stop.metric.value == "val_loss"
+    assert parse_spec({**doc(early_stop={"method": "sha", "reduction": 2, "metric": "val_loss"}), "train": loss}) == spec
+
+
+def test_method_none_takes_models_on_any_metric():
+    models = [{"family": "mlp"}, {"family": "mlp", "name": "b", "train": {"stop": {"metric": "val_loss"}}}]
+    spec = parse_spec({**doc(early_stop={"method": "none", "min_epochs": 20}), "models": models})
+    assert spec.early_stop_settings().method == "none"
+
+
+def test_early_stop_errors_name_the_field():
+    assert scheduler_error(early_stop={"method": "asha", "min_epochs": 10}) == (
+        "scheduler.early_stop.min_epochs: must be below the largest train.max_epochs of the ensemble (10), got 10")
+    assert scheduler_error(early_stop={"method": "asha", "brackets": 2}) == (
+        "scheduler.early_stop.brackets: applies to method hyperband only (method: asha)")
+    assert scheduler_error(early_stop={"method": "sh"}).startswith("scheduler.early_stop.method: unknown method 'sh'")
+
+
+def test_the_python_api_takes_early_stop_too():
+    scheduler = SchedulerSpec(policy="fleet-g", early_stop={"method": "sha", "reduction": 2})
+    assert scheduler.early_stop == EarlyStopSpec(method="sha", reduction=2)
+    assert EarlyStopSpec(method="sha", reduction=2).settings(8) == EarlyStopSettings("sha", 8, reduction=2)

@@ -32,12 +32,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary.as_dict(), indent=2))
         return 0
-    data = spec.data
+    data, early_stop = spec.data, spec.early_stop_settings().method
     print(
         f"{spec.name}: {len(spec.models)} models · data {data.source.value} "
         f"{summary.num_classes} classes, input {data.channels}x{data.image_size[0]}x{data.image_size[1]} · "
         f"cluster {spec.cluster.nodes}x{spec.cluster.gpus_per_node} {spec.cluster.device.value} · "
-        f"policy {spec.scheduler.policy}"
+        f"policy {spec.scheduler.policy}" + (f" · early stopping {early_stop}" if early_stop != "none" else "")
     )
     rows = [
         (r.id, r.family, r.key_params, human(r.stats.parameters), human(r.stats.flops_per_sample))

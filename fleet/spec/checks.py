@@ -2,7 +2,8 @@
 
 Each names the field to change: a crop larger than the image it crops, a pipeline that ends at
 another size than `data.image_size`, a batch larger than the data set, a CNN kernel larger than
-the image, a run directory that is a file.
+the image, a run directory that is a file, early stopping over models that stop on different
+metrics or with rungs that do not fit their epochs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fleet.schedule.early_stop import EarlyStopError
 from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.spec._base import SpecError
 from fleet.spec.search import ModelSpec
@@ -22,6 +24,7 @@ from fleet.spec.sections import (
     ResizeOp,
     Source,
     SchedulerSpec,
+    StopMetric,
     TrainSpec,
 )
 
@@ -143,3 +146,36 @@ def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
         raise SpecError(f"scheduler.policy: {scheduler.policy!r} moves models between partitions of the data, and "
                         "data.partitioned is false (split the data with: fleet data partition; or choose another "
                         "policy)")
+
+
+def _check_one_metric(metric: StopMetric, given: bool, models: tuple[ModelSpec, ...], entries: tuple[int, ...]) -> None:
+    """Every model stops on `metric` (`given`: written as `scheduler.early_stop.metric`)."""
+    for model, entry in zip(models, entries):
+        theirs = model.train.stop.metric
+        if theirs is metric:
+            continue
+        if given:
+            raise SpecError(f"scheduler.early_stop.metric: {metric.value}, but models[{entry}] ({model.id}) stops on "
+                            f"{theirs.value} (train.stop.metric): early stopping compares every model on one metric")
+        raise SpecError(f"models[{entry}].train.stop.metric: {model.id!r} stops on {theirs.value}, but "
+                        f"models[{entries[0]}] ({models[0].id}) on {metric.value}: early stopping "
+                        "(scheduler.early_stop) compares every model on one metric")
+
+
+def check_early_stop(scheduler: SchedulerSpec, models: tuple[ModelSpec, ...], entries: tuple[int, ...]) -> SchedulerSpec:
+    """Early stopping against the models: one stop metric for all (`early_stop.metric` where
+    written), rungs below the largest `max_epochs`, Hyperband's `brackets` within range.
+
+    Returns:
+        `scheduler`, its `early_stop.metric` filled in with the models' metric where left out.
+    """
+    section = scheduler.early_stop
+    if section is None or section.method == "none":
+        return scheduler
+    metric = section.metric or models[0].train.stop.metric
+    _check_one_metric(metric, section.metric is not None, models, entries)
+    try:
+        section.settings(max(model.train.max_epochs for model in models))
+    except EarlyStopError as exc:
+        raise SpecError(f"scheduler.early_stop.{exc.field}: {exc.problem}") from None
+    return scheduler.model_copy(update={"early_stop": section.model_copy(update={"metric": metric})})

@@ -10,7 +10,16 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from fleet.spec._base import Section, SpecError, format_validation_error, shown, valid_keys, yaml_path
-from fleet.spec.checks import check_data, check_data_path, check_hopping, check_models, check_pipeline, check_run_dir
+from fleet.schedule.early_stop import EarlyStopSettings
+from fleet.spec.checks import (
+    check_data,
+    check_data_path,
+    check_early_stop,
+    check_hopping,
+    check_models,
+    check_pipeline,
+    check_run_dir,
+)
 from fleet.spec.families import FAMILIES, family_error, is_user_family
 from fleet.engines.registry import DEFAULT_FRAMEWORK
 from fleet.spec.search import (
@@ -27,6 +36,7 @@ from fleet.spec.sections import (
     OPS,
     ClusterSpec,
     DataSpec,
+    EarlyStopSpec,
     Op,
     RuntimeSpec,
     SchedulerSpec,
@@ -98,6 +108,12 @@ class Spec(Section):
             if m.id == model_id:
                 return m
         raise KeyError(model_id)
+
+    def early_stop_settings(self) -> EarlyStopSettings:
+        """The run's early stopping: `scheduler.early_stop` (method ``none`` where the spec has
+        none) over rungs below the largest `max_epochs` of the models."""
+        section = self.scheduler.early_stop or EarlyStopSpec()
+        return section.settings(max(model.train.max_epochs for model in self.models))
 
     def resolved(self) -> dict[str, Any]:
         """A plain document that `parse_spec` turns back into this very spec."""
@@ -216,7 +232,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     train = validate(TrainSpec, raw.train, ("train",))
     models, entries = expand_models(raw.models, train, raw.seed, raw.framework)
     check_models(data, train, models, entries)
-    scheduler = validate(SchedulerSpec, raw.scheduler, ("scheduler",))
+    scheduler = check_early_stop(validate(SchedulerSpec, raw.scheduler, ("scheduler",)), models, entries)
     check_hopping(data, scheduler)
     return Spec(
         name=raw.name,

@@ -19,8 +19,9 @@ from pydantic_core import PydanticCustomError
 
 from fleet.runtime.train.collectives import kinds as collective_kinds
 from fleet.schedule import Policy
-from fleet.schedule.options import OptionError
 from fleet.schedule.choice import AUTO
+from fleet.schedule.early_stop import METHODS as EARLY_STOP_METHODS, EarlyStopSettings
+from fleet.schedule.options import OptionError
 from fleet.schedule.planners import POLICIES as POLICY_REGISTRY, create_policy, policy_class, policy_options
 from fleet.spec._base import Section, at_most, field_error, shown, valid_keys
 
@@ -250,6 +251,68 @@ class TrainSpec(Section):
     stop: StopRule = StopRule()
 
 
+METHOD_KEYS = {"brackets": "hyperband", "grace_epochs": "median", "min_models": "median"}
+"""The `early_stop` keys that belong to one method, and that method."""
+
+
+class EarlyStopSpec(Section):
+    """Early stopping across models (`fleet.schedule.early_stop`): rungs at `min_epochs` x
+    `reduction`^k epochs, the method deciding who trains on past each.
+
+    `metric` defaults to the models' stop metric (filled in by the spec's cross-checks, which
+    also want every model on one metric, `min_epochs` below the largest `max_epochs` and
+    `brackets` within Hyperband's range). A key of one method (`brackets`: hyperband;
+    `grace_epochs`, `min_models`: median) is an error with another; left out, it takes the
+    method's default (`EarlyStopSettings`). ``early_stop: asha`` is short for ``{method: asha}``.
+    """
+
+    method: str = "none"  # a name in the methods' registry (checked below)
+    min_epochs: PositiveInt = 1
+    reduction: float = Field(3.0, gt=1)
+    metric: StopMetric | None = None
+    brackets: PositiveInt | None = None
+    grace_epochs: NonNegativeInt | None = None
+    min_models: PositiveInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"method": data}
+        if not isinstance(data, (dict, EarlyStopSpec)):
+            raise ValueError(f"expected a method ({', '.join(EARLY_STOP_METHODS)}) or a mapping, got {shown(data)}")
+        return data
+
+    @field_validator("method")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in EARLY_STOP_METHODS:
+            raise ValueError(f"unknown method {name!r} (valid: {', '.join(EARLY_STOP_METHODS)})")
+        return name
+
+    @model_validator(mode="after")
+    def _keys_of_the_method(self) -> "EarlyStopSpec":
+        for key, method in METHOD_KEYS.items():
+            if getattr(self, key) is not None and self.method != method:
+                raise field_error(key, f"applies to method {method} only (method: {self.method})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _defaults_left_out(self, handler: Any) -> dict[str, Any]:
+        """Written as read: a key left at its method's default (null) is not written."""
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+    def settings(self, max_epochs: int) -> EarlyStopSettings:
+        """The settings the driver runs with, for an ensemble whose largest `max_epochs` is this.
+
+        Raises:
+            EarlyStopError: a value the settings refuse (naming the field).
+        """
+        given = {key: getattr(self, key) for key in METHOD_KEYS if getattr(self, key) is not None}
+        return EarlyStopSettings(self.method, max_epochs, min_epochs=self.min_epochs, reduction=self.reduction,
+                                 **given)
+
+
 class SchedulerSpec(Section):
     """How models share GPUs and data: the policy, its options, and the profiling pass.
 
@@ -267,6 +330,7 @@ class SchedulerSpec(Section):
     profile: bool | Literal["auto"] = "auto"
     profile_batches: PositiveInt = 48
     profile_timed: PositiveInt = 20
+    early_stop: EarlyStopSpec | None = None  # none: every model trains until its own stop rule ends it
 
     @field_validator("profile", mode="before")
     @classmethod
@@ -306,6 +370,8 @@ class SchedulerSpec(Section):
         """Written as read: the options beside `policy`, not under a key of their own."""
         data = handler(self)
         head = {"policy": data.pop("policy")} if "policy" in data else {}
+        if data.get("early_stop", ...) is None:  # a spec without early stopping is written as before
+            del data["early_stop"]
         return {**head, **data.pop("options", {}), **data}
 
     @model_validator(mode="after")
