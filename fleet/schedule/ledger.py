@@ -105,6 +105,7 @@ class Ledger:
                       visited=tuple(sorted(set(seen.get(p.id, ())))))
             for p, e in zip(rates.models, epochs_estimate)
         ]
+        self._unfinished = sum(v.state is not ModelState.CONVERGED for v in self.views)
         self.owner = [""] * total_gpus
         self.streams: dict[int, list[str]] = {}
         self.next_stream = 0
@@ -144,7 +145,8 @@ class Ledger:
 
     @property
     def unfinished(self) -> int:
-        return sum(v.state is not ModelState.CONVERGED for v in self.views)
+        """Models not converged (kept as states change: both worlds ask after every event)."""
+        return self._unfinished
 
     def pace(self, stream: int) -> float:
         """The pace a stream is planned to move at: its slowest member's profiled rate, no
@@ -272,6 +274,9 @@ class Ledger:
 
     def _set(self, model_id: str, **fields) -> None:
         index = self.rates.index(model_id)
-        self.views[index] = replace(self.views[index], **fields)
+        before = self.views[index]
+        self.views[index] = replace(before, **fields)
+        if "state" in fields:
+            self._unfinished += (before.state is ModelState.CONVERGED) - (fields["state"] is ModelState.CONVERGED)
         if fields.keys() != {"epochs_done"}:
             self._cached = None  # GPUs, streams or paces changed
