@@ -12,7 +12,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.commands._watch import finish, start_timeout
 from fleet.report.results import leaderboard_rows, write_results
 from fleet.runlock import RunLock
-from fleet.runtime.control.setup import check_partitions
+from fleet.runtime.control.setup import check_early_stop_runs, check_partitions
 from fleet.runtime.events import EventLog, read_events
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
@@ -38,6 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, run_dir=args.run_dir)
+    check_early_stop_runs(spec)
     check_partitions(spec)
     RunLock(spec.run_dir, "fleet run").check_free()
     if args.local:

@@ -31,8 +31,8 @@ from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
-from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for, prepare_run_dir,
-                                         rates_decision, switch_candidates, write_run)
+from fleet.runtime.control.setup import (check_early_stop_runs, check_partitions, epoch_limits, plan_run, policy_for,
+                                         prepare_run_dir, rates_decision, switch_candidates, write_run)
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.data.preprocessor import PreprocessorLoop
 from fleet.runtime.data.shm import create_pool
@@ -87,6 +87,7 @@ def start(world: Any, who: RankIdentity, options: TrainOptions, started: dict) -
         SpecError, TopologyError, LaunchMismatch, SameOnEveryRank: what every rank meets alike.
     """
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
+    check_early_stop_runs(spec)
     partitions = check_partitions(spec)
     if options.device:
         spec = with_device(spec, options.device)

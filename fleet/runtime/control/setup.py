@@ -31,7 +31,7 @@ from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule_io import load_profile
-from fleet.spec import Spec, parse_spec
+from fleet.spec import Spec, SpecError, parse_spec
 from preprocess.partition import job_partitions
 
 
@@ -186,6 +186,20 @@ def check_partitions(spec: Spec) -> Partitions | None:
         UserError: its manifest is missing or malformed, or its partitions do not fit.
     """
     return job_partitions(spec.data, spec.cluster.nodes, spec.cluster.gpus_per_node)
+
+
+def check_early_stop_runs(spec: Spec) -> None:
+    """Refuse a run whose spec asks for early stopping across models, which runs do not carry
+    out yet (one line, exit 2, before any work): better than training every model to its end
+    as if it had not been asked.
+
+    Raises:
+        SpecError: `scheduler.early_stop` names a method other than ``none``.
+    """
+    method = spec.early_stop_settings().method
+    if method != "none":
+        raise SpecError(f"scheduler.early_stop: method {method} is not carried out by runs yet (the rung rules "
+                        "and the spec are in place; the driver and the runtime follow): remove it to train")
 
 
 def policy_for(spec: Spec, name: str | None = None) -> Policy:
