@@ -16,6 +16,7 @@ from fleet.schedule._base import (
     Event,
     Member,
     ModelConverged,
+    ModelPromoted,
     ModelState,
     ModelView,
     Policy,
@@ -42,7 +43,7 @@ from fleet.schedule.noise import NOISE_MODELS, noisy_scenario
 
 __all__ = [
     "END_ROUND", "NO_DECISION", "CheckpointCompleted", "ClusterView", "Decision", "EpochCompleted",
-    "Event", "Member", "ModelConverged", "ModelState", "ModelView", "Policy", "PolicyError",
+    "Event", "Member", "ModelConverged", "ModelPromoted", "ModelState", "ModelView", "Policy", "PolicyError",
     "StreamPlan", "StreamView", "Bounds", "lower_bounds", "malleable_bound", "simple_bound",
     "training_times", "Overheads", "Flotilla", "FlotillaMember", "create_flotilla", "node_count",
     "place", "OptionError", "PolicyOptions", "PAPER_POLICIES", "POLICIES", "create_policy", "policy_options",

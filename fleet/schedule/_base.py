@@ -28,6 +28,15 @@ Model states (:class:`ModelState`)
     A ``RUNNING`` model holds its GPUs from the launch on, including the time it spends
     restoring a checkpoint and waiting for its stream to start.
 
+Early stopping across models (`fleet.schedule.early_stop`, the driver's)
+    At a rung the driver may stop a model: it leaves its GPUs at the epoch it reported and
+    :class:`ModelConverged` follows with ``stopped`` set (``CONVERGED``: done for good). With
+    synchronous halving it may hold it instead: ``RUNNING --rung--> CHECKPOINTING --done-->
+    HELD``; a ``HELD`` model holds no GPU and may not be launched until the rung fills, when
+    it is promoted (``HELD --> PAUSED``, :class:`ModelPromoted`) or stopped (``HELD -->
+    CONVERGED``, :class:`ModelConverged` with ``stopped`` and no GPUs). A model's
+    ``next_stop`` says at which epochs its training may be cut next.
+
 What a decision may contain (the driver rejects anything else with :class:`PolicyError`)
     * ``launch``: new streams, or members that *join* a running stream (``StreamPlan.join``
       = that stream's id; they consume it from its current position on). Only ``PENDING``
@@ -95,6 +104,7 @@ class ModelState(enum.Enum):
     RUNNING = "running"
     CHECKPOINTING = "checkpointing"
     PAUSED = "paused"
+    HELD = "held"  # at a rung, checkpointed, until promoted or stopped (early stopping)
     CONVERGED = "converged"
 
 
@@ -113,6 +123,8 @@ class ModelView:
         gpus: GPUs it holds (``RUNNING`` or ``CHECKPOINTING``), else ``()``.
         stream: id of its stream while ``RUNNING``, else ``None``.
         visited: with partitioned data, the partitions visited in its current epoch (sorted).
+        next_stop: with early stopping, the epochs at which its training may be cut next (its
+            next rung); None: only its own stop rule ends it.
     """
 
     id: str
@@ -122,6 +134,7 @@ class ModelView:
     gpus: tuple[int, ...] = ()
     stream: int | None = None
     visited: tuple[int, ...] = ()
+    next_stop: int | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +246,8 @@ class ModelConverged:
         time: when.
         gpus: the GPUs it released.
         samples_per_s: its measured rate during the last epoch.
+        stopped: early stopping ended it at a rung (not its own stop rule): its epochs say
+            nothing of how many it would have needed.
     """
 
     model: str
@@ -240,6 +255,7 @@ class ModelConverged:
     time: float
     gpus: tuple[int, ...]
     samples_per_s: float
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -257,7 +273,21 @@ class CheckpointCompleted:
     gpus: tuple[int, ...]
 
 
-Event = Union[EpochCompleted, ModelConverged, CheckpointCompleted]
+@dataclass(frozen=True)
+class ModelPromoted:
+    """A model held at a rung (early stopping) is promoted: it is ``PAUSED`` and may be
+    launched again, from its checkpoint.
+
+    Attributes:
+        model: model id.
+        time: when.
+    """
+
+    model: str
+    time: float
+
+
+Event = Union[EpochCompleted, ModelConverged, CheckpointCompleted, ModelPromoted]
 
 
 # ----------------------------------------------------------------------- decisions
@@ -365,6 +395,8 @@ class Policy(abc.ABC):
             return self.on_converged(event, view)
         if isinstance(event, CheckpointCompleted):
             return self.on_checkpointed(event, view)
+        if isinstance(event, ModelPromoted):
+            return self.on_promoted(event, view)
         raise PolicyError(f"unknown event {event!r}")
 
     def on_epoch(self, event: EpochCompleted, view: ClusterView) -> Decision:
@@ -378,3 +410,7 @@ class Policy(abc.ABC):
     def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:
         """A checkpoint completed; default: nothing."""
         return NO_DECISION
+
+    def on_promoted(self, event: ModelPromoted, view: ClusterView) -> Decision:
+        """A held model may be launched again; default: as a checkpoint that freed no GPU."""
+        return self.on_checkpointed(CheckpointCompleted(event.model, event.time, ()), view)

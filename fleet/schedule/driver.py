@@ -47,12 +47,15 @@ from fleet.schedule._base import (
     Event,
     Member,
     ModelConverged,
+    ModelPromoted,
     ModelState,
     Policy,
     PolicyError,
 )
+from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
 from fleet.schedule.ledger import Ledger, stream_partition
 from fleet.schedule.partitions import Partitions
+from fleet.schedule.rung_keeper import RungKeeper
 
 if TYPE_CHECKING:  # annotations only: the adapter's simulations import this module
     from fleet.schedule.adapting import Adapter
@@ -95,6 +98,18 @@ class World(Protocol):
     def launch(self, launches: Sequence[Launch], new_round: bool, planning_s: float) -> None:
         """Start the decision's streams and joins; `planning_s`: the policy call's duration."""
 
+    # with early stopping only (`Driver`'s ``early``):
+
+    def record_rungs(self, decisions: Sequence[RungDecision]) -> None:
+        """Keep the rung decisions, before any of them acts (a requeued job replays them)."""
+
+    def stop(self, model: str) -> None:
+        """End a running model's training at the epoch it has just reported (early stopping);
+        report `Driver.stopped` when its GPUs are free."""
+
+    def rung_passed(self, model: str) -> None:
+        """The running model may train on past the rung it has just reached."""
+
 
 class Driver:
     """Runs one policy over one `Ledger` in one `World`; see the module docstring.
@@ -105,10 +120,13 @@ class Driver:
         interrupted: the checkpoint signal came; nothing new starts.
         adapter: weighs measured rates (and ``policy: auto``'s choice) before each policy
             call, or None.
+        rungs: early stopping across models (`RungKeeper`, from ``early``), or None.
     """
 
-    def __init__(self, policy: Policy, ledger: Ledger, world: World, adapter: Adapter | None = None):
+    def __init__(self, policy: Policy, ledger: Ledger, world: World, adapter: Adapter | None = None,
+                 early: EarlyStopping | None = None):
         self.policy, self.ledger, self.world, self.adapter = policy, ledger, world, adapter
+        self.rungs = RungKeeper(early, ledger, world) if early is not None else None
         if ledger.partitions is not None and not policy.hops:
             raise PolicyError(f"{policy.name} does not plan visits of partitioned data (a hopping policy does)")
         if ledger.partitions is None and policy.hops:  # whole data: one partition on every node
@@ -143,15 +161,27 @@ class Driver:
 
     def epoch_completed(self, model: str, epoch: int, samples_per_s: float, metric: float | None = None) -> None:
         """A running model finished an epoch that was not its last (`metric`: the stop rule's
-        validation metric after it, lower is better, where the world knows it)."""
+        validation metric after it, lower is better, where the world knows it). With early
+        stopping, the model may be stopped or held at the rung it reached (after the policy saw
+        the epoch)."""
         self.ledger.epoch_done(model, epoch)
+        verdicts = self._rung_verdicts(lambda rungs: rungs.epoch(model, epoch, metric))
         self._notify(EpochCompleted(model, epoch, self.world.now(), samples_per_s, metric))
+        self._carry_out(verdicts)
 
     def converged(self, model: str, epochs: int, samples_per_s: float) -> None:
         """A model finished its last epoch; its GPUs are free from now on."""
         self.ledger.epoch_done(model, epochs)
         gpus = self.ledger.release(model, ModelState.CONVERGED)
+        verdicts = self._rung_verdicts(lambda rungs: rungs.ended(model, epochs))
         self._notify(ModelConverged(model, epochs, self.world.now(), gpus, samples_per_s))
+        self._carry_out(verdicts)
+
+    def stopped(self, model: str, epochs: int, samples_per_s: float) -> None:
+        """A model early stopping stopped (`World.stop`) has left its GPUs after `epochs`."""
+        self.ledger.epoch_done(model, epochs)
+        gpus = self.ledger.release(model, ModelState.CONVERGED)
+        self._notify(ModelConverged(model, epochs, self.world.now(), gpus, samples_per_s, stopped=True))
 
     def visit_completed(
         self, model: str, partition: int, epochs: int, samples_per_s: float, metric: float | None = None
@@ -161,7 +191,9 @@ class Driver:
         one more when the visit ended an epoch (`metric` as in `epoch_completed`)."""
         if self.ledger.visit_done(model, partition):
             self.ledger.epoch_done(model, epochs)
+            verdicts = self._rung_verdicts(lambda rungs: rungs.epoch(model, epochs, metric))
             self._notify(EpochCompleted(model, epochs, self.world.now(), samples_per_s, metric))
+            self._carry_out(verdicts)
 
     def rate_measured(self, model: str, samples_per_s: float) -> None:
         """A running model trained at `samples_per_s` over its last epoch, on its GPUs now."""
@@ -170,10 +202,17 @@ class Driver:
             self.adapter.observe(model, gpus, samples_per_s)
 
     def checkpointed(self, model: str, epochs: int) -> None:
-        """A model's checkpoint is done: it is paused and its GPUs are free."""
+        """A model's checkpoint is done: it is paused (held at a rung, or stopped, where early
+        stopping decided so meanwhile) and its GPUs are free."""
         self.ledger.epoch_done(model, epochs)
-        gpus = self.ledger.release(model, ModelState.PAUSED)
-        self._notify(CheckpointCompleted(model, self.world.now(), gpus))
+        state, promoted = self.rungs.checkpointed_state(model) if self.rungs is not None else (ModelState.PAUSED, False)
+        gpus = self.ledger.release(model, state)
+        if promoted:  # it was held at its rung, and the rung filled meanwhile
+            self._later.append(ModelPromoted(model, self.world.now()))
+        if state is ModelState.CONVERGED:
+            self._notify(ModelConverged(model, epochs, self.world.now(), gpus, 0.0, stopped=True))
+        else:
+            self._notify(CheckpointCompleted(model, self.world.now(), gpus))
 
     def switch_policy(self, policy: Policy) -> list[str]:
         """Hand the run to `policy` (``policy: auto`` re-deciding): every running model is
@@ -198,6 +237,21 @@ class Driver:
         for model in running:
             self._checkpoint(model)
         return running
+
+    # -- early stopping's verdicts ----------------------------------------------------------
+
+    def _rung_verdicts(self, ask: Callable[[RungKeeper], dict[str, Verdict]]) -> dict[str, Verdict]:
+        """Early stopping's verdicts on an event (none without it); the events of models held at
+        a rung are queued ahead of the policy's next call (`RungKeeper.settle_held`)."""
+        if self.rungs is None:
+            return {}
+        verdicts = ask(self.rungs)
+        self._later.extend(self.rungs.settle_held(verdicts, self.world.now()))
+        return verdicts
+
+    def _carry_out(self, verdicts: dict[str, Verdict]) -> None:
+        if verdicts:
+            self.rungs.carry_out(verdicts, self._checkpoint)
 
     # -- policy calls ----------------------------------------------------------------------
 

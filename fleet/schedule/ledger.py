@@ -219,6 +219,17 @@ class Ledger:
     def epoch_done(self, model_id: str, epochs: int) -> None:
         self._set(model_id, epochs_done=epochs)
 
+    def set_next_stop(self, model_id: str, epochs: int | None) -> None:
+        """The epochs at which the model's training may be cut next (early stopping's next rung)."""
+        if self.model(model_id).next_stop != epochs:
+            self._set(model_id, next_stop=epochs)
+
+    def promote(self, model_id: str) -> None:
+        """A model held at a rung may be launched again (``HELD`` -> ``PAUSED``)."""
+        if self.model(model_id).state is not ModelState.HELD:
+            raise PolicyError(f"cannot promote {model_id}, it is {self.model(model_id).state.value}")
+        self._set(model_id, state=ModelState.PAUSED)
+
     def visit_done(self, model_id: str, partition: int) -> bool:
         """A running model finished its visit of `partition` and starts its hop (it is
         CHECKPOINTING from now on). Returns True when the visit ended its epoch (every
@@ -252,7 +263,7 @@ class Ledger:
         self._set(model_id, state=ModelState.CHECKPOINTING, stream=None)
 
     def release(self, model_id: str, state: ModelState) -> tuple[int, ...]:
-        """Free the model's GPUs; it is now `state` (CONVERGED or PAUSED). Returns the GPUs."""
+        """Free the model's GPUs; it is now `state` (CONVERGED, PAUSED or HELD). Returns the GPUs."""
         view = self.model(model_id)
         if view.state is ModelState.RUNNING:
             self._leave_stream(model_id)
@@ -278,5 +289,5 @@ class Ledger:
         self.views[index] = replace(before, **fields)
         if "state" in fields:
             self._unfinished += (before.state is ModelState.CONVERGED) - (fields["state"] is ModelState.CONVERGED)
-        if fields.keys() != {"epochs_done"}:
+        if not fields.keys() <= {"epochs_done", "next_stop"}:
             self._cached = None  # GPUs, streams or paces changed

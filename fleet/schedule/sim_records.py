@@ -15,6 +15,7 @@ class Outcome(enum.Enum):
     CONVERGED = "converged"
     CHECKPOINTED = "checkpointed"
     HOPPED = "hopped"  # a visit of partitioned data ended and the model left for the next
+    STOPPED = "stopped"  # early stopping ended it at a rung
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,8 @@ class SimResult:
         switches: where the run adapted (`simulate`'s ``adapt``), each policy switch of
             ``policy: auto``.
         rates_adopted: where the run adapted, how often measured rates were adopted.
+        rung_decisions: with early stopping (`simulate`'s ``early_stop``), every rung decision
+            in the order it was made.
     """
 
     policy: str
@@ -147,6 +150,7 @@ class SimResult:
     visited: tuple[tuple[int, ...], ...] = ()
     switches: tuple[SwitchRecord, ...] = ()
     rates_adopted: int = 0
+    rung_decisions: tuple = ()
 
     @property
     def mean_gpu_wait(self) -> float:

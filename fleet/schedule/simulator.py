@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 from fleet.schedule._base import ModelState, Policy, PolicyError
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
+from fleet.schedule.early_stop import EarlyStopSettings, RungDecision, create_early_stopping
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
@@ -107,19 +108,21 @@ runtime does (`fleet.schedule.adapting.simulation_adapter` makes one)."""
 
 def simulate(
     policy: Policy, scenario: Scenario, overheads: Overheads = Overheads(), interrupt_at: float | None = None,
-    adapt: AdapterFactory | None = None,
+    adapt: AdapterFactory | None = None, early_stop: EarlyStopSettings | None = None,
 ) -> SimResult:
     """Run ``policy`` on ``scenario`` until every model converged, or until the run stopped
     by the checkpoint signal at ``interrupt_at`` has checkpointed its running models.
 
     With ``adapt``, the run weighs the rates it measures (the scenario's true ``rates``, where
     the policy plans with ``planning_rates``) and, under ``policy: auto``, reconsiders the
-    policy, as the runtime does (`fleet.schedule.adapting`).
+    policy, as the runtime does (`fleet.schedule.adapting`). With ``early_stop``, models are
+    stopped or held at rungs on the metrics of the scenario's ``curves`` (no curves: every
+    metric is unknown, and arrival order decides), through the same driver code as a run.
 
     Raises:
         PolicyError: when the policy breaks the protocol or stalls.
     """
-    return _Run(policy, scenario, overheads, interrupt_at, adapt).run()
+    return _Run(policy, scenario, overheads, interrupt_at, adapt, early_stop).run()
 
 
 def resumed_scenario(scenario: Scenario, result: SimResult) -> Scenario | None:
@@ -153,14 +156,16 @@ class _Run:
     (`StreamPhysics`); the driver and its ledger keep every model's state, epochs and visits."""
 
     def __init__(self, policy: Policy, scenario: Scenario, overheads: Overheads, interrupt_at: float | None = None,
-                 adapt: AdapterFactory | None = None):
+                 adapt: AdapterFactory | None = None, early_stop: EarlyStopSettings | None = None):
         self.scenario, self.costs, self.interrupt_at = scenario, overheads, interrupt_at
         self.cluster = scenario.cluster
         self.n = scenario.rates.samples_per_epoch
         self.rate_matrix = scenario.rates.matrix(self.cluster.total_gpus)
         self.ledger = self._ledger(scenario)
         adapter = adapt(self.ledger, policy, self, overheads) if adapt is not None else None
-        self.driver = Driver(policy, self.ledger, self, adapter)
+        early = create_early_stopping(early_stop, self.ledger.rates.ids) if early_stop is not None else None
+        self.rung_decisions: list[RungDecision] = []
+        self.driver = Driver(policy, self.ledger, self, adapter, early)
         self.switches: list[SwitchRecord] = []
         self.rates_adopted = 0
         self.queue = EventQueue()
@@ -243,6 +248,22 @@ class _Run:
         if stream.partition is not None:  # the checkpoint signal: the visit in flight is dropped
             model.samples = model.visit_start
         self._hop_away(model, done)
+
+    # -- early stopping (the driver's `RungKeeper` decides) ----------------------------------
+
+    def record_rungs(self, decisions: Sequence[RungDecision]) -> None:
+        self.rung_decisions.extend(decisions)
+
+    def stop(self, model_id: str) -> None:
+        """Stopped at the rung it has just reached: it leaves its stream at once."""
+        model = self._model(model_id)
+        rate, stream = model.own_rate, model.stream
+        self.physics.leave(stream, model, Outcome.STOPPED, released=self.now())
+        self.physics.release(model)
+        self.driver.stopped(model.id, self.ledger.model(model.id).epochs_done, rate)
+
+    def rung_passed(self, model_id: str) -> None:
+        pass  # a simulated model never waits at a rung for its verdict
 
     # -- the AdaptNotes the adapter tells ----------------------------------------------------
 
@@ -371,5 +392,5 @@ def _summarize(run: _Run) -> SimResult:
         run.checkpoints, Timeline(tuple(run.rounds), records, members),
         ledger.unfinished > 0, tuple(m.samples / run.n for m in physics.models), run.hops,
         tuple(() if v.state is ModelState.CONVERGED else v.visited for v in views)
-        if ledger.partitions is not None else (), tuple(run.switches), run.rates_adopted,
+        if ledger.partitions is not None else (), tuple(run.switches), run.rates_adopted, tuple(run.rung_decisions),
     )

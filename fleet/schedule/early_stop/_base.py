@@ -140,6 +140,10 @@ class EarlyStopping:
         """The models early stopping has stopped, in spec order."""
         return [model for model in self.models if model in self._stopped]
 
+    def is_stopped(self, model: str) -> bool:
+        """Whether early stopping has stopped `model`."""
+        return model in self._stopped
+
     # -- for the methods ------------------------------------------------------------------
 
     def _decide(self, model: str, rung: int, verdict: Verdict, metric: float | None, cutoff: float | None,

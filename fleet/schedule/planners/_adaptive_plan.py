@@ -62,9 +62,9 @@ class ModelPlan:
         """Refine the model's rate curve by the ratio of measured to profiled rate, and its
         forecast of remaining epochs by the epoch's metric."""
         self.forecast.observe_epoch(event.model, event.epoch, event.metric)
-        if self.rates is not None and event.samples_per_s > 0:
+        gpus = len(view.model(event.model).gpus)
+        if self.rates is not None and event.samples_per_s > 0 and gpus:
             i = view.rates.index(event.model)
-            gpus = len(view.model(event.model).gpus)
             profiled = view.rates.matrix(view.total_gpus)[i]
             self.rates[i] = capped(view, profiled * (event.samples_per_s / profiled[gpus - 1]))
 
@@ -78,8 +78,26 @@ class ModelPlan:
         return np.array([self.remaining(m) * n for m in view.models])
 
     def remaining(self, model: ModelView) -> float:
-        """Forecast epochs a model still needs (`EpochForecast`, at the plan's risk level)."""
-        return self.forecast.remaining(model.id, model.epochs_estimate, model.epochs_done, self.level)
+        """Forecast epochs a model still needs (`EpochForecast`, at the plan's risk level), up to
+        its next rung where early stopping may cut it there."""
+        forecast = self.forecast.remaining(model.id, model.epochs_estimate, model.epochs_done, self.level)
+        if model.next_stop is None:
+            return forecast
+        return min(forecast, max(1.0, float(model.next_stop - model.epochs_done)))
+
+    def requeue(self, view: ClusterView, model: str) -> None:
+        """Queue `model` again (promoted at a rung) before the first model it outlasts, by the
+        time it is estimated to need at its planned GPU count."""
+        i = view.rates.index(model)
+        n = view.rates.samples_per_epoch
+
+        def duration(m: str) -> float:
+            row = view.rates.index(m)
+            return self.remaining(view.model(m)) * n / self.rates[row, self.counts[m] - 1]
+
+        mine = self.remaining(view.model(model)) * n / self.rates[i, self.counts[model] - 1]
+        at = next((k for k, m in enumerate(self.queue) if duration(m) < mine), len(self.queue))
+        self.queue.insert(at, model)
 
     def rate(self, view: ClusterView, model: str, gpus: int) -> float:
         """The model's planned rate on `gpus` GPUs."""

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fleet.schedule._base import ClusterView, Decision, Member, Policy, StreamPlan
+from fleet.schedule._base import CheckpointCompleted, ClusterView, Decision, Member, ModelPromoted, Policy, StreamPlan
 from fleet.schedule.flotilla import Flotilla, create_flotilla
 from fleet.schedule.options import NoOptions
 from fleet.schedule.placement import place
@@ -59,6 +59,15 @@ class RandomOrder(Policy):
     def on_free(self, view: ClusterView) -> Decision:
         """GPUs may be free: launch what the policy launches now."""
         raise NotImplementedError
+
+    def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:
+        """A model held at a rung freed its GPUs: as a convergence."""
+        return self.on_converged(event, view)
+
+    def on_promoted(self, event: ModelPromoted, view: ClusterView) -> Decision:
+        """A model held at a rung may train on: it goes to the back of the queue."""
+        self.queue.append(event.model)
+        return self.on_converged(event, view)
 
     def take(self, view: ClusterView) -> list[str]:
         """The next models, one per free GPU (as many as are left)."""

@@ -79,6 +79,7 @@ from fleet.schedule._base import (
     EpochCompleted,
     Member,
     ModelConverged,
+    ModelPromoted,
     ModelState,
     ModelView,
     Policy,
@@ -191,7 +192,13 @@ class FleetAdaptive(Policy):
         return NO_DECISION
 
     def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
-        self.plan.observe_converged(event, view)
+        if not event.stopped:  # a model stopped at a rung tells nothing of how far off its estimate was
+            self.plan.observe_converged(event, view)
+        return self._fill(view)
+
+    def on_promoted(self, event: ModelPromoted, view: ClusterView) -> Decision:
+        """A model held at a rung may train on: it queues again by its estimated time left."""
+        self.plan.requeue(view, event.model)
         return self._fill(view)
 
     def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:

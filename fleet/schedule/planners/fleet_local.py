@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet.schedule._base import NO_DECISION, ClusterView, Decision, ModelConverged, Policy
+from fleet.schedule._base import NO_DECISION, CheckpointCompleted, ClusterView, Decision, ModelConverged, Policy
 from fleet.schedule.options import PolicyOptions, option
 from fleet.schedule.planners._common import flotilla_stream
 
@@ -53,6 +53,10 @@ class FleetLocal(Policy):
         return self._refill(view)
 
     def on_converged(self, event: ModelConverged, view: ClusterView) -> Decision:
+        return self._refill(view)
+
+    def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:
+        """GPUs came free by a checkpoint (a model held at a rung, a resize): fill them."""
         return self._refill(view)
 
     def _refill(self, view: ClusterView) -> Decision:
