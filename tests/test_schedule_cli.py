@@ -142,6 +142,9 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
         (["simulate", "{profile}", "--gpus", "4", "--true-rates", "{partial}"],
          "--true-rates: {partial} has no rates for 1 model(s) of the input, e.g. tiny"),
         (["simulate", "{profile}", "--gpus", "4", "--checkpoint-s", "-1"], "--checkpoint-s: expected a number >= 0"),
+        (["simulate", "{profile}", "--gpus", "4", "--early-stop", "asha", "--reduction", "1"],
+         "--reduction: must be a number > 1, got 1.0"),
+        (["simulate", "{profile}", "--gpus", "4", "--early-stop", "nope"], "argument --early-stop: invalid choice"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):
@@ -193,6 +196,20 @@ def test_simulate_with_true_rates_predicts_policy_auto_s_switch(tmp_path, fleet_
     same = fleet_cli("simulate", str(planned), "--gpus", "4", "--policies", "auto", "--json", cwd=tmp_path)
     row = json.loads(same.stdout)["rows"][0]
     assert row["chosen"] == ["fleet-l"] and row["switches"] == [[]]
+
+
+def test_simulate_with_early_stopping_on_the_models_learning_curves(tmp_path, fleet_cli):
+    """Each policy runs twice, the second time stopping models at rungs on their stop-rule
+    curves: far fewer model-epochs and GPU-hours, as a run with scheduler.early_stop would."""
+    done = fleet_cli("simulate", "--workload", "paper100", "--models", "30", "--noise-model", "stop-rule",
+                     "--gpus", "8", "--policies", "fleet-g", "--early-stop", "sha", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = {row["policy"]: row for row in json.loads(done.stdout)["rows"]}
+    full, halved = rows["fleet-g"], rows["fleet-g+sha"]
+    assert halved["model_epochs"] < full["model_epochs"] / 3 and halved["gpu_hours"] < full["gpu_hours"] / 3
+    plain = fleet_cli("simulate", "--workload", "paper100", "--models", "12", "--gpus", "4", "--policies", "fleet-l",
+                      "--early-stop", "asha", cwd=tmp_path)
+    assert "fleet-l+asha" in plain.stdout and "rung arithmetic only" in plain.stdout and "GPU h" in plain.stdout
 
 
 def test_simulate_builtin_workload(tmp_path, fleet_cli):

@@ -35,6 +35,8 @@ from fleet.report.schedule_charts import write_schedule_charts
 from fleet.report.table import format_duration, format_table
 from fleet.schedule import POLICIES, WORKLOADS, Overheads, RateTable, Scenario, noisy_estimates, whole_epochs
 from fleet.schedule.choice import AUTO
+from fleet.schedule.early_stop import METHODS as EARLY_STOP_METHODS
+from fleet.schedule.early_stop import EarlyStopError, EarlyStopSettings
 from fleet.schedule.partitions import PartitionError, nodes_per_partition
 from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule.compare import compare, summarize
@@ -87,6 +89,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="seconds each checkpoint and each restore takes, whatever the model's size (as a run measured "
              "them; default: 5 s + 3 x the parameter bytes at 1 GB/s)",
     )
+    parser.add_argument(
+        "--early-stop", choices=[m for m in EARLY_STOP_METHODS if m != "none"],
+        help="also run each policy stopping models early at rungs (as scheduler.early_stop does), on the models' "
+             "learning curves (--noise-model stop-rule; without curves only the rung arithmetic: how many go on, "
+             "not which); adds model-epochs and GPU-hours",
+    )
+    parser.add_argument("--min-epochs", type=positive_int, default=1, help="--early-stop: the first rung (default 1)")
+    parser.add_argument("--reduction", type=positive_float, default=3.0,
+                        help="--early-stop: eta, the reduction factor between rungs (> 1; default 3)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--chart", help="write a PNG with speedup and GPU-time charts")
     parser.set_defaults(func=run)
@@ -103,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
         scenarios, label = _true_rates(scenarios, args.true_rates), f"{label}, true rates from {args.true_rates}"
     costs = Overheads() if args.checkpoint_s is None else Overheads(latency_s=args.checkpoint_s,
                                                                       bandwidth=float("inf"))
-    summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds), costs, adapt=bool(args.true_rates)))
+    early = _early_stop(args)
+    if early is not None and args.noise_model != "stop-rule":
+        label += "; early stopping on the rung arithmetic only (no learning curves: how many models go on, not which)"
+    summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds), costs, adapt=bool(args.true_rates),
+                                early_stop=early))
     if args.chart:
         _chart(summary, args.chart, label)
     if args.json:
@@ -111,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(document if args.noise_model == "uniform" else {**document, "noise_model": args.noise_model},
                          indent=1))
     else:
-        print(_render(summary, label, seeds, noise, args.chart, hopping=bool(args.partitions)))
+        print(_render(summary, label, seeds, noise, args.chart, hopping=bool(args.partitions),
+                      early_stop=args.early_stop is not None))
     return 0
 
 
@@ -140,6 +156,25 @@ def _partitioned(scenarios, parts: int):
         return replace(scenario, partition_sizes=(scenario.rates.samples_per_epoch / parts,) * parts)
 
     return split
+
+
+def _early_stop(args: argparse.Namespace):
+    """``scenario -> EarlyStopSettings`` for --early-stop (rungs below the scenario's longest
+    model), or None; a bad --reduction or --min-epochs is one line."""
+    if args.early_stop is None:
+        return None
+
+    def settings(scenario: Scenario) -> EarlyStopSettings:
+        longest = max(*scenario.true_epochs, *whole_epochs(scenario.epochs_estimate))
+        return EarlyStopSettings(method=args.early_stop, max_epochs=longest, min_epochs=args.min_epochs,
+                                 reduction=args.reduction)
+
+    try:
+        EarlyStopSettings(method=args.early_stop, max_epochs=args.min_epochs + 1, min_epochs=args.min_epochs,
+                          reduction=args.reduction)
+    except EarlyStopError as exc:
+        raise UserError(f"--{exc.field.replace('_', '-')}: {exc.problem}") from None
+    return settings
 
 
 def _true_rates(scenarios, path: str):
@@ -194,16 +229,17 @@ def _scenarios(args: argparse.Namespace, noise: float):
 
 
 def _render(summary: list[dict], label: str, seeds: int, noise: float, chart: str | None,
-            hopping: bool = False) -> str:
+            hopping: bool = False, early_stop: bool = False) -> str:
     versus = (["vs mop", "hops"], lambda s: [f"{s['speedup_mop']:.2f}x", f"{s['hops']:.0f}"]) if hopping else \
         (["vs base", "vs homog"], lambda s: [f"{s['speedup_baseline']:.2f}x", f"{s['speedup_homogeneous']:.2f}x"])
     rows = [
         [s["gpus"], _policy_cell(s), format_duration(s["makespan_s"]), *versus[1](s), f"{s['makespan_lb2']:.2f}",
          f"{s['makespan_lb1']:.2f}", f"{s['rounds']:.1f}", format_duration(s["mean_gpu_wait_s"]),
-         f"{s['decoded_vs_baseline']:.2f}"]
+         f"{s['decoded_vs_baseline']:.2f}", *([f"{s['model_epochs']:,.0f}", f"{s['gpu_hours']:,.1f}"] if early_stop else [])]
         for s in summary
     ]
-    headers = ["gpus", "policy", "makespan", *versus[0], "/LB2", "/LB1", "rounds", "gpu wait", "decoded"]
+    headers = ["gpus", "policy", "makespan", *versus[0], "/LB2", "/LB1", "rounds", "gpu wait", "decoded",
+               *(["epochs", "GPU h"] if early_stop else [])]
     noise_note = f", epoch estimates x U({1 - noise:g},{1 + noise:g})" if noise else ""
     lines = [f"{label}; mean of {seeds} seed(s){noise_note}", format_table(headers, rows), *_switch_lines(summary)]
     if chart:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 from fleet.schedule._base import CheckpointCompleted, ClusterView, Event, ModelConverged, ModelState, Policy
 from fleet.schedule.choice import CANDIDATES, PolicyChoice, PolicySwitch, choose_policy, reconsider, switch_targets
 from fleet.schedule.costs import Overheads
+from fleet.schedule.early_stop import EarlyStopSettings
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule.rates import RateTable
@@ -255,12 +256,14 @@ def simulation_adapter(policy_named: Callable[[str], Policy], candidates: tuple[
 
 
 def simulate_auto(policy_named: Callable[[str], Policy], scenario: Scenario, overheads: Overheads,
-                  interrupt_at: float | None = None) -> tuple[PolicyChoice, SimResult]:
+                  interrupt_at: float | None = None,
+                  early_stop: EarlyStopSettings | None = None) -> tuple[PolicyChoice, SimResult]:
     """``policy: auto`` in the simulator, as a run does it: the candidate predicted to finish
     first on what the run knows at its start (the planning rates, the estimated epochs) runs
     the scenario, adapting to the rates it measures (the scenario's true ``rates``) and
     reconsidering its choice among the candidates it may hand over to (none on partitioned
-    data: visits are re-planned at every hop anyway). Returns the first choice and the run."""
+    data: visits are re-planned at every hop anyway), with `early_stop` where given (the choice
+    itself is made without it, as a run makes it). Returns the first choice and the run."""
     partitioned = bool(scenario.partition_sizes)
     candidates = HOPPING_POLICIES if partitioned else CANDIDATES
     estimates = scenario.epochs_estimate
@@ -269,4 +272,5 @@ def simulate_auto(policy_named: Callable[[str], Policy], scenario: Scenario, ove
     choice = choose_policy(policy_named, known, candidates=candidates)
     first = policy_named(choice.name)
     targets = () if partitioned else switch_targets(first, candidates)
-    return choice, simulate(first, scenario, overheads, interrupt_at, simulation_adapter(policy_named, targets))
+    adapter = simulation_adapter(policy_named, targets)
+    return choice, simulate(first, scenario, overheads, interrupt_at, adapter, early_stop)

@@ -13,7 +13,7 @@ true ``rates`` where it plans with ``planning_rates``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from fleet.schedule.adapting import simulate_auto, simulation_adapter
 from fleet.schedule.bounds import lower_bounds
 from fleet.schedule.choice import AUTO
 from fleet.schedule.costs import Overheads
+from fleet.schedule.early_stop import EarlyStopSettings
 from fleet.schedule.planners import create_policy
 from fleet.schedule.sim_records import GpuTime, SimResult, SwitchRecord
 from fleet.schedule.scenario import Scenario
@@ -57,6 +58,9 @@ class Row:
         hops: visits of partitioned data that ended with a hop.
         chosen: for ``auto``, the policy it chose first; else the policy.
         switches: the policy switches ``auto`` made.
+        model_epochs: epochs the models trained, all together.
+        gpu_hours: GPU-hours the models held (the run's GPUs x makespan, less idle time).
+        early_stop: the early-stopping method the run used ("" for none).
     """
 
     gpus: int
@@ -78,6 +82,9 @@ class Row:
     hops: int = 0
     chosen: str = ""
     switches: tuple[SwitchRecord, ...] = ()
+    model_epochs: float = 0.0
+    gpu_hours: float = 0.0
+    early_stop: str = ""
 
 
 ScenarioFactory = Callable[[int, int], Scenario]
@@ -91,9 +98,11 @@ def compare(
     seeds: Iterable[int],
     overheads: Overheads = Overheads(),
     adapt: bool = False,
+    early_stop: Callable[[Scenario], EarlyStopSettings] | None = None,
 ) -> list[Row]:
     """Simulate every policy (and the references) for every GPU count and seed; with `adapt`,
-    each run weighs the rates it measures."""
+    each run weighs the rates it measures; with `early_stop` (the settings for a scenario), each
+    policy runs once more with them (rows ``policy+method``; the references without)."""
     rows: list[Row] = []
     for gpus in gpu_counts:
         for seed in seeds:
@@ -104,11 +113,16 @@ def compare(
             refs = {name: results[name][0].makespan for name in references(scenario)}
             for name in policies:
                 rows.append(_row(name, *results[name], scenario, seed, bounds.lb1, bounds.lb2, refs))
+                if early_stop is not None:
+                    method = early_stop(scenario)
+                    stopped = run_policy(name, scenario, overheads, seed, adapt, method)
+                    rows.append(replace(_row(name, *stopped, scenario, seed, bounds.lb1, bounds.lb2, refs),
+                                        policy=f"{name}+{method.method}", early_stop=method.method))
     return rows
 
 
-def run_policy(name: str, scenario: Scenario, overheads: Overheads, seed: int,
-               adapt: bool = False) -> tuple[SimResult, str]:
+def run_policy(name: str, scenario: Scenario, overheads: Overheads, seed: int, adapt: bool = False,
+               early_stop: EarlyStopSettings | None = None) -> tuple[SimResult, str]:
     """One simulated run of the policy `name` (or ``auto``), its policies seeded with `seed`,
     and the policy it started with (``auto``'s choice; else `name`)."""
 
@@ -116,9 +130,10 @@ def run_policy(name: str, scenario: Scenario, overheads: Overheads, seed: int,
         return create_policy(policy, seed=seed)
 
     if name == AUTO:
-        choice, result = simulate_auto(named, scenario, overheads)
+        choice, result = simulate_auto(named, scenario, overheads, early_stop=early_stop)
         return result, choice.name
-    return simulate(named(name), scenario, overheads, adapt=simulation_adapter(named) if adapt else None), name
+    adapter = simulation_adapter(named) if adapt else None
+    return simulate(named(name), scenario, overheads, adapt=adapter, early_stop=early_stop), name
 
 
 def summarize(rows: Sequence[Row]) -> list[dict]:
@@ -152,6 +167,8 @@ def summarize(rows: Sequence[Row]) -> list[dict]:
                 "plan_ms": mean(lambda r: r.plan_ms),
                 "plan_ms_max": max(r.plan_ms_max for r in group),
                 "checkpoints": mean(lambda r: r.checkpoints),
+                "model_epochs": mean(lambda r: r.model_epochs),
+                "gpu_hours": mean(lambda r: r.gpu_hours),
                 "chosen": sorted({r.chosen for r in group}),
                 "switches": [[{"at_s": w.at, "from": w.current, "to": w.to} for w in r.switches] for r in group],
                 "gpu_time": {
@@ -186,4 +203,6 @@ def _row(name: str, result: SimResult, chosen: str, scenario: Scenario, seed: in
         speedup_homogeneous=refs.get("homogeneous", float("nan")) / result.makespan,
         speedup_mop=refs.get("mop", float("nan")) / result.makespan,
         hops=result.hops,
+        model_epochs=float(sum(result.epochs_trained)),
+        gpu_hours=(result.total_gpus * result.makespan - result.gpu_time.idle) / 3600,
     )
