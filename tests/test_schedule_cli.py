@@ -145,6 +145,10 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
         (["simulate", "{profile}", "--gpus", "4", "--early-stop", "asha", "--reduction", "1"],
          "--reduction: must be a number > 1, got 1.0"),
         (["simulate", "{profile}", "--gpus", "4", "--early-stop", "nope"], "argument --early-stop: invalid choice"),
+        (["simulate", "{profile}", "--gpus", "4", "--early-stop", "hyperband", "--reduction", "1.0000001"],
+         "--reduction: 1.0000001 is too close to 1"),
+        (["simulate", "{profile}", "--gpus", "4", "--early-stop", "asha", "--min-epochs", "100"],
+         "--min-epochs: must be below"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):

@@ -166,14 +166,12 @@ def _early_stop(args: argparse.Namespace):
 
     def settings(scenario: Scenario) -> EarlyStopSettings:
         longest = max(*scenario.true_epochs, *whole_epochs(scenario.epochs_estimate))
-        return EarlyStopSettings(method=args.early_stop, max_epochs=longest, min_epochs=args.min_epochs,
-                                 reduction=args.reduction)
+        try:
+            return EarlyStopSettings(method=args.early_stop, max_epochs=longest, min_epochs=args.min_epochs,
+                                     reduction=args.reduction)
+        except EarlyStopError as exc:
+            raise UserError(f"--{exc.field.replace('_', '-')}: {exc.problem}") from None
 
-    try:
-        EarlyStopSettings(method=args.early_stop, max_epochs=args.min_epochs + 1, min_epochs=args.min_epochs,
-                          reduction=args.reduction)
-    except EarlyStopError as exc:
-        raise UserError(f"--{exc.field.replace('_', '-')}: {exc.problem}") from None
     return settings
 
 

@@ -9,6 +9,10 @@ from fleet.schedule.early_stop.registry import METHODS
 from fleet.schedule.early_stop.rungs import max_bracket
 
 
+MAX_POWERS = 200
+"""Most powers of η between ``min_epochs`` and ``max_epochs`` (rungs, Hyperband brackets)."""
+
+
 class EarlyStopError(ValueError):
     """A setting out of its range, as ``<field>: <problem>``.
 
@@ -64,6 +68,7 @@ class EarlyStopSettings:
         if self.method != "none" and self.min_epochs >= self.max_epochs:
             raise EarlyStopError("min_epochs", f"must be below the largest train.max_epochs of the ensemble "
                                                f"({self.max_epochs}), got {self.min_epochs}")
+        self._check_powers()
         if self.grace_epochs is None:
             object.__setattr__(self, "grace_epochs", self.min_epochs)
         _integer("grace_epochs", self.grace_epochs, 0)
@@ -79,6 +84,16 @@ class EarlyStopSettings:
         value = self.reduction
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
             raise EarlyStopError("reduction", f"must be a number > 1, got {value!r}")
+
+    def _check_powers(self) -> None:
+        """At most `MAX_POWERS` powers of η between the first rung and ``max_epochs``: an η
+        that close to 1 would make thousands of rungs (or Hyperband brackets) of equal epochs."""
+        powers = math.log(max(self.max_epochs, self.min_epochs) / self.min_epochs) / math.log(self.reduction)
+        if powers > MAX_POWERS:
+            least = (self.max_epochs / self.min_epochs) ** (1 / MAX_POWERS)
+            raise EarlyStopError("reduction", f"{self.reduction!r} is too close to 1: about {powers:,.0f} rungs "
+                                              f"would lie between min_epochs {self.min_epochs} and max_epochs "
+                                              f"{self.max_epochs} (at most {MAX_POWERS}: use at least {least:.3g})")
 
     def _check_brackets(self) -> None:
         if self.method != "hyperband":
