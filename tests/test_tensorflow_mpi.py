@@ -19,6 +19,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +195,17 @@ def test_a_keras_model_on_two_trainers_follows_one_engine_on_the_union_batches(f
     assert [acc for _, acc in ran] == pytest.approx([acc for _, acc in replayed], abs=0.005)
 
 
+def wait_until_each_model_saved_an_epoch(job, run_dir: Path, models: tuple[str, ...]) -> None:
+    """Wait (while the job runs) until every model has reported an epoch, so each has a
+    checkpoint to resume from: on a loaded machine the faster model could end all its epochs
+    while the slower one had none, and the second start would then resume nothing."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and job.poll() is None:
+        if all(epochs_by_model(run_dir).get(m) for m in models):
+            return
+        time.sleep(0.02)
+
+
 def test_a_killed_keras_job_resumes_with_no_epoch_lost_and_the_same_losses(tmp_path):
     """Two Keras models (one with dropout), each on a stream of its own (baseline): `fleet run`
     killed with SIGKILL mid-run, then the same command again: every epoch trained once, and
@@ -208,6 +220,7 @@ def test_a_killed_keras_job_resumes_with_no_epoch_lost_and_the_same_losses(tmp_p
                                cwd=REPO, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, env=mpi_env())
     try:
         wait_for_epochs(job, run_dir, 3, "it could be killed")
+        wait_until_each_model_saved_an_epoch(job, run_dir, ("x", "y"))
     finally:
         kill_job(job)
     saved = {m: json.loads(path.read_text())["epochs"] if path.exists() else 0  # 0: killed before its first save
