@@ -197,15 +197,17 @@ class Driver:
 
     def rate_measured(self, model: str, samples_per_s: float) -> None:
         """A running model trained at `samples_per_s` over its last epoch, on its GPUs now."""
+        if self.adapter is None:
+            return  # every epoch of every simulation passes here: nothing to look up without one
         gpus = len(self.ledger.model(model).gpus)
-        if self.adapter is not None and gpus:
+        if gpus:
             self.adapter.observe(model, gpus, samples_per_s)
 
     def checkpointed(self, model: str, epochs: int) -> None:
         """A model's checkpoint is done: it is paused (held at a rung, or stopped, where early
         stopping decided so meanwhile) and its GPUs are free."""
         self.ledger.epoch_done(model, epochs)
-        state, promoted = self.rungs.checkpointed_state(model) if self.rungs is not None else (ModelState.PAUSED, False)
+        state, promoted = (ModelState.PAUSED, False) if self.rungs is None else self.rungs.checkpointed_state(model)
         gpus = self.ledger.release(model, state)
         if promoted:  # it was held at its rung, and the rung filled meanwhile
             self._later.append(ModelPromoted(model, self.world.now()))
