@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleet.report.results import ModelResult, leaderboard_rows
+from fleet.report.results import ModelResult, leaderboard_rows, model_end
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ document.querySelectorAll('#leaderboard th').forEach(function (th, column) {
 });
 """
 
-LEADERBOARD = ("rank", "model", "family", "metric", "best", "at epoch", "epochs", "state", "parameters", "GPU-s")
+LEADERBOARD = ("rank", "model", "family", "metric", "best", "at epoch", "epochs", "end", "parameters", "GPU-s")
 
 
 def _cell(value: object, numeric: bool = False, key: object = None) -> str:
@@ -70,10 +70,9 @@ def leaderboard_table(models: Sequence[ModelResult]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in LEADERBOARD)
     rows = []
     for rank, m in enumerate(leaderboard_rows(list(models)), start=1):
-        state = f"converged ({m.stop_reason})" if m.converged else "not converged"
         cells = [_cell(rank, True), _cell(m.id), _cell(m.family), _cell(m.metric),
                  _cell(_number(m.best_metric), True, "" if m.best_metric is None else m.best_metric),
-                 _cell(m.best_epoch, True), _cell(m.epochs, True), _cell(state), _cell(f"{m.parameters:,}", True, m.parameters),
+                 _cell(m.best_epoch, True), _cell(m.epochs, True), _cell(model_end(m)), _cell(f"{m.parameters:,}", True, m.parameters),
                  _cell(f"{m.gpu_seconds:,.1f}", True, m.gpu_seconds)]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'

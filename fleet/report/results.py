@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fleet.atomic import atomic_write_json, atomic_write_text
+
+EARLY_STOP_REASON = "early_stop"
+"""A model's ``stop_reason`` (and its ``converged`` event's ``reason``) when early stopping stopped it."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class ModelResult:
     final_train_loss: float | None
     gpu_seconds: float
     history: list[dict] = field(default_factory=list)  # per epoch: epoch, train_loss, val_loss, val_accuracy, ...
+    rung: int | None = None  # the rung (its index among the model's rungs, from 0) where early stopping stopped it
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,42 @@ class RunResult:
     chunks_in_shared_memory: int = 0  # chunks whose root master read them in place (fleet.runtime.data.shm)
     interrupted: bool = False  # stopped by the checkpoint signal; run again to resume
     policy_choice: dict = field(default_factory=dict)  # policy auto: chosen, predicted_makespan_s per candidate
+    early_stop: dict = field(default_factory=dict)  # the run's early-stopping setting; {} without early stopping
+
+    @classmethod
+    def from_dict(cls, doc: Mapping) -> RunResult:
+        """The run a ``results.json`` document holds; fields an older fleet did not write take
+        their defaults, fields this fleet does not know are ignored."""
+        models = [ModelResult(**_known(ModelResult, m)) for m in doc.get("models", ())]
+        return cls(**{**_known(cls, doc), "models": models})
+
+
+def _known(kind: type, doc: Mapping) -> dict:
+    names = {f.name for f in fields(kind)}
+    return {k: v for k, v in doc.items() if k in names}
+
+
+def read_results(run_dir: str | os.PathLike) -> RunResult:
+    """`run_dir`'s ``results.json`` read back (older files included).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON.
+    """
+    return RunResult.from_dict(json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8")))
+
+
+def model_end(model: ModelResult) -> str:
+    """How `model`'s training ended, for people: ``converged (patience)``, ``stopped at rung 2
+    (3 epochs)`` (rungs counted from 1), ``diverged`` or ``not finished``."""
+    if model.stop_reason == "diverged":
+        return "diverged"
+    if model.stop_reason == EARLY_STOP_REASON or model.rung is not None:
+        where = f"at rung {model.rung + 1}" if model.rung is not None else "early"
+        return f"stopped {where} ({model.epochs} epoch{'' if model.epochs == 1 else 's'})"
+    if model.converged:
+        return f"converged ({model.stop_reason})" if model.stop_reason else "converged"
+    return "not finished"
 
 
 def _finite(value: float | None) -> float | None:
@@ -61,8 +103,8 @@ def leaderboard_rows(models: list[ModelResult]) -> list[ModelResult]:
 
 LEADERBOARD_COLUMNS = (
     "rank", "id", "family", "metric", "best_metric", "best_epoch", "best_val_accuracy",
-    "epochs", "converged", "stop_reason", "final_train_loss", "parameters", "gpu_seconds",
-)
+    "epochs", "converged", "stop_reason", "final_train_loss", "parameters", "gpu_seconds", "end",
+)  # scripts read these by name: a new column goes last
 
 
 def leaderboard_csv(models: list[ModelResult]) -> str:
@@ -70,7 +112,7 @@ def leaderboard_csv(models: list[ModelResult]) -> str:
     writer = csv.DictWriter(out, fieldnames=LEADERBOARD_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for rank, model in enumerate(leaderboard_rows(models), start=1):
-        writer.writerow({"rank": rank, **asdict(model)})
+        writer.writerow({"rank": rank, **asdict(model), "end": model_end(model)})
     return out.getvalue()
 
 
