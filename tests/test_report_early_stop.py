@@ -87,13 +87,20 @@ SPEC = {
 }
 
 
-def event(kind: str, at: float, **fields) -> dict:
-    return {"event": kind, "time": 1000.0 + at, **fields}
+def event(kind: str, when: float, **fields) -> dict:
+    """A record of events.jsonl, `when` seconds after the run started."""
+    return {"event": kind, "time": 1000.0 + when, **fields}
 
 
 def epoch(at: float, model: str, number: int, accuracy: float) -> dict:
     return event("epoch", at, model=model, epoch=number, train_loss=1.0 / number, val_accuracy=accuracy,
                  val_loss=1.0 - accuracy, samples=10, epoch_s=1.0, samples_per_s=10.0, stream_samples_per_s=10.0)
+
+
+def rung(when: float, model: str, epochs: int, index: int, verdict: str, seq: int) -> dict:
+    """A rung decision as events.jsonl has it (rungs.jsonl: the same fields but ``event`` and ``time``)."""
+    return event("rung", when, model=model, rung=epochs, index=index, verdict=verdict, metric=-0.5, cutoff=None,
+                 bracket=0, seq=seq, at=when)
 
 
 def test_standings_take_the_rung_from_an_early_stopped_models_converged_event():
