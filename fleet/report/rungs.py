@@ -67,10 +67,12 @@ def planned_rungs(setting: Mapping) -> tuple[int, ...]:
     return rung_epochs(checked.min_epochs, checked.reduction, checked.max_epochs)
 
 
-def standing_verdicts(records: Iterable[Mapping]) -> dict[int, dict[str, str]]:
-    """Per rung (epochs): each model's standing verdict there (its last)."""
-    rungs: dict[int, dict[str, str]] = {}
+def rung_arrivals(records: Iterable[Mapping]) -> dict[int, list[float]]:
+    """Per rung (epochs, ascending): when each model reached it (its first decision there's
+    ``at``, seconds since the run's start), ascending; records without ``at`` are left out."""
+    first: dict[int, dict[str, float]] = {}
     for record in records:
-        if isinstance(record.get("rung"), int):
-            rungs.setdefault(record["rung"], {})[str(record.get("model"))] = str(record.get("verdict"))
-    return rungs
+        rung, at = record.get("rung"), record.get("at")
+        if isinstance(rung, int) and isinstance(at, (int, float)):
+            first.setdefault(rung, {}).setdefault(str(record.get("model")), float(at))
+    return {rung: sorted(first[rung].values()) for rung in sorted(first)}
