@@ -19,8 +19,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Write RUN_DIR/report.html (one self-contained page; its PNGs also under RUN_DIR/report/): "
         "the sortable leaderboard, learning curves per model and by family, the Gantt of what really ran "
         "where beside the plan predicted from profile.json, GPU use over time, decoded samples against a "
-        "pipeline per model, and the predicted against the measured makespan. Works on a finished, an "
-        "interrupted and a running job.",
+        "pipeline per model, and the predicted against the measured makespan; with early stopping, the models "
+        "per rung over time, the learning curves with the stops marked and the model-epochs saved. Works on a "
+        "finished, an interrupted and a running job.",
     )
     parser.add_argument("run_dir", help="the run directory (runs/NAME)")
     parser.set_defaults(func=run)

@@ -17,9 +17,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "status",
         help="what a job in a run directory is doing now",
-        description="Each model's state (waiting, training on which GPUs, checkpointed, converged), epoch and "
-        "best validation accuracy, and the job's progress, read from the run directory alone: it works on a "
-        "batch job running on other nodes, a finished one and an interrupted one.",
+        description="Each model's state (waiting, training on which GPUs, checkpointed, converged; with early "
+        "stopping, held at or stopped at a rung), epoch and best validation accuracy, the job's progress and, "
+        "with early stopping, how its rungs fill, read from the run directory alone: it works on a batch job "
+        "running on other nodes, a finished one and an interrupted one.",
     )
     parser.add_argument("run_dir", help="the run directory (runs/NAME)")
     parser.add_argument("--watch", nargs="?", type=positive_int, const=5, metavar="SECONDS",

@@ -74,12 +74,23 @@ def read_results(run_dir: str | os.PathLike) -> RunResult:
     return RunResult.from_dict(json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8")))
 
 
+def stopped_early(model: ModelResult) -> bool:
+    """Whether early stopping stopped `model` at a rung (not its own stop rule)."""
+    return model.stop_reason == EARLY_STOP_REASON or model.rung is not None
+
+
+def epochs_saved(models: list[ModelResult], max_epochs: Mapping[str, int]) -> int:
+    """Model-epochs early stopping saved at most: each stopped model's ``max_epochs`` (its
+    spec's) less the epochs it trained; its own stop rule might have ended it sooner."""
+    return sum(max(max_epochs.get(m.id, m.epochs) - m.epochs, 0) for m in models if stopped_early(m))
+
+
 def model_end(model: ModelResult) -> str:
     """How `model`'s training ended, for people: ``converged (patience)``, ``stopped at rung 2
     (3 epochs)`` (rungs counted from 1), ``diverged`` or ``not finished``."""
     if model.stop_reason == "diverged":
         return "diverged"
-    if model.stop_reason == EARLY_STOP_REASON or model.rung is not None:
+    if stopped_early(model):
         where = f"at rung {model.rung + 1}" if model.rung is not None else "early"
         return f"stopped {where} ({model.epochs} epoch{'' if model.epochs == 1 else 's'})"
     if model.converged:

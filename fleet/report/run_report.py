@@ -1,8 +1,10 @@
 """`write_report`: ``report.html`` and its PNGs (under ``report/``) for a run directory.
 
 Everything comes from the run directory: ``events.jsonl`` (what ran where and when, every
-epoch), ``spec.yaml`` (the models) and, when the caller planned it from ``profile.json``, the
-predicted plan. It works the same on a finished, an interrupted and a running job.
+epoch, every rung decision), ``spec.yaml`` (the models) and, when the caller planned it from
+``profile.json``, the predicted plan. It works the same on a finished, an interrupted and a
+running job. A run with early stopping gets a section more: the rung chart, the learning
+curves with the stops marked, and the model-epochs early stopping saved.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.atomic import atomic_write_text
-from fleet.report import html_page, run_charts
+from fleet.report import html_page, rung_charts, run_charts
 from fleet.report.gantt import write_gantt
 from fleet.report.gpu_use import CATEGORIES, gpu_seconds
 from fleet.report.html_page import Figure
-from fleet.report.results import ModelResult
+from fleet.report.results import ModelResult, epochs_saved, stopped_early
+from fleet.report.rungs import early_stop_setting, has_early_stop, rung_arrivals, rung_records
 from fleet.report.run_story import RunStory, tell_story
 from fleet.report.standings import standings
 from fleet.report.table import format_duration
@@ -61,6 +64,11 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
         (f"{slot} use", html_page.figure(figures[4]) + html_page.key_values(_use_rows(story))),
         ("decoding", html_page.figure(figures[5])),
     ]
+    if has_early_stop(events):  # without it, the page is as it was
+        stops = _draw_early_stop(run_dir, events, models)
+        rows = html_page.key_values(_early_stop_rows(spec, events, models))
+        sections.insert(3, ("early stopping", rows + "".join(html_page.figure(f) for f in stops)))
+        figures += stops
     text = html_page.page(f"fleet: {spec.name}", sections,
                           "Written by `fleet report` from the run directory alone; run it again for a fresh view.")
     path = run_dir / "report.html"
@@ -84,12 +92,39 @@ def _draw(run_dir: Path, spec, story: RunStory, models: list[ModelResult], predi
         ("training samples decoded: fleet against a pipeline per model", "decoded.png",
          lambda p: run_charts.write_decoded(story.decoded, _per_model_samples(models), p)),
     ]
-    figures = []
-    for caption, name, draw in drawers:
-        target = folder / name
-        draw(str(target))
-        figures.append(Figure(caption, f"{FIGURES_DIR}/{name}", target.read_bytes()))
-    return figures
+    return [_drawn(folder, caption, name, draw) for caption, name, draw in drawers]
+
+
+def _drawn(folder: Path, caption: str, name: str, draw) -> Figure:
+    """`draw(path)` into `folder`/`name`, and the figure the page shows."""
+    target = folder / name
+    draw(str(target))
+    return Figure(caption, f"{FIGURES_DIR}/{name}", target.read_bytes())
+
+
+def _draw_early_stop(run_dir: Path, events: Sequence[Mapping], models: list[ModelResult]) -> list[Figure]:
+    arrivals = rung_arrivals(rung_records(events))
+    folder = run_dir / FIGURES_DIR
+    return [
+        _drawn(folder, "models per rung over time: those that reached each rung", "rungs.png",
+               lambda p: rung_charts.write_rung_chart(arrivals, p)),
+        _drawn(folder, "validation accuracy per epoch; x: where early stopping stopped a model", "curves-stopped.png",
+               lambda p: rung_charts.write_stopped_curves(models, p)),
+    ]
+
+
+def _early_stop_rows(spec, events: Sequence[Mapping], models: list[ModelResult]) -> list[tuple[str, str]]:
+    """The method, the models it stopped, and the model-epochs trained and saved."""
+    setting = early_stop_setting(events)
+    knobs = ", ".join(f"{k} {v}" for k, v in setting.items() if k != "method" and v is not None)
+    method = f"{setting['method']} ({knobs})" if setting else "none recorded in run_start; rung decisions recorded"
+    saved = epochs_saved(models, {m.id: m.train.max_epochs for m in spec.models})
+    return [
+        ("method", method),
+        ("stopped", f"{sum(stopped_early(m) for m in models)} of {len(models)} models, at a rung"),
+        ("model-epochs", f"model-epochs trained: {sum(m.epochs for m in models)}; "
+                         f"saved by early stopping: at most {saved}"),
+    ]
 
 
 def _planned(prediction: Prediction | None, path: str) -> None:
