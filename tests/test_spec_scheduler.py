@@ -191,14 +191,15 @@ def test_the_python_api_takes_early_stop_too():
     assert EarlyStopSpec(method="sha", reduction=2).settings(8) == EarlyStopSettings("sha", 8, reduction=2)
 
 
-def test_a_run_refuses_early_stopping_until_runs_carry_it_out(tmp_path, fleet_cli):
-    """The spec takes `scheduler.early_stop` (fleet validate shows it), but a run does not
-    stop models at rungs yet: it says so in one line instead of training every model to its end."""
+def test_the_local_reference_run_refuses_early_stopping_in_one_line(tmp_path, fleet_cli):
+    """`fleet run --local` trains every model to its end, one after another (the reference the
+    MPI runtime is checked against): asked to stop models at rungs, it says so in one line
+    instead of silently training them all."""
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(doc(early_stop="asha")))
-    done = fleet_cli("run", str(spec), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    done = fleet_cli("run", str(spec), "--local", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
-        "fleet run: error: scheduler.early_stop: method asha is not carried out by runs yet (the rung rules and the "
-        "spec are in place; the driver and the runtime follow): remove it to train"]
+        "fleet run: error: scheduler.early_stop: fleet run --local trains every model to its end, one after another "
+        "(the reference); early stopping needs the MPI run (leave out --local)"]
     assert fleet_cli("validate", str(spec), cwd=tmp_path).returncode == 0

@@ -12,13 +12,14 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.commands._watch import finish, start_timeout
 from fleet.report.results import leaderboard_rows, write_results
 from fleet.runlock import RunLock
-from fleet.runtime.control.setup import check_early_stop_runs, check_partitions
+from fleet.runtime.control.rungs import check_recorded_setting
+from fleet.runtime.control.setup import check_partitions
 from fleet.runtime.events import EventLog, read_events
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, ranks_per_node, start_here
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.local import train_local
-from fleet.spec import load_spec
+from fleet.spec import SpecError, load_spec
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -38,10 +39,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, run_dir=args.run_dir)
-    check_early_stop_runs(spec)
     check_partitions(spec)
+    check_recorded_setting(spec.run_dir, spec.early_stop_settings())
     RunLock(spec.run_dir, "fleet run").check_free()
     if args.local:
+        if spec.early_stop_settings().method != "none":
+            raise SpecError("scheduler.early_stop: fleet run --local trains every model to its end, one after "
+                            "another (the reference); early stopping needs the MPI run (leave out --local)")
         return run_local(spec, args)
     check_collective(spec, args.device)
     ranks = spec.cluster.nodes * ranks_per_node(spec)

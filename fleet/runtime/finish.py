@@ -78,10 +78,11 @@ def print_leaderboard_top(run_dir: Path, count: int = 5) -> None:
     if not rows:
         return
     shown = [(r["rank"], r["id"], r["family"],
-              f"{r['metric']} {float(r['best_metric']):.4f}" if r["best_metric"] else "-", r["best_epoch"], r["epochs"])
+              f"{r['metric']} {float(r['best_metric']):.4f}" if r["best_metric"] else "-", r["best_epoch"], r["epochs"],
+              r.get("end") or "-")
              for r in rows[:count]]
     print(f"fleet: the best {len(shown)} of {len(rows)} models (all of them: {path}; status: fleet status {run_dir})\n"
-          + format_table(("rank", "model", "family", "best", "at epoch", "epochs"), shown), flush=True)
+          + format_table(("rank", "model", "family", "best", "at epoch", "epochs", "end"), shown), flush=True)
 
 
 def _record_report_seconds(path: Path, seconds: float) -> None:

@@ -86,6 +86,7 @@ class StartMember:
     round: int
     resume: bool
     epoch_limit: int | None = None  # emulated device: converge after this many epochs
+    next_stop: int | None = None  # early stopping: after this epoch the master waits for a `RungVerdict`
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,17 @@ class CheckpointModel:
     """Master: checkpoint `model` at the next step boundary and leave the stream."""
 
     model: str
+
+
+@dataclass(frozen=True)
+class RungVerdict:
+    """Master of `model`, waiting at the rung it reached (early stopping): train on
+    (`go_on`, waiting next after epoch `next_stop`, None: never), or end here (stopped). A
+    hold at the rung comes as a `CheckpointModel` instead."""
+
+    model: str
+    go_on: bool
+    next_stop: int | None = None
 
 
 @dataclass(frozen=True)

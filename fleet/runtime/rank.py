@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
-from fleet.runtime.control.setup import (check_early_stop_runs, check_partitions, epoch_limits, plan_run, policy_for,
+from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for,
                                          prepare_run_dir, rates_decision, switch_candidates, write_run)
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.data.preprocessor import PreprocessorLoop
@@ -87,7 +87,6 @@ def start(world: Any, who: RankIdentity, options: TrainOptions, started: dict) -
         SpecError, TopologyError, LaunchMismatch, SameOnEveryRank: what every rank meets alike.
     """
     spec = load_spec(options.spec_path, run_dir=options.run_dir)
-    check_early_stop_runs(spec)
     partitions = check_partitions(spec)
     if options.device:
         spec = with_device(spec, options.device)
@@ -380,7 +379,8 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         console.banner(f"policy auto: {plan.choice.describe()}")
     log.write("run_start", startup_s=startup_s, policy=plan.policy_name, gpus=spec.cluster.gpus, ranks=ctx.world.size,
               models=len(spec.models), resumed=plan.resumed, already_converged=plan.already_converged,
-              rates=plan.rates_source, device=spec.cluster.device.value, collective=collective)
+              rates=plan.rates_source, device=spec.cluster.device.value, collective=collective,
+              early_stop=asdict(plan.early.settings) if plan.early else None)
     console.banner(
         f"fleet: {spec.name}: {len(plan.ledger.views)} of {len(spec.models)} models to train with "
         f"{plan.policy_name} on {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} "
@@ -393,7 +393,8 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     rechoose = (lambda current, view, costs, going_on: reconsider(current, view, named, costs, candidates,
                                                                  current_s=going_on)) if candidates else None
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
-                              make_policy=lambda: named(plan.policy_name), reconsider=rechoose, policy_named=named)
+                              make_policy=lambda: named(plan.policy_name), reconsider=rechoose, policy_named=named,
+                              early=plan.early)
     coordinator.run()
     makespan = time.monotonic() - started
     result = write_run(spec, run_dir, coordinator, makespan, startup_s, plan)

@@ -81,6 +81,12 @@ def stream_partition(plan: StreamPlan, partitions: Partitions | None) -> int | N
     return partitions.of_gpu(plan.members[0].gpus[0])
 
 
+def _first_state(model: str, paused: set[str], held: set[str]) -> ModelState:
+    if model in held:
+        return ModelState.HELD
+    return ModelState.PAUSED if model in paused else ModelState.PENDING
+
+
 class Ledger:
     """Mutable books of one run; see the module docstring."""
 
@@ -95,13 +101,14 @@ class Ledger:
         decode_rate: float | None = None,
         partitions: Partitions | None = None,
         visited: Mapping[str, Iterable[int]] | None = None,
+        held: Iterable[str] = (),
     ):
         self._rates, self.total_gpus, self.gpus_per_node = rates, total_gpus, gpus_per_node
         self.decode_rate, self.partitions = decode_rate, partitions
         done, seen = epochs_done or {}, visited or {}
-        paused = set(paused)
+        paused, held = set(paused), set(held)
         self.views = [
-            ModelView(p.id, ModelState.PAUSED if p.id in paused else ModelState.PENDING, done.get(p.id, 0), float(e),
+            ModelView(p.id, _first_state(p.id, paused, held), done.get(p.id, 0), float(e),
                       visited=tuple(sorted(set(seen.get(p.id, ())))))
             for p, e in zip(rates.models, epochs_estimate)
         ]

@@ -52,9 +52,14 @@ class RungKeeper:
             self.next_stop(view.id)
 
     def epoch(self, model: str, epoch: int, metric: float | None) -> dict[str, Verdict]:
-        """`model` completed `epoch` with `metric` (lower is better): the verdicts it brings."""
+        """`model` completed `epoch` with `metric` (lower is better): the verdicts it brings. A
+        model at its rung gets one, ``CONTINUE`` where nothing was decided about it (``median``
+        with too few models): the runtime's master waits there for its verdict."""
+        at_rung = self.ledger.model(model).next_stop == epoch
         verdicts = self._decided(self.early.epoch_ended(model, epoch, metric))
         self.next_stop(model)
+        if at_rung:
+            verdicts.setdefault(model, Verdict.CONTINUE)
         return verdicts
 
     def ended(self, model: str, epochs: int) -> dict[str, Verdict]:

@@ -24,6 +24,7 @@ class ModelRecord:
     converged: bool = False
     stop_reason: str | None = None
     gpu_seconds: float = 0.0
+    rung: int | None = None  # early stopping stopped it at this rung (its index among the model's rungs)
 
 
 class RunAccount:
@@ -68,6 +69,11 @@ class RunAccount:
         self._count_start(report.start_s)
         if not report.converged:
             record.epochs = report.epochs
+
+    def stopped(self, model: str, rung: int, reason: str) -> None:
+        """Early stopping ended `model` at its rung of index `rung` (`reason`: the stop reason)."""
+        record = self.records[model]
+        record.converged, record.stop_reason, record.rung = True, reason, rung
 
     def count_checkpoint(self, seconds: float, group_size: int) -> None:
         self.checkpoint_s += seconds

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.membership import Membership
+from fleet.runtime.control.rungs import EARLY_STOP, RungLog
 from fleet.runtime.control.tuning import AdaptLog
 from fleet.runtime.control.visits import VisitLog
 from fleet.runtime.events import EventLog
@@ -31,6 +33,7 @@ from fleet.runtime.protocol import (
     MemberLeft,
     Paused,
     Progress,
+    RungVerdict,
     Shutdown,
     StreamDone,
     Tag,
@@ -42,7 +45,22 @@ from fleet.schedule.adapting import Adapter, PolicyReconsider, RateTuner
 from fleet.schedule.choice import PolicySwitch
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
+from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
 from fleet.schedule.ledger import Ledger
+
+
+@dataclass(frozen=True)
+class EarlyStopped:
+    """A report made on rank 0: early stopping stopped `model` after `epochs` (the driver hears
+    it once the decision that stopped it is carried out)."""
+
+    model: str
+    epochs: int
+    samples_per_s: float
+
+
+def epochs_text(count: int) -> str:
+    return f"{count} epoch" if count == 1 else f"{count} epochs"
 
 
 class Coordinator:
@@ -52,7 +70,7 @@ class Coordinator:
     def __init__(self, ctx: RunContext, policy: Policy, ledger: Ledger, records: dict[str, ModelRecord],
                  log: EventLog, console: Console, make_policy: Callable[[], Policy] | None = None,
                  reconsider: Callable[[str, ClusterView, Overheads, float | None], PolicySwitch | None] | None = None,
-                 policy_named: Callable[[str], Policy] | None = None):
+                 policy_named: Callable[[str], Policy] | None = None, early: EarlyStopping | None = None):
         self.ctx, self.ledger, self.log, self.console = ctx, ledger, log, console
         self.started = time.monotonic()
         self.account = RunAccount(records)
@@ -62,7 +80,8 @@ class Coordinator:
         # policy auto, re-deciding on measured rates: the rule, and the policy of a name (given together)
         auto = PolicyReconsider(reconsider, policy_named, ledger.rates) if reconsider is not None else None
         self.adapter = Adapter(tuner, auto)
-        self.driver = Driver(policy, ledger, self, self.adapter)
+        self.rung_log = RungLog(ctx.run_dir, early) if early is not None else None
+        self.driver = Driver(policy, ledger, self, self.adapter, early)
         self.last_keepalive = time.monotonic()
         self.checkpoint_signal = ctx.checkpoint_signal
         self.board: ScalarBoard | None = ScalarBoard(Path(ctx.run_dir) / "tensorboard")
@@ -154,6 +173,8 @@ class Coordinator:
             self.membership.on_stream_done(report)
         elif isinstance(report, EndNeeded):
             self.membership.on_end_needed(report)
+        elif isinstance(report, EarlyStopped):
+            self.driver.stopped(report.model, report.epochs, report.samples_per_s)
         elif not isinstance(report, Progress):  # a heartbeat: receiving it reset the deadline
             raise TypeError(f"coordinator got an unexpected report {report!r}")
 
@@ -235,6 +256,31 @@ class Coordinator:
 
     def checkpoint(self, model: str) -> None:
         self.membership.checkpoint(model)
+
+    def record_rungs(self, decisions: Sequence[RungDecision]) -> None:
+        """Each decision in rungs.jsonl (synced) and events.jsonl; a stopped model's end in
+        its record (whether it was running, checkpointing or held at its rung)."""
+        for record in self.rung_log.append(decisions, self.now()):
+            self.log.write("rung", **record)
+            rung = f"rung {record['index'] + 1} ({epochs_text(record['rung'])})"
+            self.console.left(record["model"], f"{rung}: {record['verdict']}")
+            if record["verdict"] == Verdict.STOPPED.value:
+                self.account.stopped(record["model"], record["index"], EARLY_STOP)
+                self.log.write("converged", model=record["model"], epochs=record["rung"], reason=EARLY_STOP,
+                               rung=record["index"])
+                self.console.left(record["model"], f"stopped at {rung} (early stopping)")
+
+    def stop(self, model: str) -> None:
+        """Early stopping stopped `model` at the rung its master waits at: it ends there (its
+        epoch's checkpoint is its last) and its GPUs are free once the driver hears so, next."""
+        view = self.ledger.model(model)
+        self.membership.verdict(model, RungVerdict(model, go_on=False))
+        self.membership.leave(view.stream, model)
+        rate = self.ledger.rates.rate(model, max(1, len(view.gpus)))
+        self.membership.local_reports.append(EarlyStopped(model, view.epochs_done, rate))
+
+    def rung_passed(self, model: str) -> None:
+        self.membership.verdict(model, RungVerdict(model, go_on=True, next_stop=self.ledger.model(model).next_stop))
 
     def launch(self, launches: Sequence[Launch], new_round: bool, planning_s: float) -> None:
         if new_round:

@@ -34,6 +34,7 @@ from fleet.runtime.protocol import (
     Pause,
     Paused,
     Regroup,
+    RungVerdict,
     StreamDone,
     StreamLayout,
     Tag,
@@ -110,6 +111,12 @@ class Membership:
             return
         self.send(CheckpointModel(model), live.groups[model].ranks[0], Tag.TRAINER)
         self.leave(live.layout.stream, model)
+
+    def verdict(self, model: str, verdict: RungVerdict) -> None:
+        """Early stopping's verdict to the master of `model`, which waits at its rung."""
+        live = self.books.holding(model)
+        if live is not None and model in live.groups:
+            self.send(verdict, live.groups[model].ranks[0], Tag.TRAINER)
 
     def leave(self, stream_id: int | None, model: str) -> None:
         """`model`'s group leaves its stream at the next regroup (converged or checkpointing)."""

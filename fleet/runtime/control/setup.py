@@ -9,7 +9,7 @@ PAUSED with their epochs).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,12 @@ from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
 from fleet.report.results import ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import emulated_epochs, estimated_profile, load_run_profile
+from fleet.runtime.control.rungs import EARLY_STOP, ResumedRungs, start_early_stopping
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, PolicySwitch, choose_policy, switch_targets
+from fleet.schedule.early_stop import EarlyStopping, Verdict
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
@@ -48,6 +50,7 @@ class RunPlan:
     already_converged: list[str]
     choice: PolicyChoice | None = None  # policy auto: what it chose and why
     policy_name: str = ""
+    early: EarlyStopping | None = None  # early stopping across models, restored from the run directory
 
     def choice_record(self, switches: Sequence[PolicySwitch] = ()) -> dict:
         """What results.json says of `policy: auto`'s choice ({} for a policy the spec named),
@@ -188,20 +191,6 @@ def check_partitions(spec: Spec) -> Partitions | None:
     return job_partitions(spec.data, spec.cluster.nodes, spec.cluster.gpus_per_node)
 
 
-def check_early_stop_runs(spec: Spec) -> None:
-    """Refuse a run whose spec asks for early stopping across models, which runs do not carry
-    out yet (one line, exit 2, before any work): better than training every model to its end
-    as if it had not been asked.
-
-    Raises:
-        SpecError: `scheduler.early_stop` names a method other than ``none``.
-    """
-    method = spec.early_stop_settings().method
-    if method != "none":
-        raise SpecError(f"scheduler.early_stop: method {method} is not carried out by runs yet (the rung rules "
-                        "and the spec are in place; the driver and the runtime follow): remove it to train")
-
-
 def policy_for(spec: Spec, name: str | None = None) -> Policy:
     """Policy `name` (by default the spec's), with the spec's options where it is the spec's
     own (see `SchedulerSpec.create_policy`)."""
@@ -253,32 +242,60 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     rates, source = rate_table(spec, run_dir, samples_per_epoch)
     store = CheckpointStore(run_dir)
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
+    records = {m.id: ModelRecord(family=m.family) for m in spec.models}
+    for failure in rates.extra.get("failures", []):
+        if failure.get("id") in records and failure["id"] not in set(rates.ids):
+            records[failure["id"]].stop_reason = f"not trained: profiling failed ({failure.get('reason')})"
+    visited = _load_checkpoints(store, [i for i, info in infos.items() if info], records)
     converged = [i for i, info in infos.items() if info and info.get("converged")]
+    rungs = _early_stopping(spec, run_dir, records, converged)
+    converged += [m.id for m in spec.models if rungs and m.id in rungs.stopped and m.id not in converged]
     remaining = [p for p in rates.models if p.id in {m.id for m in spec.models} and p.id not in converged]
     todo = rates.subset([p.id for p in remaining])
     resumed = [p.id for p in remaining if infos.get(p.id)]
     epochs_done = {i: int(infos[i]["epochs"]) for i in resumed}
-    records = {m.id: ModelRecord(family=m.family) for m in spec.models}
+
+    decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
+    estimates = epochs_estimate(todo, spec)
+    ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node, epochs_done, paused=resumed,
+                    decode_rate=decode_rate, partitions=partitions, visited=visited,
+                    held=rungs.held if rungs else ())
+    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger)
+    candidates = HOPPING_POLICIES if partitions is not None else CANDIDATES
+    name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
+    return RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
+                   rungs.early if rungs else None)
+
+
+def _load_checkpoints(store: CheckpointStore, models: list[str], records: dict[str, ModelRecord]) -> dict:
+    """Each checkpointed model's record from its latest checkpoint; returns the partitions each
+    visited in its epoch (partitioned data)."""
     visited: dict[str, tuple[int, ...]] = {}
-    for failure in rates.extra.get("failures", []):
-        if failure.get("id") in records and failure["id"] not in set(rates.ids):
-            records[failure["id"]].stop_reason = f"not trained: profiling failed ({failure.get('reason')})"
-    for model_id in converged + resumed:
+    for model_id in models:
         checkpoint = store.load(model_id)
         record = records[model_id]
         record.epochs, record.history = checkpoint.epochs, list(checkpoint.history)
         record.converged, record.stop_reason = checkpoint.converged, checkpoint.stop_reason
         record.gpu_seconds = checkpoint.gpu_seconds
         visited[model_id] = tuple(int(k) for k in checkpoint.meta.get("visited", ()))
+    return visited
 
-    decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
-    estimates = epochs_estimate(todo, spec)
-    ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node,
-                    epochs_done, paused=resumed, decode_rate=decode_rate, partitions=partitions, visited=visited)
-    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger)
-    candidates = HOPPING_POLICIES if partitions is not None else CANDIDATES
-    name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
-    return RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name)
+
+def _early_stopping(spec: Spec, run_dir: Path, records: dict[str, ModelRecord],
+                    converged: list[str]) -> ResumedRungs | None:
+    """The run's early stopping, restored from the run directory (None without it); the models
+    it stopped are recorded as ended there."""
+    settings = spec.early_stop_settings()
+    metric = spec.models[0].train.stop.metric.value  # one metric for all (the spec's cross-checks)
+    curves = {m: r.history for m, r in records.items() if r.history}
+    ended = {m: records[m].epochs for m in converged}
+    rungs = start_early_stopping(run_dir, settings, [m.id for m in spec.models], metric, curves, ended)
+    for decision in rungs.early.decisions if rungs else ():
+        if decision.model in rungs.stopped and decision.verdict is Verdict.STOPPED:
+            record = records[decision.model]
+            record.converged, record.stop_reason = True, EARLY_STOP
+            record.rung = rungs.early.rungs(decision.model).index(decision.rung)
+    return rungs
 
 
 def epoch_limits(spec: Spec, rates: RateTable) -> dict[str, int]:
@@ -304,7 +321,7 @@ def model_result(model_id: str, record: ModelRecord, metric: str) -> ModelResult
         converged=record.converged, stop_reason=record.stop_reason, metric=metric, best_metric=best,
         best_epoch=best_epoch, best_val_accuracy=max(accuracies) if accuracies else None,
         final_train_loss=history[-1]["train_loss"] if history else None, gpu_seconds=record.gpu_seconds,
-        history=history,
+        history=history, rung=record.rung,
     )
 
 
@@ -325,6 +342,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         interrupted=coordinator.interrupted,
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
+        early_stop=asdict(plan.early.settings) if plan.early else {},
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
@@ -355,6 +373,8 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
             record.converged, record.stop_reason = event["stop_reason"] is not None, event["stop_reason"]
         elif event["event"] == "member_left":
             record.gpu_seconds, record.parameters = event["gpu_seconds"], event["parameters"]
+        elif event["event"] == "converged" and event.get("reason") == EARLY_STOP:
+            record.converged, record.stop_reason, record.rung = True, EARLY_STOP, event.get("rung")
     models = [model_result(m.id, records[m.id], m.train.stop.metric.value) for m in spec.models]
     result = RunResult(name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=0.0,
                        rounds=0, samples_decoded=0, overhead_s={}, models=models, interrupted=True)

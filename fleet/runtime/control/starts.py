@@ -85,7 +85,7 @@ class StreamStarter:
         resume = self.store.latest_info(group.model) is not None
         limit = self.ctx.epoch_limits.get(group.model)
         command = StartMember(group.model, group.uid, group.ranks, live.layout, live.source, first_chunk,
-                              self.ledger.round, resume, limit)
+                              self.ledger.round, resume, limit, self.ledger.model(group.model).next_stop)
         self.books.groups_open += 1
         for rank in group.ranks:
             self.send(command, rank, Tag.TRAINER)

@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 from fleet.runtime.context import RunContext
-from fleet.runtime.protocol import CheckpointModel, KeepAlive, Progress, Tag
-from fleet.runtime.waiting import send_object
+from fleet.runtime.protocol import CheckpointModel, KeepAlive, Progress, RungVerdict, Tag
+from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
 PROGRESS_EVERY_S = 10.0
 
@@ -15,8 +15,8 @@ PROGRESS_EVERY_S = 10.0
 class CoordinatorLink:
     """The commands a group's master polls between steps and the reports it sends rank 0.
 
-    A `CheckpointModel` of its model asks the group to leave; any other command but a
-    `KeepAlive` (the next `StartMember`, a `Shutdown`) is kept in `RunContext.pending` for the
+    A `CheckpointModel` of its model asks the group to leave; at a rung (early stopping) the
+    master waits for a `RungVerdict` (`await_verdict`); any other command but a `KeepAlive` (the next `StartMember`, a `Shutdown`) is kept in `RunContext.pending` for the
     trainer loop. Reports go on the REPORT tag: epoch reports, a progress report at most every
     `PROGRESS_EVERY_S` (a quarter of the timeout where that is shorter), a visit's end, a
     stream-end claim. Owned by the member's `GroupTraining`; used on the master only.
@@ -40,6 +40,30 @@ class CoordinatorLink:
             elif not isinstance(command, (KeepAlive, CheckpointModel)):
                 self.ctx.pending.append(command)
         return asked
+
+    def await_verdict(self, epoch: int) -> RungVerdict | None:
+        """Wait at the rung of `epoch` (early stopping) for the coordinator's verdict: the
+        `RungVerdict`, or None when a `CheckpointModel` came first (the model is held at the
+        rung, or its round ended): the group leaves. Keep-alives extend the wait."""
+        deadline = time.monotonic() + self.ctx.timeout_s
+        sleeps = IDLE.sleeps()
+        while True:
+            message = self.ctx.ctrl.improbe(source=0, tag=Tag.TRAINER)
+            if message is None and time.monotonic() > deadline:
+                raise WaitTimeout(f"timed out after {self.ctx.timeout_s:g} s waiting for the verdict on {self.model} "
+                                  f"at its rung of {epoch} epochs")
+            if message is None:
+                time.sleep(next(sleeps))
+                continue
+            command = message.recv()
+            if isinstance(command, RungVerdict) and command.model == self.model:
+                return command
+            if isinstance(command, CheckpointModel) and command.model == self.model:
+                return None
+            if isinstance(command, KeepAlive):
+                deadline = time.monotonic() + self.ctx.timeout_s
+            elif not isinstance(command, (CheckpointModel, RungVerdict)):
+                self.ctx.pending.append(command)
 
     def report(self, message: Any, what: str) -> None:
         """Send the coordinator `message` (`what` it is, for a wait that times out)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -171,6 +172,14 @@ def group_step(engine: Any, collective: Any, batch: Batch | None, count: int, to
     return loss_sum
 
 
+class EpochEnd(IntEnum):
+    """What a group does after an epoch (the master's decision, summed over the group)."""
+
+    GO_ON = 0
+    CONVERGED = 1  # its stop rule ended it, or early stopping stopped it at a rung
+    LEAVE = 2  # asked to checkpoint while it waited at a rung (held there, or its round ended)
+
+
 class GroupTraining:
     """One model trained by one group until it converges or is asked to leave; on partitioned
     data, for one visit (`Visit`): the member's stream thread, the steps, the epochs' ends
@@ -195,6 +204,7 @@ class GroupTraining:
         self.totals = resumed_totals(epoch_samples, self.is_master, self.checkpoints.resumed_sums, self.size)
         self.stop_requested = False
         self.link = CoordinatorLink(ctx, self.model.id)
+        self.next_stop = start.next_stop  # early stopping: the epochs after which to wait for a verdict
 
     # -- the stint ------------------------------------------------------------------------
 
@@ -278,11 +288,12 @@ class GroupTraining:
             if total > 0:
                 self._step(batch, count, total)
             done_this_epoch = done_this_epoch or not has_more
-            if more == 0 and self.visit is not None:
-                return bool(self.visit.end() and self._end_epoch())  # the model leaves (hops) unless it converged
+            if more == 0 and self.visit is not None:  # the model leaves (hops) unless it converged
+                return bool(self.visit.end() and self._end_epoch() is EpochEnd.CONVERGED)
             if more == 0:
-                if self._end_epoch():
-                    return True
+                end = self._end_epoch()
+                if end is not EpochEnd.GO_ON:
+                    return end is EpochEnd.CONVERGED
                 done_this_epoch = False
             elif self.is_master:
                 self.link.maybe_progress(self.tracker.epochs, self.totals.samples, self.totals.started)
@@ -313,8 +324,9 @@ class GroupTraining:
 
     # -- epochs ---------------------------------------------------------------------------
 
-    def _end_epoch(self) -> bool:
-        """Close the epoch on every trainer of the group; True when the model converged."""
+    def _end_epoch(self) -> EpochEnd:
+        """Close the epoch on every trainer of the group: the model goes on, converged (its stop
+        rule, or early stopping at a rung), or leaves (held at its rung: checkpointed)."""
         loss_sum, compute_s = self._group_epoch_sums()
         if self.size > 1:
             self._average_buffers()
@@ -327,13 +339,25 @@ class GroupTraining:
         decision = np.zeros(1)
         if self.is_master:
             reason = self._evaluate_and_report(train_loss, (compute_rate, consumed), samples, epoch_s, lr)
-            decision[0] = float(reason is not None)
+            decision[0] = float(EpochEnd.CONVERGED if reason is not None else self._at_rung())
         else:
             self.engine.end_epoch()
         if self.size > 1:
             self.collective.allreduce_sum(decision)
         self.totals = EpochTotals()
-        return decision[0] > 0
+        return EpochEnd(int(decision[0]))
+
+    def _at_rung(self) -> EpochEnd:
+        """Early stopping: at its next rung the master waits for the coordinator's verdict
+        (not on a visit of partitioned data: the model hops there anyway, and the verdict
+        takes effect at its checkpoint)."""
+        if self.next_stop is None or self.visit is not None or self.tracker.epochs < self.next_stop:
+            return EpochEnd.GO_ON
+        verdict = self.link.await_verdict(self.tracker.epochs)
+        if verdict is None:
+            return EpochEnd.LEAVE
+        self.next_stop = verdict.next_stop
+        return EpochEnd.GO_ON if verdict.go_on else EpochEnd.CONVERGED
 
     def _group_epoch_sums(self) -> tuple[float, float]:
         """The group's loss sum and mean compute seconds of the epoch so far (every member calls it)."""
