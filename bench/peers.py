@@ -58,6 +58,7 @@ Usage: .venv/bin/python bench/peers.py [--sweep 4] [--epochs 2] [--samples 3000]
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -162,9 +163,8 @@ def run_pool(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     """`--slots` long-lived plain-loop processes (`pool_driver`), started by a process of its
     own so that its interpreter and imports count as the others' do."""
     out = work / "pool.json"
-    command = [sys.executable, "-c", POOL_DRIVER, str(spec_path), str(args.slots), str(args.threads),
-               json.dumps(seeds), str(out)]
-    wall = run_to_end(command, "the pool", args.timeout, env=bench_env()).wall_s
+    wall = run_driver(POOL_DRIVER, [spec_path, args.slots, args.threads, json.dumps(seeds), out], "the pool",
+                      args.timeout)
     models = json.loads(out.read_text())
     busy = sum(model["seconds"] for model in models) / min(args.slots, len(models))
     return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models),
@@ -178,22 +178,34 @@ def bench_env() -> dict:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def ray_missing() -> bool:
-    """True (after a note on how to install it) when Ray cannot be imported."""
+def run_driver(code: str, arguments: list, what: str, timeout: float) -> float:
+    """The wall seconds of `python -c CODE ARGUMENTS` (a driver process that imports this
+    script's modules, `bench_env`) run to its end (`run_to_end`: a failure ends the bench)."""
+    command = [sys.executable, "-c", code, *map(str, arguments)]
+    return run_to_end(command, what, timeout, env=bench_env()).wall_s
+
+
+def peer_missing(module: str, install: str) -> bool:
+    """True (after a note on how to install it) when a peer's `module` cannot be imported;
+    `install` is what to give pip."""
     try:
-        import ray  # noqa: F401  (optional heavy dependency, this bench's only)
+        importlib.import_module(module)  # an optional heavy dependency, the benches' only
     except ImportError:
-        print("ray: not installed, skipped (install it with: .venv/bin/pip install 'ray[tune]')", flush=True)
+        print(f"{module}: not installed, skipped (install it with: .venv/bin/pip install {install})", flush=True)
         return True
     return False
+
+
+def ray_missing() -> bool:
+    """True (after a note on how to install it) when Ray cannot be imported."""
+    return peer_missing("ray", "'ray[tune]'")
 
 
 def run_ray(spec_path: Path, seeds: list[int], work: Path, args) -> Outcome:
     """Ray Tune in a process of its own (`ray_driver`), so its start-up counts as the others' does."""
     out = work / "tune.json"
-    command = [sys.executable, "-c", RAY_DRIVER, str(spec_path), str(args.slots), str(args.threads),
-               json.dumps(seeds), str(work), str(out)]
-    wall = run_to_end(command, "Ray Tune", args.timeout, env=bench_env()).wall_s
+    wall = run_driver(RAY_DRIVER, [spec_path, args.slots, args.threads, json.dumps(seeds), work, out], "Ray Tune",
+                      args.timeout)
     tune_run = json.loads(out.read_text())
     models = tune_run.pop("models")
     return Outcome(wall, sum(m["samples_decoded"] for m in models), mean_accuracy(models), tune_run)
@@ -294,18 +306,35 @@ def tune_trial(config: dict) -> None:
 def ray_driver() -> None:
     """`python -c RAY_DRIVER SPEC SLOTS THREADS SEEDS STORAGE OUT`: Ray Tune trains every model
     of SPEC, SLOTS trials at a time; OUT gets the trials' results and Ray's own seconds."""
-    import ray  # optional heavy dependency, this bench's only
-    from ray import tune
+    from ray import tune  # optional heavy dependency, this bench's only
 
     spec, slots, threads, seeds, storage, out = sys.argv[1:]
     seeds, slots = json.loads(seeds), int(slots)
-    started = time.perf_counter()
-    ray.init(num_cpus=slots)
-    init_s = time.perf_counter() - started
     space = {"spec": spec, "threads": int(threads), "seeds": seeds, "index": tune.grid_search(list(range(len(seeds))))}
-    tuner = tune.Tuner(tune.with_resources(tune_trial, {"cpu": 1}), param_space=space,
-                       tune_config=tune.TuneConfig(max_concurrent_trials=slots),
-                       run_config=tune.RunConfig(name="peers", storage_path=storage, verbose=0))
+    fitted = tune_fit(tune_trial, space, storage, "peers", slots=slots, cpus=slots, trial_cpus=1)
+    Path(out).write_text(json.dumps(fitted))
+
+
+def tune_fit(trainable, space: dict, storage: str, name: str, slots: int, cpus: int, trial_cpus: float,
+             scheduler=None) -> dict:
+    """Ray Tune in this process: `ray.init(num_cpus=cpus)`, then `trainable` over `space`, at
+    most `slots` trials at a time of `trial_cpus` CPUs each, under Tune's `scheduler` (None: its
+    default, first in first out); experiment `name` under `storage`.
+
+    Returns:
+        ``init_s`` and ``fit_s`` (ray.init's and Tuner.fit's seconds) and ``models``: each
+        trial's last reported metrics, in the order of their ``index``. A failed trial ends the
+        process with a message.
+    """
+    import ray  # optional heavy dependency, the benches' only
+    from ray import tune
+
+    started = time.perf_counter()
+    ray.init(num_cpus=cpus)
+    init_s = time.perf_counter() - started
+    tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": trial_cpus}), param_space=space,
+                       tune_config=tune.TuneConfig(max_concurrent_trials=slots, scheduler=scheduler),
+                       run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0))
     grid = tuner.fit()
     fit_s = time.perf_counter() - started - init_s
     errors = [str(result.error) for result in grid if result.error]
@@ -313,7 +342,7 @@ def ray_driver() -> None:
         sys.exit(f"{len(errors)} trial(s) failed; the first: {errors[0]}")
     models = sorted((result.metrics for result in grid), key=lambda metrics: metrics["index"])
     ray.shutdown()
-    Path(out).write_text(json.dumps({"init_s": init_s, "fit_s": fit_s, "models": models}))
+    return {"init_s": init_s, "fit_s": fit_s, "models": models}
 
 
 # ----------------------------------------------------------------------------- the report
@@ -383,11 +412,8 @@ def contender_list(text: str) -> list[str]:
     return [name for name in CONTENDERS if name in chosen]
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", type=int, default=4, choices=range(1, 5), metavar="K",
-                        help="train each of the 8 architectures at K learning rates (1-4; default 4: 32 models)")
-    parser.add_argument("--epochs", type=at_least(1), default=2)
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that `make_data` and `write_spec` read: the data, the slots and their threads."""
     parser.add_argument("--samples", type=at_least(2), default=3000)
     parser.add_argument("--slots", type=at_least(1), default=4, help="concurrent trainers N of every contender")
     parser.add_argument("--setting", choices=tuple(SOURCE_SIZES), default="light",
@@ -396,6 +422,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--image-size", type=at_least(1), default=24, help="side the models train on")
     parser.add_argument("--preprocessors", type=at_least(1), default=1, help="fleet's preprocessor ranks")
     parser.add_argument("--threads", type=at_least(1), default=1, help="torch threads per slot, every contender")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", type=int, default=4, choices=range(1, 5), metavar="K",
+                        help="train each of the 8 architectures at K learning rates (1-4; default 4: 32 models)")
+    parser.add_argument("--epochs", type=at_least(1), default=2)
+    add_setting_arguments(parser)
     parser.add_argument("--rounds", type=at_least(1), default=1, help="times each contender runs, alternating")
     parser.add_argument("--contenders", type=contender_list, default=list(CONTENDERS),
                         help=f"comma-separated, from {','.join(CONTENDERS)} (default: all)")

@@ -22,6 +22,7 @@ import argparse
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,10 @@ from preprocess.readers import open_reader
 from preprocess.split import split_indices
 
 EVAL_BATCH = 256
+
+EpochHook = Callable[[dict], bool]
+"""Called after each epoch with its record (epoch, train_loss, val_accuracy, lr): True trains
+on, False stops the model there (a tuner's pruning: `bench/early_stop.py`)."""
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -222,9 +227,10 @@ def train_epoch(net, loader, optimizer) -> float:
     return loss_sum / max(seen, 1)
 
 
-def train_model(model: ModelSpec, data: PlainData, seed: int) -> dict:
-    """Train `model` until its stop rule fires; `seed` seeds data order, augmentation and
-    dropout (the weights come from the model's own seed, as in fleet)."""
+def train_model(model: ModelSpec, data: PlainData, seed: int, on_epoch: EpochHook | None = None) -> dict:
+    """Train `model` until its stop rule fires, or until `on_epoch` (when given) returns False
+    after an epoch; `seed` seeds data order, augmentation and dropout (the weights come from the
+    model's own seed, as in fleet)."""
     started = time.perf_counter()
     torch.manual_seed(seed)
     net = build_model(model.family, model.params, data.input_shape, data.num_classes, seed=model.seed)
@@ -240,6 +246,8 @@ def train_model(model: ModelSpec, data: PlainData, seed: int) -> dict:
         scheduler.step()
         tracker.update({"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": accuracy})
         history.append({"epoch": tracker.epochs, "train_loss": train_loss, "val_accuracy": accuracy, "lr": lr})
+        if on_epoch is not None and not on_epoch(history[-1]):
+            break
     return {
         "id": model.id, "epochs": tracker.epochs, "best_val_accuracy": max(h["val_accuracy"] for h in history),
         "final_train_loss": history[-1]["train_loss"], "seconds": time.perf_counter() - started, "history": history,
@@ -258,12 +266,12 @@ def worker_init(spec_path: str, threads: int) -> None:
     _WORKER.update(spec=spec, data=PlainData.open(spec))
 
 
-def worker_train(index: int, seed: int) -> dict:
-    """Train the spec's model `index` in this worker (see `worker_init`), with the samples it
-    decoded for it: its training set every epoch, and the worker's validation set with the
-    worker's first model (`PlainData.open` decoded it once)."""
+def worker_train(index: int, seed: int, on_epoch: EpochHook | None = None) -> dict:
+    """Train the spec's model `index` in this worker (see `worker_init`; `on_epoch` as for
+    `train_model`), with the samples it decoded for it: its training set every epoch, and the
+    worker's validation set with the worker's first model (`PlainData.open` decoded it once)."""
     data = _WORKER["data"]
-    result = train_model(_WORKER["spec"].models[index], data, seed)
+    result = train_model(_WORKER["spec"].models[index], data, seed, on_epoch)
     first, _WORKER["trained"] = not _WORKER.get("trained"), True
     return {**result, "samples_decoded": samples_decoded(data, result["epochs"], validation=first)}
 
@@ -278,13 +286,13 @@ def samples_decoded(data: PlainData, epochs: int, validation: bool = True) -> in
     return len(data.train) * epochs + (len(data.val_y) if validation else 0)
 
 
-def train_one(spec_path: str, index: int, seed: int, threads: int) -> dict:
-    """Open the spec's data in this process and train its model `index`; the result of
-    `train_model` with the samples this process decoded."""
+def train_one(spec_path: str, index: int, seed: int, threads: int, on_epoch: EpochHook | None = None) -> dict:
+    """Open the spec's data in this process and train its model `index` (`on_epoch` as for
+    `train_model`); the result of `train_model` with the samples this process decoded."""
     torch.set_num_threads(threads)
     spec = load_spec(spec_path)
     data = PlainData.open(spec)
-    result = train_model(spec.models[index], data, seed)
+    result = train_model(spec.models[index], data, seed, on_epoch)
     return {**result, "samples_decoded": samples_decoded(data, result["epochs"])}
 
 
