@@ -8,6 +8,8 @@
 # bench/collectives.py on this host's cores. Step 6 (asked for by number only) is the 32-model sweep; it keeps its work in runs/e2e-sweep
 # and goes on from there when run again, so it can finish over several 10-minute commands. Step 8 (by
 # number, after step 2) runs the quickstart under policy baseline: each trainer decodes its own stream.
+# Step 9 (by number only) runs examples/asha.yaml on the GPU (36 configurations, 1 trainer + 3
+# preprocessors) with early_stop none, asha and sha: wall, model-epochs, best and top-5 accuracy.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/fleet-gpu}}
 steps=" ${*:2} "
@@ -171,4 +173,40 @@ print(f"baseline on the GPU: wall {float(sys.argv[3]) - float(sys.argv[2]):.1f} 
 for m in r["models"]:
     print(f"  {m['id']:<14} epochs {len(m['history'])}  best acc {m['best_val_accuracy']:.3f}")
 PY
+fi
+
+if want 9; then
+echo "== 9. early stopping on the GPU: examples/asha.yaml (36 configurations, max 8 epochs) with none, asha, sha"
+python3 -m fleet data make synthetic --format jpeg --out "$out/qs-data" --force --quiet \
+    --classes 10 --samples 2400 --image-size 20 --channels 3 --seed 0
+for method in asha none sha; do
+    python3 - "$out" "$method" <<'PY'
+import sys, yaml
+out, method = sys.argv[1:]
+spec = yaml.safe_load(open("examples/asha.yaml"))
+spec["data"]["path"] = f"{out}/qs-data"
+spec["cluster"] = {"nodes": 1, "gpus_per_node": 1, "preprocessors_per_node": 3, "device": "cuda"}
+spec["scheduler"]["early_stop"]["method"] = method
+yaml.safe_dump(spec, open(f"{out}/asha-{method}.yaml", "w"))
+PY
+    start=$(date +%s.%N)
+    timeout 280 python3 -m fleet run "$out/asha-$method.yaml" --run-dir "$out/asha-$method" --quiet > "$out/asha-$method.log" 2>&1
+    code=$?
+    end=$(date +%s.%N)
+    python3 - "$out/asha-$method" "$method" "$start" "$end" "$code" <<'PY'
+import json, sys
+run, method, start, end, code = sys.argv[1:]
+try:
+    r = json.load(open(f"{run}/results.json"))
+except OSError:
+    print(f"{method}: exit {code}, no results.json"); sys.exit()
+best = sorted((m["best_val_accuracy"] or 0.0 for m in r["models"]), reverse=True)
+epochs = sum(m["epochs"] for m in r["models"])
+stopped = sum(m.get("stop_reason") == "early_stop" for m in r["models"])
+print(f"{method:>5}: exit {code}, wall {float(end) - float(start):6.1f} s, makespan {r['makespan_s']:6.1f} s, "
+      f"model-epochs {epochs}, stopped at rungs {stopped}, best {best[0]:.3f}, top-5 mean {sum(best[:5]) / 5:.3f}, "
+      f"policy {r['policy']}")
+PY
+done
+python3 -m fleet status "$out/asha-sha" 2>&1 | tail -8
 fi

@@ -23,6 +23,7 @@ from fleet.report.plan_text import render_plan
 from fleet.report.table import format_duration, format_table
 from fleet.schedule import lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
+from fleet.schedule.early_stop import rung_epochs
 from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule_io import load_profile, plan_document, profile_scenario, write_json
 from preprocess.partition import job_partitions
@@ -96,6 +97,7 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
               f"{CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s):", _policy_table(results)]
     if spec.scheduler.policy == AUTO:
         lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}, candidates_for(spec)).describe())
+    lines += early_stop_lines(spec, scenario, chosen, results[chosen])
     failures = rates.extra.get("failures", [])
     if failures:
         lines += ["", "left out of the plan (profiling failed):"] + [f"  {f}" for f in summarize_failures(failures)]
@@ -111,6 +113,35 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     if what_if:
         lines += ["", "what if (predicted makespan and GPU-hours per allocation size):", _what_if(rates, spec, what_if)]
     return "\n".join(lines)
+
+
+def early_stop_lines(spec, scenario, chosen: str, without) -> list[str]:
+    """The dry run's prediction with the spec's early stopping (none without it): `chosen`'s
+    makespan, model-epochs and GPU-hours with it beside `without` (its run without it). Before
+    training there are no learning curves: the simulator predicts how many models survive each
+    rung from the rung arithmetic, not which, and says so."""
+    settings = spec.early_stop_settings()
+    if settings.method == "none":
+        return []
+    result = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, PREDICTION_COSTS,
+                      early_stop=settings)
+
+    def gpu_hours(run) -> float:
+        return (run.total_gpus * run.makespan - run.gpu_time.idle) / 3600
+
+    rows = [(label, format_duration(run.makespan), f"{sum(run.epochs_trained):,.0f}", f"{gpu_hours(run):,.2f}")
+            for label, run in ((f"{chosen}, early stopping {settings.method}", result), (f"{chosen}, none", without))]
+    return ["", f"early stopping ({settings.method}, {_rungs_text(settings)}): predicted from the rung arithmetic "
+            "alone -- how many models go on past each rung, not which: no learning curves exist before training",
+            format_table(("run", "makespan", "model-epochs", "GPU h"), rows)]
+
+
+def _rungs_text(settings) -> str:
+    if settings.method == "median":
+        return f"each epoch from {max(1, settings.grace_epochs)} on, at least {settings.min_models} other models"
+    rungs = ", ".join(str(r) for r in rung_epochs(settings.min_epochs, settings.reduction, settings.max_epochs))
+    brackets = f"{settings.brackets} brackets, " if settings.method == "hyperband" else ""
+    return f"{brackets}rungs at {rungs} epochs, keeping 1 in {settings.reduction:g}"
 
 
 def planned(spec, rates, epochs: Mapping[str, float] | None = None) -> dict:

@@ -121,3 +121,18 @@ def test_the_checkpoint_signal_with_models_held_at_a_rung():
                    early_stop=settings("sha", scenario))
     assert cut.interrupted and cut.makespan < full.makespan
     assert sum(cut.epochs_trained) < sum(full.epochs_trained)
+
+
+@pytest.mark.parametrize("method", ["asha", "sha"])
+def test_without_curves_about_one_in_eta_goes_on_past_each_rung(method):
+    """A dry run has no learning curves: the simulator predicts how many models survive each
+    rung (the rung arithmetic), not which. Unknown metrics all tied made ASHA's newcomer last,
+    so only the first model went on past any rung; now about 1 in eta does, as for real metrics."""
+    rates = RateTable(tuple(ModelProfile(f"m{i:02d}", (100.0,)) for i in range(64)), 1, 100)
+    scenario = Scenario(rates, (8,) * 64, (8.0,) * 64, Cluster(8, 1))
+    result = simulate(create_policy("fleet-g"), scenario, FREE, early_stop=EarlyStopSettings(method, 8, reduction=2))
+    for rung in (1, 2, 4):
+        here = {d.model: d.verdict for d in result.rung_decisions if d.rung == rung}  # the last verdict stands
+        going_on = sum(v in (Verdict.CONTINUE, Verdict.PROMOTED) for v in here.values())
+        assert 0.2 * len(here) <= going_on <= 0.8 * len(here) and going_on > 1, (rung, going_on, len(here))
+    assert sum(result.epochs_trained) < 0.4 * 64 * 8

@@ -116,8 +116,9 @@ def simulate(
     With ``adapt``, the run weighs the rates it measures (the scenario's true ``rates``, where
     the policy plans with ``planning_rates``) and, under ``policy: auto``, reconsiders the
     policy, as the runtime does (`fleet.schedule.adapting`). With ``early_stop``, models are
-    stopped or held at rungs on the metrics of the scenario's ``curves`` (no curves: every
-    metric is unknown, and arrival order decides), through the same driver code as a run.
+    stopped or held at rungs on the metrics of the scenario's ``curves`` (no curves: a fixed
+    draw per model, which predicts how many survive each rung, not which; `_metric`), through
+    the same driver code as a run.
 
     Raises:
         PolicyError: when the policy breaks the protocol or stalls.
@@ -368,8 +369,19 @@ class _Run:
 
 
 def _metric(scenario: Scenario, index: int, epoch: int) -> float | None:
-    """The validation metric model `index` reports after `epoch`, where the scenario has curves."""
-    return scenario.curves[index][epoch - 1] if scenario.curves else None
+    """The validation metric model `index` reports after `epoch`: its curve's, where the
+    scenario has curves; else a stand-in that predicts how many models survive each rung, not
+    which (the rung arithmetic): a fixed draw per model, spread evenly over [0, 1) in an order
+    unrelated to the models' rates or places, so that ASHA's newcomer is in a rung's top 1/η
+    about 1/η of the time, as for real metrics, and not never (as unknown metrics, all tied,
+    would make it)."""
+    if scenario.curves:
+        return scenario.curves[index][epoch - 1]
+    return (index * GOLDEN_FRACTION) % 1.0
+
+
+GOLDEN_FRACTION = 0.6180339887498949
+"""The golden ratio's fraction: index × it mod 1 spreads any count of models evenly over [0, 1)."""
 
 
 def _summarize(run: _Run) -> SimResult:
