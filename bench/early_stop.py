@@ -44,10 +44,6 @@ hours and model-epochs of each `--sim-policies` policy with no early stopping an
 sha, hyperband and median. It runs first (seconds); `--contenders none` runs only it. The
 prediction is only as good as the curves.
 
-Until `fleet run` carries out early stopping, it refuses fleet-asha's and fleet-sha's specs
-(exit 2) and the bench ends there with its message; `--contenders fleet,ray-asha,optuna-sha`
-runs the others.
-
 The peers are this bench's only (not in the project's requirements); install them with
     .venv/bin/pip install 'ray[tune]==2.60.0' 'optuna==5.0.0'
 A peer that is not installed is skipped with a note. `--keep DIR` keeps the data and every run
