@@ -60,15 +60,25 @@ def candidates_for(spec) -> tuple[str, ...]:
     return HOPPING_POLICIES if spec.data.partitioned else CANDIDATES
 
 
-def predict(spec, scenario, policies=POLICIES) -> dict:
+def predict(spec, scenario, policies=POLICIES, early: bool = True) -> dict:
     """Simulated runs of `policies` and the spec's policy on `scenario` (``auto``: every policy
     it chooses from): ``{policy: SimResult}``; the spec's policy runs with the spec's options,
-    the others with their defaults. On partitioned data, only the hopping policies run."""
+    the others with their defaults. On partitioned data, only the hopping policies run. With
+    the spec's early stopping unless `early` is False (a scenario of the epochs models really
+    trained)."""
     own = list(candidates_for(spec)) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
     if spec.data.partitioned:
         policies = [p for p in policies if p in HOPPING_POLICIES] or HOPPING_POLICIES
-    return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, PREDICTION_COSTS)
+    return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, PREDICTION_COSTS,
+                           early_stop=_early_stop(spec) if early else None)
             for name in dict.fromkeys([*policies, *own])}
+
+
+def _early_stop(spec):
+    """The spec's early stopping for the simulator (None without it): runs stop models at
+    rungs, so predictions do too."""
+    settings = spec.early_stop_settings()
+    return None if settings.method == "none" else settings
 
 
 def spec_policy(spec, results: dict) -> str:
@@ -115,16 +125,15 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     return "\n".join(lines)
 
 
-def early_stop_lines(spec, scenario, chosen: str, without) -> list[str]:
+def early_stop_lines(spec, scenario, chosen: str, result) -> list[str]:
     """The dry run's prediction with the spec's early stopping (none without it): `chosen`'s
-    makespan, model-epochs and GPU-hours with it beside `without` (its run without it). Before
-    training there are no learning curves: the simulator predicts how many models survive each
-    rung from the rung arithmetic, not which, and says so."""
+    makespan, model-epochs and GPU-hours with it (`result`, `predict`'s) beside its run without
+    it. Before training there are no learning curves: the simulator predicts how many models
+    survive each rung from the rung arithmetic, not which, and says so."""
     settings = spec.early_stop_settings()
     if settings.method == "none":
         return []
-    result = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, PREDICTION_COSTS,
-                      early_stop=settings)
+    without = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, PREDICTION_COSTS)
 
     def gpu_hours(run) -> float:
         return (run.total_gpus * run.makespan - run.gpu_time.idle) / 3600
@@ -147,7 +156,7 @@ def _rungs_text(settings) -> str:
 def planned(spec, rates, epochs: Mapping[str, float] | None = None) -> dict:
     """The spec's policy's predicted plan (a ``plan.json`` dict) at `rates`, each model
     training its `epochs` where given, else its max_epochs (or the profile's ``epochs``)."""
-    results = predict(spec, _scenario(rates, spec, spec.cluster.gpus, epochs), policies=())
+    results = predict(spec, _scenario(rates, spec, spec.cluster.gpus, epochs), policies=(), early=not epochs)
     result = results[spec_policy(spec, results)]
     return plan_document(result, rates.gpus_per_node, "given" if epochs else "max-epochs")
 

@@ -1,8 +1,7 @@
 """The dry run's prediction with early stopping (pure: the simulator, no profiling)."""
 
-from fleet.prediction import _scenario, early_stop_lines
-from fleet.schedule import ModelProfile, RateTable, simulate
-from fleet.schedule.choice import PREDICTION_COSTS
+from fleet.prediction import _scenario, early_stop_lines, predict
+from fleet.schedule import ModelProfile, RateTable
 from fleet.spec import parse_spec
 
 
@@ -20,8 +19,9 @@ def test_the_dry_run_predicts_early_stopping_beside_the_run_without_it_and_says_
     spec = sweep_spec({"method": "asha", "reduction": 2})
     rates = RateTable(tuple(ModelProfile(m.id, (100.0, 180.0)) for m in spec.models), 4, 100)
     scenario = _scenario(rates, spec, 4)
-    without = simulate(spec.scheduler.create_policy(spec.seed, "fleet-g"), scenario, PREDICTION_COSTS)
-    lines = early_stop_lines(spec, scenario, "fleet-g", without)
+    result = predict(spec, scenario, policies=())["fleet-g"]  # a run stops models at rungs: so does its prediction
+    assert sum(result.epochs_trained) < 64
+    lines = early_stop_lines(spec, scenario, "fleet-g", result)
     text = "\n".join(lines)
     assert "early stopping (asha, rungs at 1, 2, 4 epochs, keeping 1 in 2)" in text and "not which" in text
     rows = {line.split("  ")[0]: line.split() for line in lines[2].splitlines()[2:]}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from fleet.schedule._base import ClusterView, ModelState, Policy
 from fleet.schedule.costs import Overheads
+from fleet.schedule.early_stop import EarlyStopSettings
 from fleet.schedule.planners import policy_class
 from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
 
@@ -37,10 +38,12 @@ class PolicyChoice:
 
 
 def choose_policy(make_policy: Callable[[str], Policy], scenario: Scenario, overheads: Overheads = PREDICTION_COSTS,
-                  candidates: Sequence[str] = CANDIDATES) -> PolicyChoice:
+                  candidates: Sequence[str] = CANDIDATES, early_stop: EarlyStopSettings | None = None) -> PolicyChoice:
     """The candidate with the lowest predicted makespan on `scenario`; `make_policy(name)` gives
-    a fresh policy object of each."""
-    return pick({name: simulate(make_policy(name), scenario, overheads).makespan for name in candidates}, candidates)
+    a fresh policy object of each. With `early_stop`, each candidate runs with the models
+    stopped and held at rungs (`simulate`'s; without learning curves, the rung arithmetic)."""
+    return pick({name: simulate(make_policy(name), scenario, overheads, early_stop=early_stop).makespan
+                 for name in candidates}, candidates)
 
 
 def pick(predicted: dict[str, float], candidates: Sequence[str] = CANDIDATES) -> PolicyChoice:

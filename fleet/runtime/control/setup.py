@@ -213,7 +213,9 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
                         partition_sizes=parts.sizes if parts else (),
                         visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
                         resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
-    choice = choose_policy(lambda name: policy_for(spec, name), scenario, candidates=candidates)
+    early = spec.early_stop_settings()
+    choice = choose_policy(lambda name: policy_for(spec, name), scenario, candidates=candidates,
+                           early_stop=early if early.method != "none" else None)
     return policy_for(spec, choice.name), choice
 
 
