@@ -136,3 +136,33 @@ def test_without_curves_about_one_in_eta_goes_on_past_each_rung(method):
         going_on = sum(v in (Verdict.CONTINUE, Verdict.PROMOTED) for v in here.values())
         assert 0.2 * len(here) <= going_on <= 0.8 * len(here) and going_on > 1, (rung, going_on, len(here))
     assert sum(result.epochs_trained) < 0.4 * 64 * 8
+
+
+def test_the_stand_in_metric_ranks_rungs_only_and_never_reaches_the_policy():
+    """Without curves, early stopping ranks by a stand-in; the policy's epochs still report no
+    metric (fleet-adaptive fits its forecasts to reported metrics: a stand-in there changed its
+    plans even without early stopping)."""
+    rates = RateTable(tuple(ModelProfile(f"m{i:02d}", (100.0,)) for i in range(8)), 1, 100)
+    scenario = Scenario(rates, (4,) * 8, (4.0,) * 8, Cluster(4, 1))
+    for early in (None, EarlyStopSettings("asha", 4, reduction=2)):
+        policy, seen = create_policy("fleet-adaptive"), []
+        on_event = policy.on_event
+        policy.on_event = lambda event, view: (seen.append(event), on_event(event, view))[1]
+        result = simulate(policy, scenario, FREE, early_stop=early)
+        metrics = [e.metric for e in seen if type(e).__name__ == "EpochCompleted"]
+        assert metrics and all(m is None for m in metrics)
+        assert bool(result.rung_decisions) == (early is not None)
+
+
+def test_an_epoch_that_ends_as_its_model_is_checkpointed_is_decided_before_the_model_comes_back():
+    """Stream-mates end their epochs at one instant; the first one's event ends the round and
+    checkpoints the others at exactly their epoch's end. The runtime's master reports that
+    epoch before it leaves, so its rung is decided then: no model is launched again only to
+    be stopped at once (a relaunch with no epoch trained, which cost a restore and a round)."""
+    rates = RateTable(tuple(ModelProfile(f"m{i:02d}", (3000.0 + 100 * i, 5000.0, 6500.0)) for i in range(8)), 3, 1400)
+    scenario = Scenario(rates, (6,) * 8, (6.0,) * 8, Cluster(3, 3))
+    result = simulate(create_policy("fleet-g"), scenario, Overheads(latency_s=0.5),
+                      early_stop=EarlyStopSettings("asha", 6, reduction=2))
+    for member in result.timeline.members:
+        assert member.epochs_end > member.epochs_start or member.outcome is not Outcome.STOPPED, member
+    check_each_model_ends_at_its_rung_or_its_own_end(scenario, result)

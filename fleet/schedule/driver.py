@@ -159,13 +159,16 @@ class Driver:
         while self._later:
             self._deliver(self._later.popleft())
 
-    def epoch_completed(self, model: str, epoch: int, samples_per_s: float, metric: float | None = None) -> None:
+    def epoch_completed(self, model: str, epoch: int, samples_per_s: float, metric: float | None = None,
+                        rung_metric: float | None = None) -> None:
         """A running model finished an epoch that was not its last (`metric`: the stop rule's
         validation metric after it, lower is better, where the world knows it). With early
         stopping, the model may be stopped or held at the rung it reached (after the policy saw
-        the epoch)."""
+        the epoch), on `rung_metric` where given (a simulation's stand-in for an unknown
+        metric, which the policy never sees), else on `metric`."""
         self.ledger.epoch_done(model, epoch)
-        verdicts = self._rung_verdicts(lambda rungs: rungs.epoch(model, epoch, metric))
+        ranked = metric if rung_metric is None else rung_metric
+        verdicts = self._rung_verdicts(lambda rungs: rungs.epoch(model, epoch, ranked))
         self._notify(EpochCompleted(model, epoch, self.world.now(), samples_per_s, metric))
         self._carry_out(verdicts)
 
@@ -184,14 +187,16 @@ class Driver:
         self._notify(ModelConverged(model, epochs, self.world.now(), gpus, samples_per_s, stopped=True))
 
     def visit_completed(
-        self, model: str, partition: int, epochs: int, samples_per_s: float, metric: float | None = None
+        self, model: str, partition: int, epochs: int, samples_per_s: float, metric: float | None = None,
+        rung_metric: float | None = None,
     ) -> None:
         """A running model finished its visit of `partition` and hops (the world checkpoints
         it by itself and reports `checkpointed`); `epochs`: its epochs done after the visit,
-        one more when the visit ended an epoch (`metric` as in `epoch_completed`)."""
+        one more when the visit ended an epoch (`metric`, `rung_metric` as in `epoch_completed`)."""
         if self.ledger.visit_done(model, partition):
             self.ledger.epoch_done(model, epochs)
-            verdicts = self._rung_verdicts(lambda rungs: rungs.epoch(model, epochs, metric))
+            ranked = metric if rung_metric is None else rung_metric
+            verdicts = self._rung_verdicts(lambda rungs: rungs.epoch(model, epochs, ranked))
             self._notify(EpochCompleted(model, epochs, self.world.now(), samples_per_s, metric))
             self._carry_out(verdicts)
 

@@ -236,7 +236,12 @@ class _Run:
             self._converge(stream, model)  # its last epoch ended at this instant
             return
         if model.index in stream.active:
+            epoch = self._epoch_ending_now(stream, model)
             self.physics.leave(stream, model, Outcome.CHECKPOINTED, released=done)
+            if epoch is not None:  # reported as the runtime's master reports it: just before it leaves
+                self.driver.rate_measured(model.id, model.own_rate)
+                self.driver.epoch_completed(model.id, epoch, model.own_rate, _metric(self.scenario, model.index, epoch),
+                                            _rung_metric(self.scenario, model.index))
         else:  # still waiting to start: nothing trained, but the GPUs were held
             self.physics.members.append(
                 MemberRecord(
@@ -313,6 +318,18 @@ class _Run:
         model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
         return model, self.now() + delay + restore + self.costs.start_s
 
+    def _epoch_ending_now(self, stream: StreamMotion, model: ModelMotion) -> int | None:
+        """The epoch (not its last) that `model` ends at this very instant, its boundary not yet
+        taken from the queue (a model checkpointed by the event of a stream-mate whose epoch
+        ended with its own); None otherwise. Visits end at their own events."""
+        if stream.partition is not None:
+            return None
+        samples = stream.progress(model)
+        epoch = round(samples / self.n)
+        if abs(samples - epoch * self.n) > EPS * self.n or epoch <= self.ledger.model(model.id).epochs_done:
+            return None
+        return epoch
+
     # -- event handlers --------------------------------------------------------------
 
     def _stream_boundary(self, stream_id: int, version: int) -> None:
@@ -332,7 +349,8 @@ class _Run:
         stream.push_boundary(model, epoch + 1, self.n)
         self.physics.repace(stream)
         self.driver.rate_measured(model.id, model.own_rate)
-        self.driver.epoch_completed(model.id, epoch, model.own_rate, _metric(self.scenario, index, epoch))
+        self.driver.epoch_completed(model.id, epoch, model.own_rate, _metric(self.scenario, index, epoch),
+                                    _rung_metric(self.scenario, index))
 
     def _visit_end(self, stream: StreamMotion, model: ModelMotion) -> None:
         """`model` passed over its stream's partition: its epoch may end; it converges or hops."""
@@ -350,7 +368,8 @@ class _Run:
         metric = _metric(self.scenario, model.index, epochs) if ended else None
         if ended:
             self.driver.rate_measured(model.id, rate)
-        self.driver.visit_completed(model.id, stream.partition, epochs, rate, metric)
+        self.driver.visit_completed(model.id, stream.partition, epochs, rate, metric,
+                                    _rung_metric(self.scenario, model.index) if ended else None)
 
     def _converge(self, stream: StreamMotion, model: ModelMotion) -> None:
         rate = model.own_rate
@@ -369,15 +388,18 @@ class _Run:
 
 
 def _metric(scenario: Scenario, index: int, epoch: int) -> float | None:
-    """The validation metric model `index` reports after `epoch`: its curve's, where the
-    scenario has curves; else a stand-in that predicts how many models survive each rung, not
-    which (the rung arithmetic): a fixed draw per model, spread evenly over [0, 1) in an order
-    unrelated to the models' rates or places, so that ASHA's newcomer is in a rung's top 1/η
-    about 1/η of the time, as for real metrics, and not never (as unknown metrics, all tied,
-    would make it)."""
-    if scenario.curves:
-        return scenario.curves[index][epoch - 1]
-    return (index * GOLDEN_FRACTION) % 1.0
+    """The validation metric model `index` reports after `epoch`, where the scenario has curves."""
+    return scenario.curves[index][epoch - 1] if scenario.curves else None
+
+
+def _rung_metric(scenario: Scenario, index: int) -> float | None:
+    """What early stopping ranks model `index` by where the scenario has no curves (None where
+    it has): a stand-in that predicts how many models survive each rung, not which (the rung
+    arithmetic). A fixed draw per model, spread evenly over [0, 1) in an order unrelated to the
+    models' rates or places, so that ASHA's newcomer is in a rung's top 1/η about 1/η of the
+    time, as for real metrics, and not never (as unknown metrics, all tied, would make it).
+    Policies never see it: their epochs report no metric, as before."""
+    return None if scenario.curves else (index * GOLDEN_FRACTION) % 1.0
 
 
 GOLDEN_FRACTION = 0.6180339887498949
