@@ -208,3 +208,16 @@ def test_without_early_stopping_the_report_is_unchanged(tmp_path):
     assert headings(page) == ["summary", "leaderboard (click a column to sort)", "learning curves", "what ran where",
                               "cpu slot use", "decoding"]
     assert "early stop" not in page and "model-epochs" not in page and "rung" not in page
+
+
+def test_the_summary_sets_the_jobs_forecast_beside_its_measured_makespan():
+    from fleet.report.run_report import _forecast_rows
+
+    forecast = {"policy": "fleet-g", "makespan_s": 10.0, "range_s": [10.5, 13.0], "rate_spread": 0.1, "draws": 8}
+    story = type("Story", (), {"jobs": [object()], "state": "finished", "training_s": 24.0})()
+    rows = _forecast_rows([{"event": "run_start", "forecast": forecast}], story)
+    assert rows == [("the job's forecast", "10.0 s by fleet-g (10-90 %: 10.5-13.0 s, rates within ±10 %; start-up, "
+                     "validation and shared cores not modelled); measured / forecast: 2.40")]
+    story.jobs = [object(), object()]  # resumed: the last job forecast only the work left to it
+    assert "measured" not in _forecast_rows([{"event": "run_start", "forecast": forecast}], story)[0][1]
+    assert _forecast_rows([{"event": "run_start"}], story) == []

@@ -289,12 +289,20 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     res = results(run_dir)
     assert {m["id"]: m["epochs"] for m in res["models"]} == epochs
     assert epochs_by_model(run_dir) == {m: list(range(1, e + 1)) for m, e in epochs.items()}
+    forecast = res["prediction"]  # what the job expected of itself, beside what it measured
+    assert forecast["policy"] == res["policy"] and forecast["rates"].startswith("measured")
+    assert forecast["range_s"][0] <= forecast["range_s"][1] and forecast["draws"] >= 1
+    assert forecast["measured_over_predicted"] == pytest.approx(res["makespan_s"] / forecast["makespan_s"])
+    assert [e["forecast"] for e in events(run_dir) if e["event"] == "run_start"] == [
+        {k: v for k, v in forecast.items() if k not in ("rates", "measured_makespan_s", "measured_over_predicted")}]
     if policy == "homogeneous":  # one stream over both nodes: some chunks in place, some as bytes
         assert 0 < res["chunks_in_shared_memory"] < res["samples_decoded"] / 64
     if policy == "auto":  # it ran the candidate with the lowest predicted makespan, and says so
         choice = res["policy_choice"]
         assert set(choice["predicted_makespan_s"]) == {"fleet-g", "fleet-adaptive", "fleet-l", "homogeneous", "baseline"}
         assert res["policy"] == choice["chosen"] == min(choice["predicted_makespan_s"], key=choice["predicted_makespan_s"].get)
+        assert forecast["candidates"] == choice["predicted_makespan_s"]
+        assert forecast["makespan_s"] == choice["predicted_makespan_s"][res["policy"]]
         assert [e["policy"] for e in events(run_dir) if e["event"] == "run_start"] == [res["policy"]]
     if policy == "baseline":  # every model has its own stream, which ends where its model does,
         assert res["samples_decoded"] == sum(epochs.values()) * n  # decoded by its own trainer

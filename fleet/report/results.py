@@ -50,6 +50,7 @@ class RunResult:
     interrupted: bool = False  # stopped by the checkpoint signal; run again to resume
     policy_choice: dict = field(default_factory=dict)  # policy auto: chosen, predicted_makespan_s per candidate
     early_stop: dict = field(default_factory=dict)  # the run's early-stopping setting; {} without early stopping
+    prediction: dict = field(default_factory=dict)  # the run's forecast of itself beside what it measured; {}: none
 
     @classmethod
     def from_dict(cls, doc: Mapping) -> RunResult:

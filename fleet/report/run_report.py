@@ -160,8 +160,28 @@ def _summary(spec, events: Sequence[Mapping], story: RunStory, models: list[Mode
         if prediction.makespan_real_epochs_s is not None:
             rows.append(("predicted, real epochs", f"{prediction.makespan_real_epochs_s:,.1f} s with the epochs the "
                          "models really trained (early stops included)"))
+    rows += _forecast_rows(events, story)
     rows.append(("samples decoded", f"{story.decoded:,} by fleet; {_per_model_samples(models):,} with a pipeline per model"))
     return rows
+
+
+def _forecast_rows(events: Sequence[Mapping], story: RunStory) -> list[tuple[str, str]]:
+    """The job's forecast of itself (its run_start's), beside the measured makespan when the
+    run was one job that finished (a resumed job forecasts only the work left to it)."""
+    starts = [e for e in events if e.get("event") == "run_start" and isinstance(e.get("forecast"), Mapping)]
+    if not starts:
+        return []
+    forecast = starts[-1]["forecast"]
+    try:
+        predicted, (low, high) = float(forecast["makespan_s"]), (float(x) for x in forecast["range_s"])
+        spread = float(forecast.get("rate_spread", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return []
+    text = (f"{predicted:,.1f} s by {forecast.get('policy', '?')} (10-90 %: {low:,.1f}-{high:,.1f} s, rates "
+            f"within ±{100 * spread:.0f} %; start-up, validation and shared cores not modelled)")
+    if len(story.jobs) == 1 and story.state == "finished" and predicted > 0:
+        text += f"; measured / forecast: {story.training_s / predicted:.2f}"
+    return [("the job's forecast", text)]
 
 
 def _use_rows(story: RunStory) -> list[tuple[str, str]]:

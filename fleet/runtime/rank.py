@@ -380,7 +380,8 @@ def _coordinate(ctx, options: TrainOptions) -> None:
     log.write("run_start", startup_s=startup_s, policy=plan.policy_name, gpus=spec.cluster.gpus, ranks=ctx.world.size,
               models=len(spec.models), resumed=plan.resumed, already_converged=plan.already_converged,
               rates=plan.rates_source, device=spec.cluster.device.value, collective=collective,
-              early_stop=asdict(plan.early.settings) if plan.early else None)
+              early_stop=asdict(plan.early.settings) if plan.early else None,
+              forecast=plan.forecast.to_record() if plan.forecast else None)
     console.banner(
         f"fleet: {spec.name}: {len(plan.ledger.views)} of {len(spec.models)} models to train with "
         f"{plan.policy_name} on {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} "

@@ -27,11 +27,13 @@ from fleet.runtime.control.rungs import EARLY_STOP, ResumedRungs, start_early_st
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
-from fleet.schedule.choice import AUTO, CANDIDATES, PolicyChoice, PolicySwitch, choose_policy, switch_targets
-from fleet.schedule.early_stop import EarlyStopping, Verdict
+from fleet.schedule.choice import (AUTO, CANDIDATES, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
+                                   switch_targets)
+from fleet.schedule.early_stop import EarlyStopping, EarlyStopSettings, Verdict
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
+from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForecast, forecast_run
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec, SpecError, parse_spec
 from preprocess.partition import job_partitions
@@ -51,6 +53,7 @@ class RunPlan:
     choice: PolicyChoice | None = None  # policy auto: what it chose and why
     policy_name: str = ""
     early: EarlyStopping | None = None  # early stopping across models, restored from the run directory
+    forecast: RunForecast | None = None  # what the run expects of itself (results.json's prediction)
 
     def choice_record(self, switches: Sequence[PolicySwitch] = ()) -> dict:
         """What results.json says of `policy: auto`'s choice ({} for a policy the spec named),
@@ -207,16 +210,42 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
         return policy_for(spec), None
     if not todo.models:
         return policy_for(spec, candidates[0]), None
-    parts = ledger.partitions
-    scenario = Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(spec.cluster.gpus, todo.gpus_per_node),
-                        decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1),
-                        partition_sizes=parts.sizes if parts else (),
-                        visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
-                        resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
-    early = spec.early_stop_settings()
+    scenario = run_scenario(spec, todo, estimates, decode_rate, epochs_done, ledger)
     choice = choose_policy(lambda name: policy_for(spec, name), scenario, candidates=candidates,
-                           early_stop=early if early.method != "none" else None)
+                           early_stop=_early_stop(spec))
     return policy_for(spec, choice.name), choice
+
+
+def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
+                 epochs_done: dict[str, int], ledger: Ledger) -> Scenario:
+    """What the run predicts itself on: the models still to train at the rates it plans with,
+    from where the checkpointed ones stand, decoding as measured, on partitioned data where it is."""
+    parts = ledger.partitions
+    return Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(spec.cluster.gpus, todo.gpus_per_node),
+                    decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1),
+                    partition_sizes=parts.sizes if parts else (),
+                    visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
+                    resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
+
+
+def _early_stop(spec: Spec) -> EarlyStopSettings | None:
+    settings = spec.early_stop_settings()
+    return settings if settings.method != "none" else None
+
+
+def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rate: float | None,
+                 epochs_done: dict[str, int]) -> RunForecast | None:
+    """The run's forecast of itself (`fleet.schedule.predicted`): the policy it runs on the
+    models left, with a range from the rates' uncertainty (None with no model left)."""
+    if not plan.rates.models:
+        return None
+    scenario = run_scenario(spec, plan.rates, estimates, decode_rate, epochs_done, plan.ledger)
+    spread = MEASURED_SPREAD if plan.rates_source.startswith("measured") else ESTIMATED_SPREAD
+    choice = plan.choice
+    return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, PREDICTION_COSTS, spread,
+                        seed=spec.seed, early_stop=_early_stop(spec),
+                        makespan_s=choice.predicted_s[choice.name] if choice else None,
+                        candidates=choice.predicted_s if choice else None)
 
 
 def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
@@ -265,8 +294,10 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger)
     candidates = HOPPING_POLICIES if partitions is not None else CANDIDATES
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
-    return RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
+    plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
                    rungs.early if rungs else None)
+    plan.forecast = run_forecast(spec, plan, estimates, decode_rate, epochs_done)
+    return plan
 
 
 def _load_checkpoints(store: CheckpointStore, models: list[str], records: dict[str, ModelRecord]) -> dict:
@@ -345,11 +376,23 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
+        prediction=prediction_record(plan, makespan, coordinator.interrupted),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", rounds)
     return result
+
+
+def prediction_record(plan: RunPlan, makespan: float, interrupted: bool) -> dict:
+    """results.json's ``prediction``: the run's forecast of itself beside its measured makespan
+    (the ratio only for a job that finished: an interrupted one did part of the work)."""
+    if plan.forecast is None:
+        return {}
+    record = {**plan.forecast.to_record(), "rates": plan.rates_source, "measured_makespan_s": makespan}
+    if not interrupted:
+        record["measured_over_predicted"] = makespan / max(plan.forecast.makespan_s, 1e-9)
+    return record
 
 
 def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
