@@ -213,3 +213,26 @@ def test_plan_predicts_the_hopping_policies_on_the_specs_partitions(tmp_path, pa
     assert plan["policy"] in ("mop", "fleet-hop")
     refused = run_fleet("plan", str(profile), "--gpus", "2", "--spec", str(spec), "--policy", "fleet-g")
     assert refused.returncode == 2 and "fleet-g cannot run on the spec's partitioned data" in refused.stderr
+
+
+def test_early_stopping_takes_effect_at_the_hops(tmp_path, parts):
+    """asha over partitioned data (mop, 2 nodes x 1 trainer): a model's epoch ends with the
+    visit that completes it; its rung is decided then and the verdict acts at that hop's
+    checkpoint (nobody waits on a visit). Stopped models end at their rung, every epoch each
+    visited both partitions once, and the others train to max_epochs."""
+    models = [{"family": "mlp", "name": f"m{k}", "params": {"hidden": [16 * (1 + k % 3)]}, "train": {"lr": lr}}
+              for k, lr in enumerate((0.001, 0.01, 0.05, 0.1, 0.3, 0.02))]
+    spec = write_spec(tmp_path / "s.yaml", parts, "mop", models, 1, max_epochs=4)
+    doc = yaml.safe_load(spec.read_text())
+    doc["scheduler"]["early_stop"] = {"method": "asha", "min_epochs": 1, "reduction": 2}
+    spec.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    train(4, spec, run_dir, "--ranks-per-node", "2")
+    records = [json.loads(line) for line in (run_dir / "rungs.jsonl").read_text().splitlines()]
+    stopped = {r["model"]: r["rung"] for r in records if r["verdict"] == "stopped"}
+    assert stopped and [r["seq"] for r in records] == list(range(len(records)))
+    for model in results(run_dir)["models"]:
+        assert model["epochs"] == stopped.get(model["id"], 4), model["id"]
+        assert [h["epoch"] for h in model["history"]] == list(range(1, model["epochs"] + 1))
+    visited = check_visits_complete(run_dir)
+    assert all(max(visited[m]) == e for m, e in stopped.items())  # no visit past the rung it stopped at
