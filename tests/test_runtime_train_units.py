@@ -8,7 +8,7 @@ import pytest
 
 from fleet.runtime.control.accounting import RunAccount
 from fleet.runtime.data.queues import Batch, SampleQueue
-from fleet.runtime.train.trainer import GroupTraining, MemberCosts
+from fleet.runtime.train.trainer import EpochEnd, GroupTraining, MemberCosts
 from fleet.runtime.waiting import WaitTimeout
 
 
@@ -41,7 +41,7 @@ class ScriptedTraining:
 
     def _end_epoch(self):
         self.epochs_closed += 1
-        return False
+        return EpochEnd.GO_ON
 
 
 def test_a_leave_stops_the_group_and_never_closes_an_epoch():
