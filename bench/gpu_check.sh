@@ -63,6 +63,10 @@ wall = float(sys.argv[3]) - float(sys.argv[2])
 print(f"fleet run wall {wall:.1f} s: policy {r['policy']}, profiling {profiling:.1f} s "
       f"({100 * profiling / wall:.1f}% of the run), training makespan {r['makespan_s']:.1f} s, overhead {r['overhead_s']}")
 print(f"makespan {r['makespan_s']:.1f} s, rounds {r['rounds']}, decoded {r['samples_decoded']}")
+p = r.get("prediction") or {}
+if p:
+    print(f"forecast {p['makespan_s']:.1f} s by {p['policy']} (10-90 %: {p['range_s'][0]:.1f}-{p['range_s'][1]:.1f} s; "
+          f"rates {p['rates']}); measured / forecast {p.get('measured_over_predicted', float('nan')):.2f}")
 for m in r["models"]:
     rate = max(h["samples_per_s"] for h in m["history"])
     print(f"  {m['id']:<14} {m['parameters']:>8} params  best acc {m['best_val_accuracy']:.3f}  {rate:>9,.0f} samples/s")
