@@ -51,7 +51,7 @@ directory; `--json FILE` writes the settings, the summary, every run's figures a
 simulator's rows.
 
 Usage: .venv/bin/python bench/early_stop.py [--sweep 4] [--epochs 8] [--min-epochs 1] [--reduction 2]
-       [--slots 4] [--seeds 3] [--samples 3000] [--setting light|decode-heavy] [--source-size PX]
+       [--slots 4] [--seeds 3] [--first-seed 0] [--samples 3000] [--setting light|decode-heavy] [--source-size PX]
        [--image-size 24] [--preprocessors 1] [--threads 1] [--timeout 3600]
        [--contenders fleet,fleet-asha,fleet-sha,ray-asha,optuna-sha|none]
        [--simulate] [--sim-gpus 40,160] [--sim-policies fleet-g,fleet-adaptive] [--sim-noise 0.3]
@@ -428,6 +428,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reduction", type=at_least(2), default=2,
                         help="eta, the reduction factor (an integer, as Optuna's)")
     parser.add_argument("--seeds", type=at_least(1), default=3, help="sweeps, with the spec's seed 11, 12, ...")
+    parser.add_argument("--first-seed", type=at_least(0), default=0,
+                        help="skip this many seeds (3: the sweeps of seeds 14, 15, ...; more seeds for the same means)")
     add_setting_arguments(parser)  # --samples, --slots (also Ray's trials and Optuna's workers), --threads, ...
     parser.add_argument("--contenders", type=contender_list, default=list(CONTENDERS),
                         help=f"comma-separated, from {','.join(CONTENDERS)} (default: all), or none")
@@ -448,7 +450,7 @@ def parse_args() -> argparse.Namespace:
 def run_seeds(root: Path, contenders: list[str], args) -> list[dict[str, Sweep]]:
     """Every seed's sweep by every contender, alternating; a line per run as it ends."""
     data, runs = make_data(root, args), []
-    for offset in range(args.seeds):
+    for offset in range(args.first_seed, args.first_seed + args.seeds):
         spec_path, one = seed_spec(root, data, args, offset), {}
         for name in contenders:
             one[name] = RUNNERS[name](name, spec_path, fresh_dir(root / f"seed{offset}" / name), args)
