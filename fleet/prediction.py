@@ -70,13 +70,13 @@ def predict(spec, scenario, policies=POLICIES, early: bool = True) -> dict:
     if spec.data.partitioned:
         policies = [p for p in policies if p in HOPPING_POLICIES] or HOPPING_POLICIES
     return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, PREDICTION_COSTS,
-                           early_stop=_early_stop(spec) if early else None)
+                           early_stop=simulated_early_stop(spec) if early else None)
             for name in dict.fromkeys([*policies, *own])}
 
 
-def _early_stop(spec):
+def simulated_early_stop(spec):
     """The spec's early stopping for the simulator (None without it): runs stop models at
-    rungs, so predictions do too."""
+    rungs, so predictions of them (the dry run, `policy: auto`, a run's forecast) do too."""
     settings = spec.early_stop_settings()
     return None if settings.method == "none" else settings
 
@@ -130,8 +130,8 @@ def early_stop_lines(spec, scenario, chosen: str, result) -> list[str]:
     makespan, model-epochs and GPU-hours with it (`result`, `predict`'s) beside its run without
     it. Before training there are no learning curves: the simulator predicts how many models
     survive each rung from the rung arithmetic, not which, and says so."""
-    settings = spec.early_stop_settings()
-    if settings.method == "none":
+    settings = simulated_early_stop(spec)
+    if settings is None:
         return []
     without = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, PREDICTION_COSTS)
 

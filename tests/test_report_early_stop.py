@@ -19,6 +19,7 @@ from fleet.report.results import (
     LEADERBOARD_COLUMNS, ModelResult, RunResult, epochs_saved, model_end, read_results, write_results,
 )
 from fleet.report.rungs import rung_arrivals, rung_records
+from fleet.report.run_report import _forecast_rows
 from fleet.report.run_story import tell_story
 from fleet.report.standings import standings
 from fleet.spec import parse_spec
@@ -211,8 +212,6 @@ def test_without_early_stopping_the_report_is_unchanged(tmp_path):
 
 
 def test_the_summary_sets_the_jobs_forecast_beside_its_measured_makespan():
-    from fleet.report.run_report import _forecast_rows
-
     forecast = {"policy": "fleet-g", "makespan_s": 10.0, "range_s": [10.5, 13.0], "rate_spread": 0.1, "draws": 8}
     story = type("Story", (), {"jobs": [object()], "state": "finished", "training_s": 24.0})()
     rows = _forecast_rows([{"event": "run_start", "forecast": forecast}], story)

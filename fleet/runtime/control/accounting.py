@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleet.report.results import EARLY_STOP_REASON
 from fleet.runtime.protocol import EpochReport, MemberLeft
 from fleet.schedule.costs import Overheads
 
@@ -25,6 +26,10 @@ class ModelRecord:
     stop_reason: str | None = None
     gpu_seconds: float = 0.0
     rung: int | None = None  # early stopping stopped it at this rung (its index among the model's rungs)
+
+    def stopped_early(self, rung: int | None) -> None:
+        """Early stopping ended the model at its rung of index `rung` (None: not known)."""
+        self.converged, self.stop_reason, self.rung = True, EARLY_STOP_REASON, rung
 
 
 class RunAccount:
@@ -69,11 +74,6 @@ class RunAccount:
         self._count_start(report.start_s)
         if not report.converged:
             record.epochs = report.epochs
-
-    def stopped(self, model: str, rung: int, reason: str) -> None:
-        """Early stopping ended `model` at its rung of index `rung` (`reason`: the stop reason)."""
-        record = self.records[model]
-        record.converged, record.stop_reason, record.rung = True, reason, rung
 
     def count_checkpoint(self, seconds: float, group_size: int) -> None:
         self.checkpoint_s += seconds

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet.report.results import EARLY_STOP_REASON
 from fleet.report.tensorboard import ScalarBoard
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.membership import Membership
-from fleet.runtime.control.rungs import EARLY_STOP, RungLog
+from fleet.runtime.control.rungs import RungLog
 from fleet.runtime.control.tuning import AdaptLog
 from fleet.runtime.control.visits import VisitLog
 from fleet.runtime.events import EventLog
@@ -265,8 +266,8 @@ class Coordinator:
             rung = f"rung {record['index'] + 1} ({epochs_text(record['rung'])})"
             self.console.left(record["model"], f"{rung}: {record['verdict']}")
             if record["verdict"] == Verdict.STOPPED.value:
-                self.account.stopped(record["model"], record["index"], EARLY_STOP)
-                self.log.write("converged", model=record["model"], epochs=record["rung"], reason=EARLY_STOP,
+                self.account.records[record["model"]].stopped_early(record["index"])
+                self.log.write("converged", model=record["model"], epochs=record["rung"], reason=EARLY_STOP_REASON,
                                rung=record["index"])
                 self.console.left(record["model"], f"stopped at {rung} (early stopping)")
 

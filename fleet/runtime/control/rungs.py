@@ -18,7 +18,6 @@ from pathlib import Path
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
-from fleet.report.results import EARLY_STOP_REASON
 from fleet.schedule.early_stop import (
     EarlyStopping,
     EarlyStopSettings,
@@ -29,8 +28,6 @@ from fleet.schedule.early_stop import (
 
 SETTING_FILE = "early_stop.json"
 RUNG_FILE = "rungs.jsonl"
-EARLY_STOP = EARLY_STOP_REASON
-"""The stop reason of a model early stopping stopped at a rung (results.json, events.jsonl)."""
 
 
 def lower_is_better(record: Mapping, metric: str) -> float | None:

@@ -19,23 +19,24 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.inspect import describe_ensemble
 from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict
+from fleet.prediction import simulated_early_stop
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
-from fleet.report.results import ModelResult, RunResult, write_results
+from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import emulated_epochs, estimated_profile, load_run_profile
-from fleet.runtime.control.rungs import EARLY_STOP, ResumedRungs, start_early_stopping
+from fleet.runtime.control.rungs import ResumedRungs, start_early_stopping
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.choice import (AUTO, CANDIDATES, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
                                    switch_targets)
-from fleet.schedule.early_stop import EarlyStopping, EarlyStopSettings, Verdict
+from fleet.schedule.early_stop import EarlyStopping, Verdict
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForecast, forecast_run
 from fleet.schedule_io import load_profile
-from fleet.spec import Spec, SpecError, parse_spec
+from fleet.spec import Spec, parse_spec
 from preprocess.partition import job_partitions
 
 
@@ -212,7 +213,7 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
         return policy_for(spec, candidates[0]), None
     scenario = run_scenario(spec, todo, estimates, decode_rate, epochs_done, ledger)
     choice = choose_policy(lambda name: policy_for(spec, name), scenario, candidates=candidates,
-                           early_stop=_early_stop(spec))
+                           early_stop=simulated_early_stop(spec))
     return policy_for(spec, choice.name), choice
 
 
@@ -228,11 +229,6 @@ def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rat
                     resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
 
 
-def _early_stop(spec: Spec) -> EarlyStopSettings | None:
-    settings = spec.early_stop_settings()
-    return settings if settings.method != "none" else None
-
-
 def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rate: float | None,
                  epochs_done: dict[str, int]) -> RunForecast | None:
     """The run's forecast of itself (`fleet.schedule.predicted`): the policy it runs on the
@@ -243,7 +239,7 @@ def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rat
     spread = MEASURED_SPREAD if plan.rates_source.startswith("measured") else ESTIMATED_SPREAD
     choice = plan.choice
     return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, PREDICTION_COSTS, spread,
-                        seed=spec.seed, early_stop=_early_stop(spec),
+                        seed=spec.seed, early_stop=simulated_early_stop(spec),
                         makespan_s=choice.predicted_s[choice.name] if choice else None,
                         candidates=choice.predicted_s if choice else None)
 
@@ -325,9 +321,7 @@ def _early_stopping(spec: Spec, run_dir: Path, records: dict[str, ModelRecord],
     rungs = start_early_stopping(run_dir, settings, [m.id for m in spec.models], metric, curves, ended)
     for decision in rungs.early.decisions if rungs else ():
         if decision.model in rungs.stopped and decision.verdict is Verdict.STOPPED:
-            record = records[decision.model]
-            record.converged, record.stop_reason = True, EARLY_STOP
-            record.rung = rungs.early.rungs(decision.model).index(decision.rung)
+            records[decision.model].stopped_early(rungs.early.rungs(decision.model).index(decision.rung))
     return rungs
 
 
@@ -418,8 +412,8 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
             record.converged, record.stop_reason = event["stop_reason"] is not None, event["stop_reason"]
         elif event["event"] == "member_left":
             record.gpu_seconds, record.parameters = event["gpu_seconds"], event["parameters"]
-        elif event["event"] == "converged" and event.get("reason") == EARLY_STOP:
-            record.converged, record.stop_reason, record.rung = True, EARLY_STOP, event.get("rung")
+        elif event["event"] == "converged" and event.get("reason") == EARLY_STOP_REASON:
+            record.stopped_early(event.get("rung"))
     models = [model_result(m.id, records[m.id], m.train.stop.metric.value) for m in spec.models]
     result = RunResult(name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=0.0,
                        rounds=0, samples_decoded=0, overhead_s={}, models=models, interrupted=True)
