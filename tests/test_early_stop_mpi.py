@@ -26,7 +26,6 @@ from test_runtime_mpi import (
     rank_pids,
     results,
     start_train,
-    train,
     write_profile,
     write_spec,
 )
