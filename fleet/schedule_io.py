@@ -15,7 +15,7 @@ from typing import Any
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
-from fleet.profiling.document import decode_limit
+from fleet.profiling.document import decode_limit, shared_cores
 from fleet.schedule.rates import ProfileFormatError, RateTable
 from fleet.schedule.simulator import Cluster, Scenario, SimResult
 
@@ -49,12 +49,14 @@ def profile_scenario(
     preprocessors_per_node: int | str | None = None,
 ) -> Scenario:
     """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
-    measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled), and a
-    stream decoded in its own trainer process (Baseline's) to what one of them decodes."""
+    measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled), a
+    stream decoded in its own trainer process (Baseline's) to what one of them decodes, and
+    on CPU nodes the cores they all share (as many as the profile's node had)."""
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
-                    own_decode_rate=decode_limit(rates.extra, 1, 1))  # one process's
+                    own_decode_rate=decode_limit(rates.extra, 1, 1),  # one process's
+                    cores=shared_cores(rates.extra))
 
 
 def epochs_from_profile(

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from fleet.engines import get_framework
+from fleet.host import node_cores
 from fleet.profiling.document import build_document
 from fleet.profiling.plan import DECODE_SECONDS, Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
 from fleet.runtime.train.trainer import create_group_comm
@@ -163,7 +164,8 @@ class _Driver:
             "device": self.spec.cluster.device.value, "device_name": name, "host": platform.node(),
             "nodes": self.spec.cluster.nodes, "trainers": self.gpus,
             "preprocessors": len(self.topology.preprocessor_ranks()),
-            "threads_per_trainer": self.spec.cluster.threads_per_trainer, "cpu": platform.processor() or platform.machine(),
+            "threads_per_trainer": self.spec.cluster.threads_per_trainer, "cores_per_node": node_cores(),
+            "cpu": platform.processor() or platform.machine(),
             "python": platform.python_version(), "frameworks": self._framework_versions(),
             "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         }

@@ -16,6 +16,7 @@ import numpy as np
 
 from fleet.engines import Framework, get_framework
 from fleet.engines._base import host_device_name
+from fleet.host import node_cores
 from fleet.inspect import available_memory
 from fleet.runtime.data.chunks import ChunkLayout
 from fleet.runtime.train.trainer import build_collective, build_engine
@@ -133,11 +134,11 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
         reason = reason or "another member of the group failed to build it"
         return _finish(engine, collective, framework, ctx.device, reason)
     x, y = profile_batch(ctx, model.train.batch_size)
-    started = None
+    started = cpu_started = None
     for step in range(batches):
         if step == batches - timed:
             _synchronize(framework, ctx.device)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
         try:
             if size == 1:
                 engine.train_step(x, y)  # as a lone trainer steps (one compiled call for Keras)
@@ -152,10 +153,27 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
             engine.apply_gradients()
     _synchronize(framework, ctx.device)
     elapsed = time.perf_counter() - started
-    result = {"rate": size * len(x) * timed / elapsed, "step_s": elapsed / timed,
+    cpu_s = time.process_time() - cpu_started
+    alone = alone_seconds(ctx, elapsed, cpu_s)
+    result = {"rate": size * len(x) * timed / alone, "step_s": alone / timed,
               "parameters": int(engine.num_parameters), "device_name": device_name(framework, ctx.device)}
+    if alone < elapsed:
+        result["wall_rate"] = size * len(x) * timed / elapsed
     _finish(engine, collective, framework, ctx.device, None)
     return result
+
+
+def alone_seconds(ctx, elapsed: float, cpu_s: float) -> float:
+    """Seconds the timed steps would take with the node's cores to this trainer alone.
+
+    On a CPU device the profile times several trainers at once on the same cores (and a
+    node's ranks may outnumber them), so the wall time depends on what else ran. Its CPU time
+    over the cores it can use does not: that is the rate the simulator shares the cores out
+    from (`fleet.schedule.cores`). A GPU's steps are timed on the wall clock, as they run."""
+    if ctx.device != "cpu":
+        return elapsed
+    usable = min(ctx.spec.cluster.threads_per_trainer, node_cores())
+    return min(elapsed, max(cpu_s, 1e-9) / usable)
 
 
 def _finish(engine, collective, framework: Framework | None, device: str, reason: str | None) -> dict:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet.profiling.plan import decode_capacity, speed_key
+from fleet.schedule.cores import SharedCores
 
 PROFILER_VERSION = 1
 
@@ -157,6 +158,29 @@ def decode_limit(extra: Mapping[str, Any], nodes: int, per_node: int | str | Non
     block = extra.get("preprocessing", {})
     count = per_node if isinstance(per_node, int) else int(block.get("per_node", 0) or 0)
     return decode_capacity(decode_rates(block), count, nodes)
+
+
+def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: int | None = None,
+                 cores: int | None = None) -> SharedCores | None:
+    """The cores a CPU run's trainers and preprocessors share (`fleet.schedule.cores`), from a
+    profile's extra fields: the node's cores it recorded (else `cores`, e.g. this node's),
+    its threads per trainer (else `threads`) and one preprocessor's measured decoding (else
+    decoding costs no core). None on GPUs and the emulated device, whose steps use no core
+    of the node, or where the cores are unknown."""
+    hardware = extra.get("hardware", {}) if isinstance(extra.get("hardware"), Mapping) else {}
+    if (device or hardware.get("device")) != "cpu":
+        return None
+    cores = _positive(hardware.get("cores_per_node")) or cores
+    if not cores:
+        return None
+    threads = threads or _positive(hardware.get("threads_per_trainer")) or 1
+    one = decode_rates(extra.get("preprocessing", {})).get(1)
+    return SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)),
+                       decode_core_s=1.0 / one if one and one > 0 else 0.0)
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def summarize_failures(failures: Sequence[Mapping[str, Any]]) -> list[str]:

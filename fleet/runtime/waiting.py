@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fleet.host import node_cores
+
 T = TypeVar("T")
 
 
@@ -92,11 +94,7 @@ def busy_polling_fits(threads_on_node: int) -> bool:
     launcher's binding) number at least the node's polling threads. A rank bound to cores of
     its own is not told apart from ranks sharing one cgroup of as many cores: both poll with
     sleeps unless the node's threads fit (`runtime.poll: busy` overrides)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return threads_on_node <= cores
+    return threads_on_node <= node_cores()
 
 
 def poll(test: Callable[[], T | None], what: str, timeout_s: float, backoff: Backoff | None = None) -> T:

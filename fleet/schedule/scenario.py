@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleet.schedule.cores import SharedCores
 from fleet.schedule.rates import RateTable
 
 
@@ -60,6 +61,9 @@ class Scenario:
             to the rate table's ``samples_per_epoch``); empty: whole data.
         visited: for a resumed run of partitioned data, per model the partitions visited in
             its current epoch; empty: none.
+        cores: on CPU nodes, the cores the trainers and preprocessors share and what a sample
+            costs on them (`fleet.schedule.cores`); None: every trainer has its device to itself
+            (GPUs) and decoding is limited by `decode_rate` only.
     """
 
     rates: RateTable
@@ -73,6 +77,7 @@ class Scenario:
     curves: tuple[tuple[float, ...], ...] = ()
     partition_sizes: tuple[float, ...] = ()
     visited: tuple[tuple[int, ...], ...] = ()
+    cores: SharedCores | None = None
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)

@@ -315,7 +315,9 @@ class _Run:
         model.generation += 1
         model.launched = self.now()
         model.visit_start = model.samples
-        model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
+        model.own_alone_rate = model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
+        if self.scenario.cores is not None:
+            model.own_rate = self.scenario.cores.member_rate(model.own_alone_rate, len(gpus))
         return model, self.now() + delay + restore + self.costs.start_s
 
     def _epoch_ending_now(self, stream: StreamMotion, model: ModelMotion) -> int | None:

@@ -65,7 +65,7 @@ class ModelMotion:
 
     __slots__ = (
         "index", "id", "true_epochs", "samples", "gpus", "stream", "own_rate", "generation", "join_pos",
-        "launched", "start", "epochs_start", "param_bytes", "visit_start", "has_checkpoint",
+        "launched", "start", "epochs_start", "param_bytes", "visit_start", "has_checkpoint", "own_alone_rate",
     )
 
     def __init__(self, index: int, model_id: str, true_epochs: int, param_bytes: int | None):
@@ -74,6 +74,7 @@ class ModelMotion:
         self.gpus: tuple[int, ...] = ()
         self.stream: StreamMotion | None = None
         self.own_rate = 0.0
+        self.own_alone_rate = 0.0  # the rate table's, before the trainers' overhead on shared cores
         self.generation = 0
         self.join_pos: float | None = None  # stream position when it began consuming
         self.launched = self.start = 0.0
@@ -227,7 +228,10 @@ class StreamPhysics:
 
     def repace(self, stream: StreamMotion) -> None:
         """New pace for `stream` after a change; with a decode limit, for every running stream
-        (their shares of decoding move together)."""
+        (their shares of decoding move together), and on shared cores for every stream."""
+        if self.scenario.cores is not None:
+            self._repace_sharing_cores(stream)
+            return
         if self.scenario.decode_rate is None or stream.own_decode_rate is not None:
             self._repace_one(stream, math.inf)
             return
@@ -239,6 +243,51 @@ class StreamPhysics:
         for other in sharing:
             if other is not stream:
                 self._repace_one(other, shares[other.id])
+
+    def _repace_sharing_cores(self, changed: StreamMotion) -> None:
+        """Every stream's pace on nodes whose cores its trainers and the preprocessors share
+        (`fleet.schedule.cores`): each moves at what its members and its decoding share allow,
+        slowed by the most loaded node it trains on."""
+        active = [s for s in self.streams.values() if s.active]
+        shares = self._decode_shares(active)
+        alone = {s.id: min(s.demand, shares.get(s.id, math.inf)) for s in active}
+        factors = self._node_slowdowns(active, alone)
+        gpn = self.scenario.cluster.gpus_per_node
+        for stream in active:
+            nodes = {g // gpn for m in stream.active.values() for g in m.gpus}
+            self._repace_one(stream, alone[stream.id] * min(factors[k] for k in nodes))
+        if not changed.active:
+            self._repace_one(changed, math.inf)
+
+    def _decode_shares(self, active: list[StreamMotion]) -> dict[int, float]:
+        """Each preprocessor-decoded stream's share of the run's decoding (none without a limit)."""
+        if self.scenario.decode_rate is None:
+            return {}
+        shares: dict[int, float] = {}
+        count = 1 if self.partitions is None else self.partitions.count
+        for partition in {s.partition for s in active if s.own_decode_rate is None}:
+            sharing = {s.id: s.demand for s in active if s.partition == partition and s.own_decode_rate is None}
+            shares.update(decode_shares(sharing, self.scenario.decode_rate / count))
+        return shares
+
+    def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float]) -> dict[int, float]:
+        """Per node, the factor its work moves at: its cores over the load of the streams
+        moving at `paces` (trainers where their members are, decoding spread over all nodes or
+        on the member's node for a stream it decodes itself)."""
+        cores, cluster = self.scenario.cores, self.scenario.cluster
+        load = dict.fromkeys(range(cluster.nodes), 0.0)
+        for stream in active:
+            pace = paces[stream.id]
+            for model in stream.active.values():
+                cost = cores.member_core_s(model.own_alone_rate, len(model.gpus))
+                if stream.own_decode_rate is not None:
+                    cost += cores.decode_core_s / len(stream.active)
+                for g in model.gpus:
+                    load[g // cluster.gpus_per_node] += pace * cost / len(model.gpus)
+            if stream.own_decode_rate is None:
+                for k in load:
+                    load[k] += pace * cores.decode_core_s / cluster.nodes
+        return {k: cores.slowdown(v) for k, v in load.items()}
 
     def _repace_one(self, stream: StreamMotion, decode_share: float) -> None:
         stream.sync(self.now)

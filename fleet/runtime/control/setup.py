@@ -17,8 +17,9 @@ import yaml
 
 from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
+from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
-from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict
+from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict, shared_cores
 from fleet.prediction import simulated_early_stop
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
@@ -220,10 +221,13 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
 def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
                  epochs_done: dict[str, int], ledger: Ledger) -> Scenario:
     """What the run predicts itself on: the models still to train at the rates it plans with,
-    from where the checkpointed ones stand, decoding as measured, on partitioned data where it is."""
+    from where the checkpointed ones stand, decoding as measured, on partitioned data where it
+    is, and on CPU nodes the cores they share (the profile's node's, else this one's)."""
     parts = ledger.partitions
-    return Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(spec.cluster.gpus, todo.gpus_per_node),
-                    decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1),
+    cluster = spec.cluster
+    cores = shared_cores(todo.extra, cluster.device.value, cluster.threads_per_trainer, node_cores())
+    return Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(cluster.gpus, todo.gpus_per_node),
+                    decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1), cores=cores,
                     partition_sizes=parts.sizes if parts else (),
                     visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
                     resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))

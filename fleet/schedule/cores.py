@@ -1,0 +1,61 @@
+"""A CPU node's cores, shared by its trainers and preprocessors (pure).
+
+On a GPU node a trainer's steps run on its own GPU; on a CPU node every trainer and every
+preprocessor of the node runs on the same cores, and when together they want more than the
+node has, each goes slower. The simulator models that as processor sharing: at any instant a
+node's load is the cores its running work would use at the paces the streams would move at
+alone, and where the load passes the node's cores every stream on the node slows by the ratio.
+
+Each kind of work costs core-seconds per sample:
+
+- a member training on ``m`` trainers at the rate ``r`` the rate table gives (its rate with
+  the node to itself) uses ``m * trainer_cores`` cores at that rate, so ``m * trainer_cores / r``
+  core-seconds per sample of its stream, plus ``trainer_overhead_s`` for what a trainer does
+  outside its steps (receiving chunks, assembling batches);
+- decoding a sample costs ``decode_core_s`` (one preprocessor decodes on one core), spread over
+  the nodes' preprocessors, or on the member's own node for a stream its member decodes.
+
+A member waiting for data uses no core (the runtime's waits sleep where ranks outnumber
+cores). The quantities are measured (the profile's rates and decoding, the node's cores) or
+learned from an earlier run's measurements; they enter here as data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SharedCores:
+    """The cores of every node of a CPU run and what each sample costs on them.
+
+    Attributes:
+        cores: cores of one node that the job's ranks run on.
+        trainer_cores: cores one busy trainer uses (its threads, at most the node's cores).
+        decode_core_s: core-seconds to decode and augment one training sample.
+        trainer_overhead_s: core-seconds a member's trainers spend per sample outside their
+            steps (receiving the stream, assembling batches).
+    """
+
+    cores: float
+    trainer_cores: float = 1.0
+    decode_core_s: float = 0.0
+    trainer_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.cores > 0 or not self.trainer_cores > 0:
+            raise ValueError("cores and trainer_cores must be positive")
+        if self.decode_core_s < 0 or self.trainer_overhead_s < 0:
+            raise ValueError("decode_core_s and trainer_overhead_s must not be negative")
+
+    def member_rate(self, rate: float, trainers: int) -> float:
+        """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead."""
+        return 1.0 / (1.0 / rate + self.trainer_overhead_s / (trainers * self.trainer_cores))
+
+    def member_core_s(self, rate: float, trainers: int) -> float:
+        """Core-seconds per sample of a member training on `trainers` at `rate` alone."""
+        return trainers * self.trainer_cores / rate + self.trainer_overhead_s
+
+    def slowdown(self, load: float) -> float:
+        """The factor (at most 1) a node's work moves at when it would use `load` cores."""
+        return 1.0 if load <= self.cores else self.cores / load

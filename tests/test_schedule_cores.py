@@ -1,0 +1,73 @@
+"""Shared cores on CPU nodes in the simulator (`fleet.schedule.cores`), checked by hand."""
+
+import pytest
+
+from fleet.schedule import Cluster, ModelProfile, RateTable, Scenario, create_policy, simulate
+from fleet.schedule.cores import SharedCores
+from fleet.schedule.costs import FREE
+
+# n = 60, 2 trainer slots on one node. X: r(1) = 6, r(2) = 10. Y: r(1) = 30, r(2) = 48.
+TINY = RateTable((ModelProfile("X", (6.0, 10.0), param_bytes=0), ModelProfile("Y", (30.0, 48.0))), 2, 60)
+
+
+def on_cores(cores: SharedCores | None, decode_rate: float | None = None, epochs=(1, 1)) -> Scenario:
+    return Scenario(TINY, tuple(epochs), tuple(map(float, epochs)), Cluster(2, 2), decode_rate=decode_rate,
+                    cores=cores)
+
+
+def spans(result) -> dict[str, float]:
+    return {m.model: m.end - m.start for m in result.timeline.members}
+
+
+def test_enough_cores_change_nothing():
+    alone = simulate(create_policy("baseline"), on_cores(None), FREE)
+    roomy = simulate(create_policy("baseline"), on_cores(SharedCores(cores=2)), FREE)
+    assert spans(alone) == pytest.approx({"X": 10, "Y": 2})
+    assert spans(roomy) == pytest.approx(spans(alone))
+
+
+def test_two_trainers_on_one_core_share_it():
+    # Each trainer alone would use its core; together they want 2 cores of 1: both at half
+    # speed while both run. Y: 60 samples at 15/s = 4 s; X moved 3/s for 4 s (12 samples),
+    # then alone at 6/s: 48 / 6 = 8 s more, 12 s in all.
+    result = simulate(create_policy("baseline"), on_cores(SharedCores(cores=1)), FREE)
+    assert spans(result) == pytest.approx({"X": 12, "Y": 4})
+
+
+def test_decoding_shares_the_cores_with_training():
+    # Homogeneous: one stream of X and Y at X's pace, 6 samples/s. Training uses 6/6 + 6/30 =
+    # 1.2 cores, decoding 6 * 0.1 = 0.6: 1.8 cores on 1.2 -> 2/3 of the pace, 4 samples/s.
+    # X's epoch: 15 s. Then Y alone trains its second epoch: 30/s wants 1 core, decoding
+    # 3 cores: 4 on 1.2 -> 9 samples/s, 60 / 9 s.
+    cores = SharedCores(cores=1.2, decode_core_s=0.1)
+    result = simulate(create_policy("homogeneous"), on_cores(cores, epochs=(1, 2)), FREE)
+    assert result.makespan == pytest.approx(15 + 60 / 9)
+
+
+def test_a_trainers_overhead_slows_it_alone_and_loads_the_node():
+    # 1/6 s per sample of X's steps plus 1/12 core-second outside them: X alone at 4/s (15 s);
+    # Y at 1 / (1/30 + 1/12) = 60/7/s (7 s). Two cores: no sharing.
+    cores = SharedCores(cores=2, trainer_overhead_s=1 / 12)
+    assert spans(simulate(create_policy("baseline"), on_cores(cores), FREE)) == pytest.approx({"X": 15, "Y": 7})
+
+
+def test_shared_cores_need_positive_cores():
+    with pytest.raises(ValueError, match="cores"):
+        SharedCores(cores=0)
+    with pytest.raises(ValueError, match="decode_core_s"):
+        SharedCores(cores=1, decode_core_s=-1)
+
+
+def test_a_cpu_profile_gives_the_cores_its_node_had():
+    from fleet.profiling.document import shared_cores
+
+    extra = {"hardware": {"device": "cpu", "cores_per_node": 2, "threads_per_trainer": 4},
+             "preprocessing": {"samples_per_s": {"1": 500.0, "2": 900.0}}}
+    assert shared_cores(extra) == SharedCores(cores=2.0, trainer_cores=2.0, decode_core_s=1 / 500)
+    # the profile's node wins over this one's; without either there is nothing to share
+    assert shared_cores(extra, cores=64).cores == 2.0
+    assert shared_cores({"hardware": {"device": "cpu"}}) is None
+    assert shared_cores({}, device="cpu", threads=1, cores=8) == SharedCores(cores=8.0)
+    # GPUs and the emulated device: the steps use no core of the node
+    assert shared_cores({**extra, "hardware": {**extra["hardware"], "device": "cuda"}}) is None
+    assert shared_cores({}, device="emulated", cores=8) is None
