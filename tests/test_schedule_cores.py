@@ -67,6 +67,8 @@ def test_a_cpu_profile_gives_the_cores_its_node_had():
     # the profile's node wins over this one's; without either there is nothing to share
     assert shared_cores(extra, cores=64).cores == 2.0
     assert shared_cores({"hardware": {"device": "cpu"}}) is None
+    # an older profile (wall-clock rates, measured beside each other) is taken as it is
+    assert shared_cores({"hardware": {"device": "cpu", "threads_per_trainer": 1}}, cores=8) is None
     assert shared_cores({}, device="cpu", threads=1, cores=8) == SharedCores(cores=8.0)
     # GPUs and the emulated device: the steps use no core of the node
     assert shared_cores({**extra, "hardware": {**extra["hardware"], "device": "cuda"}}) is None

@@ -166,11 +166,12 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
     profile's extra fields: the node's cores it recorded (else `cores`, e.g. this node's),
     its threads per trainer (else `threads`) and one preprocessor's measured decoding (else
     decoding costs no core). None on GPUs and the emulated device, whose steps use no core
-    of the node, or where the cores are unknown."""
+    of the node, or where the cores are unknown: a profile measured before profiles recorded
+    them timed its trainers on the wall clock, beside each other, and is taken as it is."""
     hardware = extra.get("hardware", {}) if isinstance(extra.get("hardware"), Mapping) else {}
     if (device or hardware.get("device")) != "cpu":
         return None
-    cores = _positive(hardware.get("cores_per_node")) or cores
+    cores = _positive(hardware.get("cores_per_node")) or (None if hardware else cores)
     if not cores:
         return None
     threads = threads or _positive(hardware.get("threads_per_trainer")) or 1
