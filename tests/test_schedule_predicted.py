@@ -27,11 +27,23 @@ def test_the_forecast_is_the_simulated_makespan_inside_a_range_from_the_rates_sp
     assert record["range_s"] == [forecast.low_s, forecast.high_s] and record["rate_spread"] == 0.3
 
 
-def test_a_given_makespan_and_candidates_are_kept_and_the_draws_stop_at_their_budget():
+def test_candidates_are_kept_and_the_draws_stop_at_their_budget():
     forecast = forecast_run(lambda: create_policy("baseline"), scenario(), FREE, spread=0.1, draws=50, budget_s=0.0,
-                            makespan_s=123.0, candidates={"baseline": 123.0, "fleet-g": 150.0})
-    assert forecast.makespan_s == 123.0 and forecast.candidates == {"baseline": 123.0, "fleet-g": 150.0}
+                            candidates={"baseline": 123.0, "fleet-g": 150.0})
+    assert forecast.candidates == {"baseline": 123.0, "fleet-g": 150.0}
     assert forecast.draws == 1  # the first draw always runs; the budget stops the rest
+
+
+def test_the_predicted_gantt_holds_every_stay_of_the_simulated_run():
+    s = scenario(models=5, gpus=2)
+    forecast = forecast_run(lambda: create_policy("baseline"), s, FREE, spread=0.1, draws=1)
+    gantt = forecast.gantt_record()
+    assert gantt["policy"] == "baseline" and gantt["makespan_s"] == forecast.makespan_s
+    assert sorted(m["model"] for m in gantt["members"]) == [f"m{i:02d}" for i in range(5)]
+    assert max(m["end"] for m in gantt["members"]) == pytest.approx(forecast.makespan_s)
+    first = min(gantt["members"], key=lambda m: m["start"])
+    assert first["start"] == 0.0 and len(first["gpus"]) == 1 and first["epochs"] == [0.0, 3.0]
+    assert first["outcome"] == "converged" and gantt["rounds"]
 
 
 def test_scaled_rates_scale_each_model_by_its_factor():

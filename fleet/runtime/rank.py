@@ -382,6 +382,8 @@ def _coordinate(ctx, options: TrainOptions) -> None:
               rates=plan.rates_source, device=spec.cluster.device.value, collective=collective,
               early_stop=asdict(plan.early.settings) if plan.early else None,
               forecast=plan.forecast.to_record() if plan.forecast else None)
+    if plan.forecast is not None:
+        atomic_write_json(run_dir / "forecast.json", plan.forecast.gantt_record())
     console.banner(
         f"fleet: {spec.name}: {len(plan.ledger.views)} of {len(spec.models)} models to train with "
         f"{plan.policy_name} on {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} "

@@ -25,6 +25,7 @@ from fleet.schedule.costs import Overheads
 from fleet.schedule.early_stop import EarlyStopSettings
 from fleet.schedule.rates import ModelProfile, RateTable
 from fleet.schedule.scenario import Scenario
+from fleet.schedule.sim_records import Timeline
 from fleet.schedule.simulator import simulate
 
 MEASURED_SPREAD = 0.1
@@ -45,6 +46,7 @@ class RunForecast:
         spread: the per-model rate uncertainty of the draws.
         draws: simulations made for the range (fewer than asked when they ran past their time).
         candidates: ``policy: auto``'s predicted makespan of each candidate ({} otherwise).
+        timeline: the simulated run's rounds and members (the predicted Gantt).
     """
 
     policy: str
@@ -54,10 +56,21 @@ class RunForecast:
     spread: float
     draws: int
     candidates: dict[str, float] = field(default_factory=dict)
+    timeline: Timeline | None = None
 
     def to_record(self) -> dict:
         return {"policy": self.policy, "makespan_s": self.makespan_s, "range_s": [self.low_s, self.high_s],
                 "rate_spread": self.spread, "draws": self.draws, "candidates": dict(self.candidates)}
+
+    def gantt_record(self) -> dict:
+        """The predicted Gantt (forecast.json): every member's stay on its GPUs, seconds from
+        the run's first step, and the rounds."""
+        timeline = self.timeline
+        members = [{"model": m.model, "round": m.round, "gpus": list(m.gpus), "start": m.start, "end": m.end,
+                    "released": m.released, "outcome": m.outcome.value, "epochs": [m.epochs_start, m.epochs_end]}
+                   for m in (timeline.members if timeline else ())]
+        rounds = [{"index": r.index, "start": r.start, "end": r.end} for r in (timeline.rounds if timeline else ())]
+        return {"schema": 1, **self.to_record(), "members": members, "rounds": rounds}
 
 
 def scaled_rates(rates: RateTable, factors: np.ndarray) -> RateTable:
@@ -69,13 +82,13 @@ def scaled_rates(rates: RateTable, factors: np.ndarray) -> RateTable:
 
 def forecast_run(make_policy: Callable[[], Policy], scenario: Scenario, overheads: Overheads, spread: float,
                  draws: int = 8, seed: int = 0, budget_s: float = 10.0, early_stop: EarlyStopSettings | None = None,
-                 makespan_s: float | None = None, candidates: dict[str, float] | None = None) -> RunForecast:
-    """The forecast of running `make_policy()`'s policy on `scenario` (`makespan_s`: its
-    makespan where already simulated, e.g. by ``policy: auto``'s choice). The draws stop once
-    they have taken `budget_s` seconds (a large ensemble's simulations are slow)."""
+                 candidates: dict[str, float] | None = None) -> RunForecast:
+    """The forecast of running `make_policy()`'s policy on `scenario` (`candidates`: ``policy:
+    auto``'s prediction for each). The draws stop once they have taken `budget_s` seconds (a
+    large ensemble's simulations are slow)."""
     name = make_policy().name
-    if makespan_s is None:
-        makespan_s = simulate(make_policy(), scenario, overheads, early_stop=early_stop).makespan
+    expected = simulate(make_policy(), scenario, overheads, early_stop=early_stop)
+    makespan_s = expected.makespan
     rng = np.random.default_rng(seed)
     spans, began = [], time.monotonic()
     for _ in range(draws):
@@ -86,4 +99,5 @@ def forecast_run(make_policy: Callable[[], Policy], scenario: Scenario, overhead
         noisy = replace(scenario, rates=scaled_rates(scenario.rates, factors), planning_rates=planned)
         spans.append(simulate(make_policy(), noisy, overheads, early_stop=early_stop).makespan)
     low, high = (float(np.percentile(spans, 10)), float(np.percentile(spans, 90))) if spans else (makespan_s,) * 2
-    return RunForecast(name, float(makespan_s), low, high, spread, len(spans), dict(candidates or {}))
+    return RunForecast(name, float(makespan_s), low, high, spread, len(spans), dict(candidates or {}),
+                       expected.timeline)

@@ -244,7 +244,6 @@ def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rat
     choice = plan.choice
     return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, PREDICTION_COSTS, spread,
                         seed=spec.seed, early_stop=simulated_early_stop(spec),
-                        makespan_s=choice.predicted_s[choice.name] if choice else None,
                         candidates=choice.predicted_s if choice else None)
 
 
