@@ -21,11 +21,12 @@ from fleet.errors import UserError
 from fleet.runtime.finish import summarize_job
 from fleet.runtime.launch.process import exit_all, finalize_mpi, init_mpi
 from fleet.runtime.launch.signals import install_checkpoint_signals
+from fleet.runtime.control.rates_source import STEPS_FILE
 from fleet.runtime.launch.topology import LaunchMismatch, TopologyError
 from fleet.runtime.rank import SameOnEveryRank, TrainOptions, run_role, set_up, start
 from fleet.runtime.waiting import RankIdentity, abort_job, barrier
 from fleet.spec import SpecError
-from profiler.job import run_profiling
+from profiler.job import run_profiling, run_timed_steps
 
 LINE_GRACE_S = 2.0
 """How long ranks that print nothing wait before leaving, where MPI cannot end the job together."""
@@ -103,9 +104,23 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     ctx, rates = start(world, who, options, started)
     if rates["measure"]:
         _profile(ctx, options)
+    elif rates["time_steps"]:
+        _time_steps(ctx, options, list(rates["time_steps"]))
     if not options.profile_only:
         set_up(ctx, rates)
     return ctx
+
+
+def _time_steps(ctx, options: TrainOptions, models: list[str]) -> None:
+    """Every rank takes part; rank 0 writes steps.json (`fleet.profiling.timed_steps`)."""
+    say = (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
+    document = run_timed_steps(ctx, models, say)
+    if ctx.rank != 0:
+        return
+    path = Path(ctx.run_dir) / STEPS_FILE
+    atomic_write_json(path, document)
+    print(f"fleet: timed the steps of {len(document['rates'])} model(s) in {document['seconds']:.1f} s "
+          f"to correct the rates estimated from FLOPs; wrote {path}", flush=True)
 
 
 def _profile(ctx, options: TrainOptions) -> None:

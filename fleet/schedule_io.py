@@ -16,6 +16,7 @@ from typing import Any
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
 from fleet.profiling.document import decode_limit, shared_cores
+from fleet.schedule.calibration import Calibration, CalibrationError
 from fleet.schedule.rates import ProfileFormatError, RateTable
 from fleet.schedule.simulator import Cluster, Scenario, SimResult
 
@@ -57,6 +58,37 @@ def profile_scenario(
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
                     own_decode_rate=decode_limit(rates.extra, 1, 1),  # one process's
                     cores=shared_cores(rates.extra))
+
+
+def load_calibration(run_dir: Path, device: str, required: bool) -> Calibration | None:
+    """What the run in `run_dir` measured of its costs (its results.json's
+    ``prediction.measured``), for predictions on `device`; None where it has none and it is
+    not `required` (a run directory whose job has not finished yet, or an older run's).
+
+    Raises:
+        UserError: it is `required` and missing, or it is there and malformed (one line naming
+            the file and the field).
+    """
+    path = run_dir / "results.json"
+    where = f"--calibrate-from {run_dir}" if required else str(path)
+    if not path.is_file():
+        if required:
+            raise UserError(f"{where}: no results.json there (the directory of a finished fleet run is needed)")
+        return None
+    try:
+        document = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    measured = document.get("prediction", {}).get("measured") if isinstance(document, dict) and isinstance(
+        document.get("prediction"), dict) else None
+    if measured is None:
+        if required:
+            raise UserError(f"{where}: its results.json has no prediction.measured (a run by an older fleet?)")
+        return None
+    try:
+        return Calibration.from_record(measured, device, str(run_dir), document.get("overhead_s"))
+    except CalibrationError as exc:
+        raise UserError(f"{path}: {exc}") from None
 
 
 def epochs_from_profile(

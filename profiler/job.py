@@ -15,7 +15,8 @@ from typing import Any
 
 from fleet.engines import get_framework
 from fleet.host import node_cores
-from fleet.profiling.document import build_document
+from fleet.profiling import timed_steps
+from fleet.profiling.document import build_document, fingerprint
 from fleet.profiling.plan import DECODE_SECONDS, Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
 from fleet.runtime.train.trainer import create_group_comm
 from fleet.runtime.waiting import bcast_object, recv_object, send_object
@@ -31,6 +32,16 @@ def run_profiling(ctx, say=print) -> dict | None:
         _serve(ctx)
         return None
     return _Driver(ctx, say).run()
+
+
+def run_timed_steps(ctx, models: list[str], say=print) -> dict | None:
+    """A few timed steps of `models` (one trainer each) and one preprocessor's decoding, for
+    the estimates of a job that does not profile (`fleet.profiling.timed_steps`); steps.json's
+    dict on rank 0, None elsewhere."""
+    if ctx.rank != 0:
+        _serve(ctx)
+        return None
+    return _Driver(ctx, say).timed_steps(models)
 
 
 def _serve(ctx) -> None:
@@ -86,12 +97,14 @@ class _Driver:
         ids = list(self.measured)
         self.say(f"profile: {len(ids)} models on {self.gpus} trainer(s): {sched.profile_batches} batches each, "
                  f"timing the last {sched.profile_timed}{self._shared_note()}")
-        self._measure([(model, 1) for model in ids])
+        self._measure([(model, 1) for model in ids], sched.profile_batches, sched.profile_timed)
         single = {m: e[1]["rate"] for m, e in self.measured.items() if "rate" in e.get(1, {})}
         m_t = threshold_gpus(single, self.spec.cluster.gpus_per_node, self.gpus)
         self.say(f"profile: M_t = {m_t} (rates beyond it follow Eq. 5)")
-        self._measure([(model, m) for m in range(2, m_t + 1) for model in single])
-        preprocessing = self._measure_decoding()
+        self._measure([(model, m) for m in range(2, m_t + 1) for model in single], sched.profile_batches,
+                      sched.profile_timed)
+        preprocessing = self._measure_decoding(preprocessor_counts(len(self.topology.preprocessor_ranks())),
+                                               DECODE_SECONDS)
         self._step(("done",))
         finished = dt.datetime.now(dt.timezone.utc)
         timing = {
@@ -101,6 +114,22 @@ class _Driver:
         }
         return build_document(self.spec, self.ctx.epoch_samples, self.measured, preprocessing,
                               self._hardware(), timing, self.timed_as)
+
+    def timed_steps(self, models: list[str]) -> dict:
+        """steps.json's dict: `models` timed for a few steps on one trainer each, and one
+        preprocessor's decoding."""
+        began = time.monotonic()
+        self.say(f"timing {timed_steps.TIMED} steps of {len(models)} model(s) on one trainer each, "
+                 "to correct the rates estimated from FLOPs")
+        self.measured = {m: {} for m in models}
+        self._measure([(model, 1) for model in models], timed_steps.BATCHES, timed_steps.TIMED)
+        preprocessing = self._measure_decoding((1,), timed_steps.DECODE_SECONDS)
+        self._step(("done",))
+        rates = {m: e[1]["rate"] for m, e in self.measured.items() if "rate" in e.get(1, {})}
+        return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": rates,
+                "failed": {m: e[1]["failed"] for m, e in self.measured.items() if "failed" in e.get(1, {})},
+                "preprocessing": preprocessing, "hardware": self._hardware(),
+                "seconds": round(time.monotonic() - began, 3)}
 
     def _shared_note(self) -> str:
         """How many spec models the timed ones stand for, when some train at the same speed."""
@@ -123,13 +152,12 @@ class _Driver:
             results.append(recv_object(ctx.world, rank, RESULT_TAG, f"rank {rank}'s profiling result", ctx.timeout_s))
         return results
 
-    def _measure(self, jobs: list[tuple[str, int]]) -> None:
-        sched = self.spec.scheduler
+    def _measure(self, jobs: list[tuple[str, int]], batches: int, timed: int) -> None:
         planned = waves(jobs, self.spec.cluster.gpus_per_node, self.gpus)
         for k, wave in enumerate(planned, start=1):
             began = time.monotonic()
             step_jobs = [(job.model, self._ranks(job), self._next_uid()) for job in wave]
-            results = self._step(("train", step_jobs, sched.profile_batches, sched.profile_timed))
+            results = self._step(("train", step_jobs, batches, timed))
             lines = []
             for job, (_, ranks, _) in zip(wave, step_jobs):
                 result = dict(results[ranks[0]] or {"failed": "no result"}, gpus=list(job.gpus))
@@ -138,11 +166,11 @@ class _Driver:
                                                          else f"FAILED ({result['failed']})"))
             self.say(f"profile: wave {k}/{len(planned)} ({time.monotonic() - began:.1f} s): " + ", ".join(lines))
 
-    def _measure_decoding(self) -> dict:
+    def _measure_decoding(self, counts, seconds: float) -> dict:
         ranks = list(self.topology.preprocessor_ranks())
         rates: dict[str, float] = {}
-        for k in preprocessor_counts(len(ranks)):
-            results = self._step(("decode", tuple(ranks[:k]), DECODE_SECONDS))
+        for k in counts:
+            results = self._step(("decode", tuple(ranks[:k]), seconds))
             rates[str(k)] = round(sum(results[r]["rate"] for r in ranks[:k]), 1)
             self.say(f"profile: {k} preprocessor(s) decode {rates[str(k)]:,.0f} samples/s")
         return {"samples_per_s": rates, "chunk_samples": self.ctx.chunk_samples,

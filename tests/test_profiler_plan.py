@@ -1,11 +1,13 @@
 """The profiler's pure parts: M_t, packing measurements into waves, profile.json, preprocessors."""
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.spec import parse_spec
-from fleet.profiling.document import build_document, model_rates, reuse_verdict, stream_demand
+from fleet.profiling.document import build_document, fingerprint, model_rates, reuse_verdict, stream_demand
 from fleet.profiling.plan import (DECODE_SECONDS, JOB_OVERHEAD_S, PROFILE_SHARE, decode_capacity, needed_preprocessors,
                                   predicted_profiling_s, preprocessor_counts, profiling_verdict, threshold_gpus, timed_as,
                                   waves)
@@ -263,6 +265,11 @@ def test_a_run_without_profile_json_profiles_as_scheduler_profile_says(tmp_path)
            "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"}}
     auto = rates_decision(parse_spec(doc), tmp_path, False, 1400)
     assert (auto.measure, auto.emulated_rates) == (False, None) and auto.note.startswith("not profiling: measuring 2 ")
+    assert auto.time_steps == ("mlp-000",)  # a few steps of it are timed instead, to correct its estimate
+    (tmp_path / "steps.json").write_text(json.dumps({  # timed already, for this ensemble: not again
+        "fingerprint": fingerprint(parse_spec(doc)), "rates": {"mlp-000": 900.0}, "preprocessing": {}, "hardware": {}}))
+    assert rates_decision(parse_spec(doc), tmp_path, False, 1400).time_steps == ()
+    (tmp_path / "steps.json").unlink()
     doc["train"]["max_epochs"] = 50_000  # training for hours on estimated rates: profiling is a rounding error
     long = rates_decision(parse_spec(doc), tmp_path, False, 1400)
     assert long.measure and long.note.startswith("profiling first: measuring 2 ")
@@ -270,6 +277,7 @@ def test_a_run_without_profile_json_profiles_as_scheduler_profile_says(tmp_path)
     assert rates_decision(parse_spec(doc), tmp_path, False, 1400).note == "profiling first: no profile.json"
     doc["scheduler"] = {"profile": False}
     assert not rates_decision(parse_spec(doc), tmp_path, False, 1400).measure
+    assert rates_decision(parse_spec(doc), tmp_path, False, 1400).time_steps == ()  # false: nothing timed
     for policy in ("baseline", "homogeneous"):  # their plans read no rate: hours of training or not
         doc["scheduler"] = {"policy": policy}
         named = rates_decision(parse_spec(doc), tmp_path, False, 1400)

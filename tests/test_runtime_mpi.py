@@ -290,20 +290,27 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     assert {m["id"]: m["epochs"] for m in res["models"]} == epochs
     assert epochs_by_model(run_dir) == {m: list(range(1, e + 1)) for m, e in epochs.items()}
     forecast = res["prediction"]  # what the job expected of itself, beside what it measured
-    assert forecast["policy"] == res["policy"] and forecast["rates"].startswith("measured")
+    switches = res["policy_choice"].get("switched", []) if policy == "auto" else []
+    started_with = switches[0]["from"] if switches else res["policy"]  # auto may switch on measured rates
+    assert forecast["policy"] == started_with and forecast["rates"].startswith("measured")
     assert forecast["range_s"][0] <= forecast["range_s"][1] and forecast["draws"] >= 1
     assert forecast["measured_over_predicted"] == pytest.approx(res["makespan_s"] / forecast["makespan_s"])
     assert [e["forecast"] for e in events(run_dir) if e["event"] == "run_start"] == [
-        {k: v for k, v in forecast.items() if k not in ("rates", "measured_makespan_s", "measured_over_predicted")}]
+        {k: v for k, v in forecast.items()
+         if k not in ("rates", "measured_makespan_s", "measured_over_predicted", "measured")}]
+    measured = forecast["measured"]  # what its steps reached, per model and group size, for later runs
+    assert set(measured["rates"]) == set(epochs) and measured["start_s"] > 0
+    assert all(e["compute_rate"] > 0 for by_size in measured["rates"].values() for e in by_size.values())
     if policy == "homogeneous":  # one stream over both nodes: some chunks in place, some as bytes
         assert 0 < res["chunks_in_shared_memory"] < res["samples_decoded"] / 64
     if policy == "auto":  # it ran the candidate with the lowest predicted makespan, and says so
         choice = res["policy_choice"]
         assert set(choice["predicted_makespan_s"]) == {"fleet-g", "fleet-adaptive", "fleet-l", "homogeneous", "baseline"}
-        assert res["policy"] == choice["chosen"] == min(choice["predicted_makespan_s"], key=choice["predicted_makespan_s"].get)
+        assert started_with == choice["chosen"] == min(choice["predicted_makespan_s"], key=choice["predicted_makespan_s"].get)
+        assert res["policy"] == (switches[-1]["to"] if switches else choice["chosen"])
         assert forecast["candidates"] == choice["predicted_makespan_s"]
-        assert forecast["makespan_s"] == choice["predicted_makespan_s"][res["policy"]]
-        assert [e["policy"] for e in events(run_dir) if e["event"] == "run_start"] == [res["policy"]]
+        assert forecast["makespan_s"] == choice["predicted_makespan_s"][started_with]
+        assert [e["policy"] for e in events(run_dir) if e["event"] == "run_start"] == [started_with]
     if policy == "baseline":  # every model has its own stream, which ends where its model does,
         assert res["samples_decoded"] == sum(epochs.values()) * n  # decoded by its own trainer
         log = events(run_dir)
@@ -475,6 +482,9 @@ def test_checkpoint_signal_checkpoints_every_model_exits_75_and_resumes(tmp_path
         assert f"resuming {corrupted!r} from the older" in done.stdout + done.stderr
     final = results(run_dir)
     assert final["interrupted"] is False
+    # the first job measured its steps; the resumed one predicts with what it measured
+    assert first["prediction"]["measured"]["rates"] and first["prediction"]["measured"]["trainer_overhead_s"] >= 0
+    assert final["prediction"]["rates"].endswith(f"calibrated by the run in {run_dir}")
     for model in final["models"]:
         assert model["converged"] or model["epochs"] == 4
         assert [h["epoch"] for h in model["history"]] == list(range(1, model["epochs"] + 1)), model["id"]

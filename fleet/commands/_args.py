@@ -81,3 +81,7 @@ def names_of(valid: Sequence[str]) -> Callable[[str], list[str]]:
         return names
 
     return parse
+
+
+CALIBRATE_HELP = ("predict and plan with the rates and costs that the run in DIR (a finished fleet run of the "
+                  "same models) measured; a resumed job learns from its own run directory")

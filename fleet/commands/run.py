@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from fleet.atomic import atomic_write_json, atomic_write_text
+from fleet.commands._args import CALIBRATE_HELP
 from fleet.commands._watch import finish, start_timeout
 from fleet.report.results import leaderboard_rows, write_results
 from fleet.runlock import RunLock
@@ -19,6 +20,7 @@ from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_com
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.local import train_local
+from fleet.schedule_io import load_calibration
 from fleet.spec import SpecError, load_spec
 
 
@@ -33,6 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--local", action="store_true", help="train the models one after another in this process")
     parser.add_argument("--device", choices=["cpu", "cuda", "emulated"], help="override cluster.device")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines (batch logs)")
+    parser.add_argument("--calibrate-from", metavar="DIR", help=CALIBRATE_HELP)
     parser.set_defaults(func=run)
     return parser
 
@@ -42,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     check_partitions(spec)
     check_recorded_setting(spec.run_dir, spec.early_stop_settings())
     RunLock(spec.run_dir, "fleet run").check_free()
+    if args.calibrate_from is not None:
+        load_calibration(Path(args.calibrate_from), spec.cluster.device.value, required=True)
     if args.local:
         if spec.early_stop_settings().method != "none":
             raise SpecError("scheduler.early_stop: fleet run --local trains every model to its end, one after "
@@ -49,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return run_local(spec, args)
     check_collective(spec, args.device)
     ranks = spec.cluster.nodes * ranks_per_node(spec)
-    command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
+    command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device,
+                              args.calibrate_from)
     launched = time.time()
     code = finish(spec, start_here(command, f"starting {ranks} ranks", spec.run_dir, start_timeout(spec)), training=True)
     if code in (0, EXIT_CHECKPOINTED):  # rank 0 has printed the best models and drawn report.html
@@ -61,7 +67,8 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float) 
     """Add to results.json's ``overhead_s`` what the ranks' own clocks miss: ``launch`` (from
     `fleet run` starting mpiexec to the ranks' start-up clock: mpiexec, interpreters, imports,
     MPI_Init) and ``shutdown`` (from the last model's end to every rank's exit; rank 0 draws
-    the report meanwhile, ``report`` of it)."""
+    the report meanwhile, ``report`` of it), and to its ``prediction`` the wall time from
+    `fleet run` starting the ranks to their exit (``measured_wall_s``)."""
     path = run_dir / "results.json"
     events = {e["event"]: e for e in read_events(run_dir / "events.jsonl") if e["event"] in ("run_start", "run_end")}
     if not path.exists() or set(events) != {"run_start", "run_end"}:
@@ -70,6 +77,8 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float) 
     overhead = results.setdefault("overhead_s", {})
     overhead["launch"] = round(max(0.0, events["run_start"]["time"] - events["run_start"]["startup_s"] - launched), 3)
     overhead["shutdown"] = round(max(0.0, ended - events["run_end"]["time"]), 3)
+    if isinstance(results.get("prediction"), dict):
+        results["prediction"]["measured_wall_s"] = round(ended - launched, 3)
     atomic_write_json(path, results)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from fleet.commands._args import positive_int
+from fleet.commands._args import CALIBRATE_HELP, positive_int
 from fleet.rank_entry import train_entry
 from fleet.runtime.rank import TrainOptions
 
@@ -24,10 +24,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", choices=["cpu", "cuda", "emulated"], help="override cluster.device")
     parser.add_argument("--quiet", action="store_true", help="no per-epoch lines (batch logs)")
+    parser.add_argument("--calibrate-from", metavar="DIR", help=CALIBRATE_HELP)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    options = TrainOptions(args.spec, args.run_dir, args.ranks_per_node, args.device, args.quiet)
+    options = TrainOptions(args.spec, args.run_dir, args.ranks_per_node, args.device, args.quiet,
+                           calibrate_from=args.calibrate_from)
     return train_entry(options)

@@ -191,5 +191,6 @@ def profiling_verdict(profiling_s: float, pairs: int, training_s: float) -> tupl
             f"{share:.0%} of the {training_s:,.0f} s predicted for training with estimated rates")
     if share <= PROFILE_SHARE:
         return True, f"profiling first: {cost}"
-    return False, (f"not profiling: {cost}; planning with rates estimated from FLOPs, refined from the "
-                   f"steps measured while training (scheduler.profile: true measures first)")
+    return False, (f"not profiling: {cost}; planning with rates estimated from FLOPs, corrected by timing a few "
+                   f"steps of each model family first and refined from the steps measured while training "
+                   f"(scheduler.profile: true measures first)")

@@ -88,6 +88,7 @@ class RunContext:
     process_start: float = field(default_factory=time.monotonic)
     checkpoint_signal: threading.Event | None = None
     profile_only: bool = False
+    calibrate_from: str | None = None  # a run directory whose measured costs the predictions take
     processes: list[str] = field(default_factory=list)
     run_lock: RunLock | None = None
     plan: RunPlan | None = None

@@ -172,6 +172,7 @@ class EpochReport:
     stop_reason: str | None
     samples: int = 0  # the epoch's samples, resumed part included
     start_s: float = 0.0  # the member's start, from its StartMember to its first batch (first report only)
+    cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # the group's CPU seconds in steps, in all, samples trained
 
 
 @dataclass(frozen=True)
@@ -234,3 +235,4 @@ class StreamDone:
     shared: int = 0  # chunks its root master took from shared memory
     hollow: int = 0  # chunks sent as a header only, after every member had left
     read_from: tuple[tuple[str, int], ...] = ()  # (file, samples) this rank read for the stream
+    cpu_s: float = 0.0  # this rank's CPU seconds since it started (all its streams, its waits)

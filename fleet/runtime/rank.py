@@ -67,6 +67,7 @@ class TrainOptions:
     device: str | None = None
     quiet: bool = False
     profile_only: bool = False  # `fleet profile`: measure, train nothing
+    calibrate_from: str | None = None  # a run directory whose measured costs the predictions take
     epilogue: Callable[[Any, Path], None] | None = None  # rank 0, (spec, run dir), before the job ends
 
 
@@ -106,6 +107,7 @@ def start(world: Any, who: RankIdentity, options: TrainOptions, started: dict) -
     ctx = started["ctx"] = RunContext(spec, world, ctrl, data_parent, group_parent, topology, who, device, spec.run_dir)
     ctx.partitions = partitions  # read once, from the manifest
     ctx.profile_only = options.profile_only
+    ctx.calibrate_from = options.calibrate_from
     ctx.processes = processes
     _agree_on_collective(world, spec, len(topology.trainer_ranks()), _warm_up(ctx, placement.role.value))
     rates = _from_rank0(ctx, _rank0_rates, "the rates decision from rank 0")
@@ -184,12 +186,13 @@ def _rank0_rates(ctx) -> dict | str:
     if decision.note:
         print(f"fleet: {decision.note}", flush=True)
     setup = None
-    if not decision.measure and not ctx.profile_only:  # the plan now, in the same message
+    if not decision.measure and not decision.time_steps and not ctx.profile_only:  # the plan now, in the same message
         ctx.rates = decision.emulated_rates
         setup = _rank0_setup(ctx)
         if isinstance(setup, str):
             return setup
-    return {"measure": decision.measure, "emulated": decision.emulated_rates, "setup": setup}
+    return {"measure": decision.measure, "emulated": decision.emulated_rates, "setup": setup,
+            "time_steps": decision.time_steps}
 
 
 def _lock_run_dir(ctx) -> None:
@@ -316,7 +319,7 @@ def _visible_gpus(spec) -> int | None:
 def _rank0_setup(ctx) -> dict | str:
     """The plan on rank 0; a user error becomes its message for every rank."""
     try:
-        plan = plan_run(ctx.spec, Path(ctx.run_dir), ctx.epoch_samples, ctx.partitions)
+        plan = plan_run(ctx.spec, Path(ctx.run_dir), ctx.epoch_samples, ctx.partitions, ctx.calibrate_from)
     except UserError as exc:
         return str(exc)
     ctx.plan = plan

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleet.report.results import EARLY_STOP_REASON
+from fleet.runtime.control.measured_costs import MeasuredCosts
 from fleet.runtime.protocol import EpochReport, MemberLeft
 from fleet.schedule.costs import Overheads
 
@@ -51,6 +52,7 @@ class RunAccount:
         self.start_s, self.starts = 0.0, 0  # members' starts (StartMember to first batch): sum, count
         self.val_decoded = 0
         self.plan_rounds: list[dict] = []
+        self.costs = MeasuredCosts()
 
     # -- reports ------------------------------------------------------------------------------
 
@@ -61,6 +63,7 @@ class RunAccount:
         record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason")})
         self.count_checkpoint(report.checkpoint_s, group_size)
         self._count_start(report.start_s)
+        self.costs.epoch(report, group_size)
         if report.stop_reason is not None:
             record.converged, record.stop_reason = True, report.stop_reason
         return record
@@ -94,6 +97,12 @@ class RunAccount:
         each = self.checkpoint_s / self.saves if self.saves else 1.0
         start = self.start_s / self.starts if self.starts else 0.0
         return Overheads(latency_s=each, bandwidth=float("inf"), planning_s=0.0, start_s=start)
+
+    def measured_costs(self) -> dict:
+        """results.json's ``prediction.measured``: what this run's steps, trainers,
+        preprocessors, starts and saves cost (`MeasuredCosts`)."""
+        return self.costs.record(self.start_s / self.starts if self.starts else None,
+                                 self.checkpoint_s / self.saves if self.saves else None)
 
     # -- plan.json ----------------------------------------------------------------------------
 

@@ -224,6 +224,7 @@ class Membership:
     # -- streams and groups that ended ----------------------------------------------------------
 
     def on_stream_done(self, report: StreamDone) -> None:
+        self.account.costs.stream_done(report)
         live = self.books.stream_done(report)
         if live is not None:
             self.log.write("stream_end", stream=report.stream, decoded=live.decoded, shared_chunks=live.shared,

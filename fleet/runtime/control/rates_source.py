@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 from fleet.errors import UserError
+from fleet.profiling.document import fingerprint
 from fleet.profiling.plan import timed_as
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec
@@ -33,6 +35,37 @@ def estimated_profile(spec: Spec, samples_per_epoch: int, flops_per_sample: dict
         "models": models,
         "source": "estimated from FLOPs per sample (no profile.json; run `fleet profile` to measure)",
     }
+
+
+STEPS_FILE = "steps.json"
+
+
+def load_timed_steps(run_dir: str | Path, spec: Spec) -> dict | None:
+    """`run_dir/steps.json` (a job's timed steps, `fleet.profiling.timed_steps`) when it was
+    timed for this ensemble (the profile's fingerprint), else None.
+
+    Raises:
+        UserError: it is there but not what a job writes (one line naming the file and field).
+    """
+    path = Path(run_dir) / STEPS_FILE
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read it: {exc}") from None
+    if not isinstance(document, dict) or document.get("fingerprint") != fingerprint(spec):
+        return None  # another ensemble's, or another device's: timed again
+    rates = document.get("rates")
+    ids = {m.id for m in spec.models}
+    if not isinstance(rates, dict) or not all(
+            k in ids and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for k, v in rates.items()):
+        raise UserError(f"{path}: rates: expected {{model id: samples/s > 0}} for models of the spec")
+    for key in ("preprocessing", "hardware"):
+        if not isinstance(document.get(key), dict):
+            raise UserError(f"{path}: {key}: expected an object")
+    return document
 
 
 def load_run_profile(run_dir: str | Path, spec: Spec):

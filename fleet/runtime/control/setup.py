@@ -21,10 +21,12 @@ from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
 from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict, shared_cores
 from fleet.prediction import simulated_early_stop
-from fleet.profiling.plan import predicted_profiling_s, profiling_verdict
+from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
+from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
-from fleet.runtime.control.rates_source import emulated_epochs, estimated_profile, load_run_profile
+from fleet.runtime.control.rates_source import (STEPS_FILE, emulated_epochs, estimated_profile, load_run_profile,
+                                                load_timed_steps)
 from fleet.runtime.control.rungs import ResumedRungs, start_early_stopping
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
@@ -35,8 +37,10 @@ from fleet.schedule.early_stop import EarlyStopping, Verdict
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
+from fleet.schedule.calibration import Calibration
+from fleet.schedule.costs import Overheads
 from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForecast, forecast_run
-from fleet.schedule_io import load_profile
+from fleet.schedule_io import load_calibration, load_profile
 from fleet.spec import Spec, parse_spec
 from preprocess.partition import job_partitions
 
@@ -56,6 +60,7 @@ class RunPlan:
     policy_name: str = ""
     early: EarlyStopping | None = None  # early stopping across models, restored from the run directory
     forecast: RunForecast | None = None  # what the run expects of itself (results.json's prediction)
+    calibration: Calibration | None = None  # what an earlier run measured, predicted and planned with
 
     def choice_record(self, switches: Sequence[PolicySwitch] = ()) -> dict:
         """What results.json says of `policy: auto`'s choice ({} for a policy the spec named),
@@ -106,6 +111,7 @@ class RatesDecision:
     measure: bool
     emulated_rates: RateTable | None
     note: str = ""
+    time_steps: tuple[str, ...] = ()  # not profiling: the models to time a few steps of first
 
 
 def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_epoch: int) -> RatesDecision:
@@ -137,7 +143,7 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_ep
         return RatesDecision(False, emulated, f"not profiling: policy {named} never reads a rate")
     if spec.scheduler.profile == AUTO and emulated is None and not spec.data.partitioned:
         worth, why = profiling_worth(spec, samples_per_epoch)
-        return RatesDecision(worth, emulated, why)
+        return RatesDecision(worth, emulated, why, () if worth else steps_to_time(spec, run_dir))
     return RatesDecision(True, emulated, f"profiling first: {why}")
 
 
@@ -167,6 +173,18 @@ def _read_json(path: Path) -> dict | None:
         raise UserError(f"{path}: cannot read it: {exc}") from None
 
 
+def steps_to_time(spec: Spec, run_dir: Path) -> tuple[str, ...]:
+    """The models whose steps a job that does not profile times first (a few per family,
+    `fleet.profiling.timed_steps`); none where steps.json already holds this ensemble's."""
+    if load_timed_steps(run_dir, spec) is not None:
+        return ()
+    stats = {row.id: row.stats for row in describe_ensemble(spec).rows}
+    same = timed_as(spec.models, emulated=False)
+    families = {m.id: m.family for m in spec.models}
+    flops = {m: max(1, stats[m].flops_per_sample) for m in stats}
+    return tuple(representatives(flops, families, sorted(set(same.values()))))
+
+
 def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateTable, str]:
     measured = load_run_profile(run_dir, spec)
     if measured is not None:
@@ -177,6 +195,10 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
             return load_profile(spec.cluster.emulated_profile), f"the emulated device's ({spec.cluster.emulated_profile})"
         raise UserError(_NO_EMULATED_RATES.format(path=run_dir / "profile.json"))
 
+    steps = load_timed_steps(run_dir, spec)
+    if steps is not None and steps.get("rates"):
+        return corrected_rates(spec, samples_per_epoch, steps), (
+            f"estimated from FLOPs, corrected by {len(steps['rates'])} timed model(s) ({run_dir / STEPS_FILE})")
     return estimated_rates(spec, samples_per_epoch), "estimated from FLOPs"
 
 
@@ -184,6 +206,20 @@ def estimated_rates(spec: Spec, samples_per_epoch: int) -> RateTable:
     """Every model's rates guessed from its FLOPs per sample (no profile.json)."""
     flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
     return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops))
+
+
+def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTable:
+    """The estimates from FLOPs corrected by the timed steps of steps.json (its measured
+    decoding and node beside them, as a profile's)."""
+    flops = {row.id: max(1, row.stats.flops_per_sample) for row in describe_ensemble(spec).rows}
+    document = estimated_profile(spec, samples_per_epoch, flops)
+    single = {entry["id"]: entry["rates"]["1"] for entry in document["models"]}
+    factors = corrections(single, steps["rates"], flops, {m.id: m.family for m in spec.models})
+    for entry in document["models"]:
+        entry["rates"] = {m: rate * factors[entry["id"]] for m, rate in entry["rates"].items()}
+    document["preprocessing"], document["hardware"] = steps["preprocessing"], steps["hardware"]
+    document["source"] = "estimated from FLOPs per sample, corrected by timed steps (steps.json)"
+    return RateTable.from_dict(document)
 
 
 def check_partitions(spec: Spec) -> Partitions | None:
@@ -203,7 +239,8 @@ def policy_for(spec: Spec, name: str | None = None) -> Policy:
 
 
 def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
-                  epochs_done: dict[str, int], ledger: Ledger) -> tuple[Policy, PolicyChoice | None]:
+                  epochs_done: dict[str, int], ledger: Ledger,
+                  calibration: Calibration | None = None) -> tuple[Policy, PolicyChoice | None]:
     """The policy to run and, for `policy: auto`, the choice: the candidate predicted to finish
     the models still to train first (from where the checkpointed ones stand); on partitioned
     data, among the hopping policies."""
@@ -212,20 +249,22 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
         return policy_for(spec), None
     if not todo.models:
         return policy_for(spec, candidates[0]), None
-    scenario = run_scenario(spec, todo, estimates, decode_rate, epochs_done, ledger)
-    choice = choose_policy(lambda name: policy_for(spec, name), scenario, candidates=candidates,
-                           early_stop=simulated_early_stop(spec))
+    scenario = run_scenario(spec, todo, estimates, decode_rate, epochs_done, ledger, calibration)
+    choice = choose_policy(lambda name: policy_for(spec, name), scenario, prediction_costs(calibration),
+                           candidates=candidates, early_stop=simulated_early_stop(spec))
     return policy_for(spec, choice.name), choice
 
 
 def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
-                 epochs_done: dict[str, int], ledger: Ledger) -> Scenario:
+                 epochs_done: dict[str, int], ledger: Ledger, calibration: Calibration | None = None) -> Scenario:
     """What the run predicts itself on: the models still to train at the rates it plans with,
     from where the checkpointed ones stand, decoding as measured, on partitioned data where it
-    is, and on CPU nodes the cores they share (the profile's node's, else this one's)."""
+    is, and on CPU nodes the cores they share (the profile's node's, else this one's), at the
+    costs an earlier run measured where there is one (`calibration`)."""
     parts = ledger.partitions
     cluster = spec.cluster
     cores = shared_cores(todo.extra, cluster.device.value, cluster.threads_per_trainer, node_cores())
+    cores = calibration.cores(cores) if calibration else cores
     return Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(cluster.gpus, todo.gpus_per_node),
                     decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1), cores=cores,
                     partition_sizes=parts.sizes if parts else (),
@@ -239,12 +278,20 @@ def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rat
     models left, with a range from the rates' uncertainty (None with no model left)."""
     if not plan.rates.models:
         return None
-    scenario = run_scenario(spec, plan.rates, estimates, decode_rate, epochs_done, plan.ledger)
-    spread = MEASURED_SPREAD if plan.rates_source.startswith("measured") else ESTIMATED_SPREAD
+    scenario = run_scenario(spec, plan.rates, estimates, decode_rate, epochs_done, plan.ledger, plan.calibration)
+    measured = plan.rates_source.startswith("measured") or plan.calibration is not None
+    spread = MEASURED_SPREAD if measured else ESTIMATED_SPREAD
     choice = plan.choice
-    return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, PREDICTION_COSTS, spread,
+    return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, prediction_costs(plan.calibration),
+                        spread,
                         seed=spec.seed, early_stop=simulated_early_stop(spec),
                         candidates=choice.predicted_s if choice else None)
+
+
+def prediction_costs(calibration: Calibration | None) -> Overheads:
+    """The checkpoint, restore and start costs predictions assume: measured by an earlier run
+    where there is one, else `PREDICTION_COSTS`."""
+    return calibration.overheads(PREDICTION_COSTS) if calibration else PREDICTION_COSTS
 
 
 def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
@@ -266,10 +313,16 @@ def _resumed_epochs(ledger: Ledger, model: str, epochs_done: dict[str, int]) -> 
     return float(epochs_done[model]) + seen
 
 
-def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Partitions | None = None) -> RunPlan:
+def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Partitions | None = None,
+             calibrate_from: str | None = None) -> RunPlan:
     """Rates, policy and books for the models still to train (`partitions`: where partitioned
-    data lives; each resumed model's checkpoint says which it visited in its epoch)."""
+    data lives; each resumed model's checkpoint says which it visited in its epoch), predicted
+    and planned with what an earlier run measured (`calibrate_from`, else this run directory's
+    own earlier job where it left its measures)."""
     rates, source = rate_table(spec, run_dir, samples_per_epoch)
+    calibration = run_calibration(spec, run_dir, calibrate_from)
+    if calibration is not None:
+        rates, source = calibration.rates_for(rates), f"{source}, calibrated by the run in {calibration.source}"
     store = CheckpointStore(run_dir)
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
@@ -286,17 +339,36 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     epochs_done = {i: int(infos[i]["epochs"]) for i in resumed}
 
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
+    if calibration is not None:
+        decode_rate = calibration.decode_rate(preprocessor_count(spec, rates.extra), decode_rate)
     estimates = epochs_estimate(todo, spec)
     ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node, epochs_done, paused=resumed,
                     decode_rate=decode_rate, partitions=partitions, visited=visited,
                     held=rungs.held if rungs else ())
-    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger)
+    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger, calibration)
     candidates = HOPPING_POLICIES if partitions is not None else CANDIDATES
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
     plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
-                   rungs.early if rungs else None)
+                   rungs.early if rungs else None, calibration=calibration)
     plan.forecast = run_forecast(spec, plan, estimates, decode_rate, epochs_done)
     return plan
+
+
+def run_calibration(spec: Spec, run_dir: Path, calibrate_from: str | None) -> Calibration | None:
+    """What the predictions learn from: the run in `calibrate_from` (its results.json must hold
+    what it measured), else this run directory's earlier job where it left its measures."""
+    device = spec.cluster.device.value
+    if calibrate_from is not None:
+        return load_calibration(Path(calibrate_from), device, required=True)
+    return load_calibration(run_dir, device, required=False)
+
+
+def preprocessor_count(spec: Spec, extra: dict) -> int:
+    """The run's preprocessor processes (as profiled where the spec says ``auto``)."""
+    per_node = spec.cluster.preprocessors_per_node
+    if not isinstance(per_node, int):
+        per_node = int(extra.get("preprocessing", {}).get("per_node", 0) or 1)
+    return per_node * spec.cluster.nodes
 
 
 def _load_checkpoints(store: CheckpointStore, models: list[str], records: dict[str, ModelRecord]) -> dict:
@@ -373,7 +445,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
-        prediction=prediction_record(plan, makespan, coordinator.interrupted),
+        prediction=prediction_record(plan, makespan, coordinator.interrupted, account.measured_costs()),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
@@ -381,12 +453,16 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
     return result
 
 
-def prediction_record(plan: RunPlan, makespan: float, interrupted: bool) -> dict:
+def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict) -> dict:
     """results.json's ``prediction``: the run's forecast of itself beside its measured makespan
-    (the ratio only for a job that finished: an interrupted one did part of the work)."""
+    (the ratio only for a job that finished: an interrupted one did part of the work), and what
+    it measured of its costs (``measured``, for the runs that learn from it)."""
     if plan.forecast is None:
-        return {}
-    record = {**plan.forecast.to_record(), "rates": plan.rates_source, "measured_makespan_s": makespan}
+        return {"measured": measured}
+    record = {**plan.forecast.to_record(), "rates": plan.rates_source, "measured_makespan_s": makespan,
+              "measured": measured}
+    if plan.calibration is not None and plan.calibration.outside_s is not None:
+        record["wall_s"] = plan.forecast.makespan_s + plan.calibration.outside_s  # as long outside as the earlier job
     if not interrupted:
         record["measured_over_predicted"] = makespan / max(plan.forecast.makespan_s, 1e-9)
     return record

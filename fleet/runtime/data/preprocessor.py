@@ -272,7 +272,7 @@ class PreprocessorLoop:
                 del self.streams[stream_id]
                 self.decoded += producer.decoded
                 done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared, producer.hollow,
-                                  tuple(sorted(producer.read_from.items())))
+                                  tuple(sorted(producer.read_from.items())), cpu_s=time.process_time())
                 send_object(self.ctx.ctrl, done, 0, Tag.REPORT, "the coordinator to take a stream report", self.ctx.timeout_s)
                 moved = True
         return moved

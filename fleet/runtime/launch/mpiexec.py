@@ -57,7 +57,8 @@ def launcher_for(mpiexec: str) -> list[str]:
 
 
 def mpiexec_command(
-    spec: Spec, spec_path: str, launcher: list[str], python: str, quiet: bool = False, device: str | None = None
+    spec: Spec, spec_path: str, launcher: list[str], python: str, quiet: bool = False, device: str | None = None,
+    calibrate_from: str | None = None,
 ) -> list[str]:
     """`launcher` (see `launcher_for`) running `fleet train` on all ranks of `spec` on this machine.
 
@@ -72,6 +73,8 @@ def mpiexec_command(
         command.append("--quiet")
     if device:
         command += ["--device", device]
+    if calibrate_from:
+        command += ["--calibrate-from", calibrate_from]
     return command
 
 

@@ -77,6 +77,8 @@ class EpochTotals:
     compute_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
     resumed: int = 0  # of `samples`, those trained before a checkpoint, by an earlier stint
+    step_cpu_s: float = 0.0  # CPU seconds of this trainer's thread in its steps (this stint)
+    cpu_started: float = field(default_factory=time.process_time)  # the process's CPU seconds then
 
     def consumed_per_s(self, epoch_s: float) -> float:
         """Samples per second the group took from its stream since `started`."""
@@ -314,20 +316,21 @@ class GroupTraining:
         return batch
 
     def _step(self, batch: Batch | None, count: int, total: float) -> None:
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.thread_time()
         if self.size == 1:  # nothing to reduce: the engine's train_step (one compiled call for Keras)
             self.totals.loss_sum += self.engine.train_step(batch.x, batch.y) * count
         else:
             self.totals.loss_sum += group_step(self.engine, self.collective, batch, count, total)
         self.totals.samples += int(total)
         self.totals.compute_s += time.monotonic() - started
+        self.totals.step_cpu_s += time.thread_time() - cpu_started
 
     # -- epochs ---------------------------------------------------------------------------
 
     def _end_epoch(self) -> EpochEnd:
         """Close the epoch on every trainer of the group: the model goes on, converged (its stop
         rule, or early stopping at a rung), or leaves (held at its rung: checkpointed)."""
-        loss_sum, compute_s = self._group_epoch_sums()
+        loss_sum, compute_s, cpu = self._group_epoch_sums()
         if self.size > 1:
             self._average_buffers()
         samples = max(1, self.totals.samples)
@@ -338,7 +341,7 @@ class GroupTraining:
         lr = self.engine.lr
         decision = np.zeros(1)
         if self.is_master:
-            reason = self._evaluate_and_report(train_loss, (compute_rate, consumed), samples, epoch_s, lr)
+            reason = self._evaluate_and_report(train_loss, (compute_rate, consumed), samples, epoch_s, lr, cpu)
             decision[0] = float(EpochEnd.CONVERGED if reason is not None else self._at_rung())
         else:
             self.engine.end_epoch()
@@ -359,12 +362,15 @@ class GroupTraining:
         self.next_stop = verdict.next_stop
         return EpochEnd.GO_ON if verdict.go_on else EpochEnd.CONVERGED
 
-    def _group_epoch_sums(self) -> tuple[float, float]:
-        """The group's loss sum and mean compute seconds of the epoch so far (every member calls it)."""
-        sums = np.array([self.totals.loss_sum, self.totals.compute_s])
+    def _group_epoch_sums(self) -> tuple[float, float, tuple[float, float, int]]:
+        """The group's loss sum and mean compute seconds of the epoch so far, and its CPU
+        seconds in steps and in all with the samples they trained (this stint's part of the
+        epoch; every member calls it)."""
+        totals = self.totals
+        sums = np.array([totals.loss_sum, totals.compute_s, totals.step_cpu_s, time.process_time() - totals.cpu_started])
         if self.size > 1:
             self.collective.allreduce_sum(sums)
-        return float(sums[0]), float(sums[1] / self.size)
+        return float(sums[0]), float(sums[1] / self.size), (float(sums[2]), float(sums[3]), totals.samples - totals.resumed)
 
     def _average_buffers(self) -> None:
         buffers = self.engine.flat_buffers()
@@ -373,7 +379,7 @@ class GroupTraining:
             self.collective.allreduce_sum(buffers)
             self.engine.load_flat_buffers((buffers / self.size).astype(np.float32))
 
-    def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr) -> StopReason | None:
+    def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr, cpu) -> StopReason | None:
         compute_rate, consumed = rates  # samples/s computed, and taken from the stream
         val_x, val_y = self.ctx.validation
         metrics = self.engine.evaluate(val_x, val_y)
@@ -392,7 +398,7 @@ class GroupTraining:
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
-            reason.value if reason else None, samples, self.costs.take_start_s(),
+            reason.value if reason else None, samples, self.costs.take_start_s(), cpu,
         )
         self.link.report(report, "an epoch report")
         return reason

@@ -1,0 +1,82 @@
+"""What a run measured of its own costs, kept for the predictions of the runs after it.
+
+Every epoch report carries the group's CPU seconds in its steps and in all (its trainers'
+processes: receiving the stream, assembling batches, waiting), and every preprocessor's stream
+report its process's CPU seconds so far. From them the run keeps, in ``results.json``'s
+``prediction.measured``:
+
+- per model and group size, the rate its steps reached by the wall clock (``compute_rate``)
+  and by their CPU time (``cpu_rate``: the rate with the cores to itself on a CPU node);
+- ``trainer_overhead_s``: core-seconds the trainers spent per sample outside their steps;
+- ``decode_core_s``: core-seconds the preprocessors spent per sample they decoded;
+- ``start_s`` and ``checkpoint_s``: a member's mean start and a save's mean seconds.
+
+`fleet.schedule.calibration` turns such a record into the rates and costs a later run of the
+same spec predicts with (``fleet run --calibrate-from DIR``; a resumed job learns from its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleet.runtime.protocol import EpochReport, StreamDone
+
+
+@dataclass
+class _GroupTime:
+    """One model on one group size: what its epochs took."""
+
+    samples: int = 0
+    step_cpu_s: float = 0.0
+    cpu_s: float = 0.0
+    compute_samples: int = 0
+    compute_s: float = 0.0
+
+
+class MeasuredCosts:
+    """The run's books of what its steps, trainers and preprocessors cost."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[str, int], _GroupTime] = {}
+        self.preprocessors: dict[int, list[float]] = {}  # rank -> [CPU seconds so far, samples decoded]
+
+    def epoch(self, report: EpochReport, group_size: int) -> None:
+        """An epoch report of a model training on `group_size` trainers."""
+        step_cpu_s, cpu_s, samples = report.cpu
+        group = self.groups.setdefault((report.model, group_size), _GroupTime())
+        if samples > 0 and step_cpu_s > 0:
+            group.samples += samples
+            group.step_cpu_s += step_cpu_s
+            group.cpu_s += max(cpu_s, step_cpu_s)
+        if report.samples_per_s > 0 and report.samples > 0:
+            group.compute_samples += report.samples
+            group.compute_s += report.samples / report.samples_per_s
+
+    def stream_done(self, report: StreamDone) -> None:
+        """A preprocessor's report of a stream it finished (its CPU seconds so far)."""
+        books = self.preprocessors.setdefault(report.rank, [0.0, 0.0])
+        books[0] = max(books[0], report.cpu_s)
+        books[1] += report.decoded
+
+    def record(self, start_s: float | None, checkpoint_s: float | None) -> dict:
+        """``prediction.measured`` of results.json (figures it has no measure of are left out)."""
+        rates: dict[str, dict[str, dict[str, float]]] = {}
+        for (model, size), group in sorted(self.groups.items()):
+            entry = {}
+            if group.compute_s > 0:
+                entry["compute_rate"] = group.compute_samples / group.compute_s
+            if group.step_cpu_s > 0:
+                entry["cpu_rate"] = group.samples * size / group.step_cpu_s  # each member's steps: 1/size of the sum
+            if entry:
+                rates.setdefault(model, {})[str(size)] = entry
+        record: dict = {"rates": rates}
+        samples = sum(g.samples for g in self.groups.values())
+        if samples:
+            record["trainer_overhead_s"] = sum(g.cpu_s - g.step_cpu_s for g in self.groups.values()) / samples
+        decoded = sum(decoded for _, decoded in self.preprocessors.values())
+        if decoded:
+            record["decode_core_s"] = sum(cpu for cpu, _ in self.preprocessors.values()) / decoded
+        for key, value in (("start_s", start_s), ("checkpoint_s", checkpoint_s)):
+            if value is not None:
+                record[key] = value
+        return record

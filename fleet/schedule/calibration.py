@@ -1,0 +1,151 @@
+"""Predicting with what an earlier run of the same spec measured (pure).
+
+A run keeps what its steps, trainers, preprocessors, starts and saves cost (``results.json``'s
+``prediction.measured``, written by `fleet.runtime.control.measured_costs`). A later run of the
+same spec (``fleet run --calibrate-from DIR``, or a resumed job from its own directory) predicts
+and plans with those instead of what it would otherwise assume:
+
+- each model's rates: where it trained on ``m`` trainers, the rate its steps reached there (by
+  their CPU time on a CPU node: the rate with the cores to itself; by the wall clock on GPUs);
+  on other group sizes the table's rate times the same correction; a model the earlier run did
+  not train, the table's rates times the median correction of those it did;
+- on CPU nodes, the trainers' core-seconds per sample outside their steps and the
+  preprocessors' per sample decoded (their waits and hand-offs included), in place of the
+  profile's bare decoding;
+- the decoding limit: the preprocessors' cores over what a sample cost them;
+- a member's start and a checkpoint's seconds, as measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fleet.schedule.cores import SharedCores
+from fleet.schedule.costs import Overheads
+from fleet.schedule.rates import ModelProfile, RateTable
+
+
+class CalibrationError(ValueError):
+    """A measured record that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What an earlier run measured, as the predictions take it.
+
+    Attributes:
+        source: where it was measured (a run directory), for messages and results.json.
+        rates: per model, ``{trainers: samples/s}`` its steps reached.
+        trainer_overhead_s: core-seconds per sample a member's trainers spent outside their steps.
+        decode_core_s: core-seconds per sample the preprocessors spent.
+        start_s: a member's mean start (launch to first batch), seconds.
+        checkpoint_s: a save's mean seconds.
+        outside_s: the earlier job's wall time outside its makespan (launch, start-up, report
+            and shutdown), for the predicted wall time; None where not recorded.
+    """
+
+    source: str
+    rates: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    trainer_overhead_s: float | None = None
+    decode_core_s: float | None = None
+    start_s: float | None = None
+    checkpoint_s: float | None = None
+    outside_s: float | None = None
+
+    @classmethod
+    def from_record(cls, record: Any, device: str, source: str, overhead: Any = None) -> Calibration:
+        """From ``prediction.measured`` of a run on `device` (``cpu``: the CPU-time rates), and
+        its results.json's ``overhead_s`` (`overhead`) for the time outside the makespan.
+
+        Raises:
+            CalibrationError: a field is not what a run writes there.
+        """
+        if not isinstance(record, Mapping):
+            raise CalibrationError("prediction.measured: not an object")
+        key = "cpu_rate" if device == "cpu" else "compute_rate"
+        figures = {name: _figure(record, name) for name in
+                   ("trainer_overhead_s", "decode_core_s", "start_s", "checkpoint_s")}
+        return cls(source, _rates(record.get("rates", {}), key), **figures, outside_s=_outside(overhead))
+
+    def rates_for(self, table: RateTable) -> RateTable:
+        """`table` with each model's rates corrected by what was measured (see the module)."""
+        factors = {p.id: self._factor(p) for p in table.models}
+        known = [f for f in factors.values() if f is not None]
+        default = statistics.median(known) if known else 1.0
+        models = []
+        for profile in table.models:
+            factor = factors[profile.id] or default
+            measured = self.rates.get(profile.id, {})
+            rates = tuple(measured.get(m, r * factor) for m, r in enumerate(profile.rates, start=1))
+            models.append(ModelProfile(profile.id, rates, profile.epochs, profile.param_bytes, profile.extra))
+        return RateTable(tuple(models), table.gpus_per_node, table.samples_per_epoch, table.extra)
+
+    def _factor(self, profile: ModelProfile) -> float | None:
+        """The measured over the table's rate, in the mean over the group sizes measured."""
+        ratios = [rate / profile.rates[m - 1] for m, rate in self.rates.get(profile.id, {}).items()
+                  if m <= len(profile.rates) and profile.rates[m - 1] > 0]
+        return math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
+
+    def cores(self, cores: SharedCores | None) -> SharedCores | None:
+        """`cores` with the measured costs per sample (unchanged off CPU nodes)."""
+        if cores is None:
+            return None
+        changes = {name: value for name, value in (("trainer_overhead_s", self.trainer_overhead_s),
+                                                   ("decode_core_s", self.decode_core_s)) if value is not None}
+        return replace(cores, **changes)
+
+    def decode_rate(self, preprocessors: int, rate: float | None) -> float | None:
+        """Samples/s `preprocessors` decode at the measured cost per sample (else `rate`)."""
+        if not self.decode_core_s or preprocessors < 1:
+            return rate
+        return preprocessors / self.decode_core_s
+
+    def overheads(self, base: Overheads) -> Overheads:
+        """`base` with the measured save (as each checkpoint's and restore's cost) and start."""
+        if self.checkpoint_s is not None:
+            base = replace(base, latency_s=self.checkpoint_s, bandwidth=math.inf)
+        return base if self.start_s is None else replace(base, start_s=self.start_s)
+
+
+def _outside(overhead: Any) -> float | None:
+    """Seconds of an earlier job's wall time outside its makespan, when `fleet run` recorded them."""
+    if not isinstance(overhead, Mapping) or not all(k in overhead for k in ("launch", "shutdown")):
+        return None
+    parts = [overhead.get(k, 0.0) for k in ("launch", "startup", "first_batch", "shutdown")]
+    if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0 for p in parts):
+        raise CalibrationError("overhead_s: expected seconds >= 0 for launch, startup, first_batch and shutdown")
+    return float(sum(parts))
+
+
+def _figure(record: Mapping, name: str) -> float | None:
+    value = record.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise CalibrationError(f"prediction.measured.{name}: expected a number >= 0, got {value!r:.60}")
+    return float(value)
+
+
+def _rates(block: Any, key: str) -> dict[str, dict[int, float]]:
+    """``{model: {trainers: rate}}`` from ``prediction.measured.rates``."""
+    if not isinstance(block, Mapping):
+        raise CalibrationError("prediction.measured.rates: not an object")
+    rates: dict[str, dict[int, float]] = {}
+    for model, by_size in block.items():
+        where = f"prediction.measured.rates.{model!s:.60}"
+        if not isinstance(by_size, Mapping):
+            raise CalibrationError(f"{where}: not an object")
+        for size, entry in by_size.items():
+            if not (isinstance(size, str) and size.isdigit() and int(size) >= 1) or not isinstance(entry, Mapping):
+                raise CalibrationError(f"{where}: expected {{trainers: {{{key}: samples/s}}}}, got key {size!r:.30}")
+            rate = entry.get(key)
+            if rate is None:
+                continue
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+                raise CalibrationError(f"{where}.{size}.{key}: expected a positive number, got {rate!r:.60}")
+            rates.setdefault(str(model), {})[int(size)] = float(rate)
+    return rates

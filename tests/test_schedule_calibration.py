@@ -1,0 +1,132 @@
+"""Predicting with what an earlier run measured (`fleet.schedule.calibration`), and what a run
+measures for it (`fleet.runtime.control.measured_costs`)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from fleet.errors import UserError
+from fleet.runtime.control.measured_costs import MeasuredCosts
+from fleet.runtime.protocol import EpochReport, StreamDone
+from fleet.schedule import ModelProfile, Overheads, RateTable
+from fleet.schedule.calibration import Calibration, CalibrationError
+from fleet.schedule.cores import SharedCores
+from fleet.schedule_io import load_calibration
+
+TABLE = RateTable((ModelProfile("a", (100.0, 180.0, 250.0)), ModelProfile("b", (50.0, 90.0, 120.0)),
+                   ModelProfile("c", (10.0, 18.0, 24.0))), 4, 1000)
+RECORD = {"rates": {"a": {"1": {"compute_rate": 40.0, "cpu_rate": 80.0}, "2": {"compute_rate": 60.0, "cpu_rate": 90.0}},
+                    "b": {"1": {"compute_rate": 10.0, "cpu_rate": 25.0}}},
+          "trainer_overhead_s": 2e-4, "decode_core_s": 5e-3, "start_s": 0.5, "checkpoint_s": 0.25}
+
+
+def test_measured_rates_replace_the_tables_and_correct_the_rest():
+    rates = Calibration.from_record(RECORD, "cpu", "earlier").rates_for(TABLE)
+    # a: measured on 1 and 2 (CPU rates on a CPU node); on 3 the table's times the geometric
+    # mean of 80/100 and 90/180
+    factor_a = (0.8 * 0.5) ** 0.5
+    assert rates.models[0].rates == pytest.approx((80.0, 90.0, 250.0 * factor_a))
+    assert rates.models[1].rates == pytest.approx((25.0, 90.0 * 0.5, 120.0 * 0.5))
+    # c was not measured: the median correction of those that were
+    median = (factor_a + 0.5) / 2
+    assert rates.models[2].rates == pytest.approx(tuple(r * median for r in (10.0, 18.0, 24.0)))
+    # on GPUs the wall-clock rate is the one
+    on_gpu = Calibration.from_record(RECORD, "cuda", "earlier").rates_for(TABLE)
+    assert on_gpu.models[0].rates[:2] == pytest.approx((40.0, 60.0))
+
+
+def test_measured_costs_enter_the_cores_the_decoding_and_the_overheads():
+    calibration = Calibration.from_record(RECORD, "cpu", "earlier")
+    cores = calibration.cores(SharedCores(cores=8, decode_core_s=1e-3))
+    assert cores == SharedCores(cores=8, trainer_cores=1.0, decode_core_s=5e-3, trainer_overhead_s=2e-4)
+    assert calibration.cores(None) is None  # no sharing off CPU nodes
+    assert calibration.decode_rate(2, 9999.0) == pytest.approx(400.0)  # 2 cores / 5 ms
+    costs = calibration.overheads(Overheads(latency_s=0.5))
+    assert costs.checkpoint_s(10**9) == 0.25 and costs.start_s == 0.5
+    bare = Calibration("x")
+    assert bare.decode_rate(2, 123.0) == 123.0 and bare.overheads(Overheads()) == Overheads()
+
+
+@pytest.mark.parametrize("record, field", [
+    ([], "prediction.measured: not an object"),
+    ({"decode_core_s": -1}, "decode_core_s"),
+    ({"start_s": "soon"}, "start_s"),
+    ({"trainer_overhead_s": float("nan")}, "trainer_overhead_s"),
+    ({"rates": []}, "prediction.measured.rates"),
+    ({"rates": {"a": {"one": {"cpu_rate": 1.0}}}}, "prediction.measured.rates.a"),
+    ({"rates": {"a": {"1": {"cpu_rate": 0}}}}, "rates.a.1.cpu_rate"),
+    ({"rates": {"a": {"1": {"cpu_rate": True}}}}, "rates.a.1.cpu_rate"),
+])
+def test_a_malformed_record_names_its_field(record, field):
+    with pytest.raises(CalibrationError, match=field.replace(".", r"\.")):
+        Calibration.from_record(record, "cpu", "earlier")
+
+
+def test_a_run_directory_is_read_for_its_measures(tmp_path):
+    with pytest.raises(UserError, match="no results.json"):
+        load_calibration(tmp_path, "cpu", required=True)
+    assert load_calibration(tmp_path, "cpu", required=False) is None
+    (tmp_path / "results.json").write_text(json.dumps({"prediction": {}}))
+    with pytest.raises(UserError, match="no prediction.measured"):
+        load_calibration(tmp_path, "cpu", required=True)
+    assert load_calibration(tmp_path, "cpu", required=False) is None  # an older run's: nothing to learn
+    (tmp_path / "results.json").write_text(json.dumps({"prediction": {"measured": {"start_s": -2}}}))
+    with pytest.raises(UserError, match="results.json: prediction.measured.start_s"):
+        load_calibration(tmp_path, "cpu", required=False)
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(UserError, match="invalid JSON"):
+        load_calibration(tmp_path, "cpu", required=False)
+    (tmp_path / "results.json").write_text(json.dumps({"prediction": {"measured": RECORD}}))
+    assert load_calibration(tmp_path, "cpu", required=True).source == str(tmp_path)
+
+
+def epoch(model: str, cpu: tuple[float, float, int], samples: int = 1000, rate: float = 500.0) -> EpochReport:
+    return EpochReport(model, 0, 1, 1.0, 1.0, 0.5, rate, rate, 0.1, 2.0, 0.0, None, samples, cpu=cpu)
+
+
+def test_a_run_books_its_steps_trainers_and_preprocessors():
+    costs = MeasuredCosts()
+    costs.epoch(epoch("a", (2.0, 2.5, 1000)), 1)
+    costs.epoch(epoch("a", (2.0, 2.5, 1000)), 1)
+    costs.epoch(epoch("b", (4.0, 5.0, 1000), rate=250.0), 2)  # two trainers: 2 s of steps each
+    costs.epoch(epoch("c", (0.0, 0.0, 0), samples=0), 1)  # a resumed epoch with nothing this stint
+    costs.stream_done(StreamDone(0, rank=0, decoded=3000, cpu_s=3.0))
+    costs.stream_done(StreamDone(1, rank=0, decoded=1000, cpu_s=4.5))  # the rank's CPU so far
+    costs.stream_done(StreamDone(2, rank=5, decoded=2000, cpu_s=1.5))
+    record = costs.record(start_s=0.4, checkpoint_s=None)
+    assert record["rates"] == {"a": {"1": {"compute_rate": 500.0, "cpu_rate": 500.0}},
+                               "b": {"2": {"compute_rate": 250.0, "cpu_rate": 500.0}}}
+    assert record["trainer_overhead_s"] == pytest.approx((0.5 + 0.5 + 1.0) / 3000)
+    assert record["decode_core_s"] == pytest.approx((4.5 + 1.5) / 6000)
+    assert record["start_s"] == 0.4 and "checkpoint_s" not in record
+    # and a later run takes it as it wrote it
+    assert Calibration.from_record(json.loads(json.dumps(record)), "cpu", "x").rates == {"a": {1: 500.0}, "b": {2: 500.0}}
+
+
+@pytest.mark.parametrize("what, message", [("missing", "no results.json there"),
+                                           ("older", "has no prediction.measured")])
+def test_fleet_run_refuses_a_directory_it_cannot_learn_from_in_one_line(tmp_path, what, message):
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "cal", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
+                                    "cluster": {"nodes": 1, "gpus_per_node": 1}}))
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    if what == "older":
+        (earlier / "results.json").write_text(json.dumps({"makespan_s": 1.0}))
+    done = subprocess.run([sys.executable, "-m", "fleet", "run", str(spec), "--run-dir", str(tmp_path / "run"),
+                           "--calibrate-from", str(earlier)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fleet run: error: --calibrate-from {earlier}: ") and message in lines[0]
+
+
+def test_the_earlier_jobs_time_outside_its_makespan_predicts_the_wall_time():
+    overhead = {"launch": 1.0, "startup": 2.0, "first_batch": 0.5, "report": 1.5, "shutdown": 3.0, "planning": 9.0}
+    assert Calibration.from_record(RECORD, "cpu", "x", overhead).outside_s == 6.5  # report is within shutdown
+    assert Calibration.from_record(RECORD, "cpu", "x", {"startup": 2.0}).outside_s is None  # not by fleet run
+    with pytest.raises(CalibrationError, match="overhead_s"):
+        Calibration.from_record(RECORD, "cpu", "x", {**overhead, "launch": "slow"})
