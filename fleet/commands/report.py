@@ -19,7 +19,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Write RUN_DIR/report.html (one self-contained page; its PNGs also under RUN_DIR/report/): "
         "the sortable leaderboard, learning curves per model and by family, the Gantt of what really ran "
         "where beside the plan predicted from profile.json, GPU use over time, decoded samples against a "
-        "pipeline per model, and the predicted against the measured makespan; with early stopping, the models "
+        "pipeline per model, and the predicted against the measured makespan (with the job's forecast.json: its "
+        "predicted Gantt above the measured one, and the largest source of the error); with early stopping, the models "
         "per rung over time, the learning curves with the stops marked and the model-epochs saved. Works on a "
         "finished, an interrupted and a running job.",
     )
@@ -34,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
     lead = f"; best: {best[0].id} ({best[0].metric} {best[0].best_metric:.4f})" if best and best[0].best_metric is not None else ""
     print(f"fleet: wrote {report.path} ({report.story.state}, {len(report.models)} models{lead}); "
           f"its images are in {report.path.parent / 'report'}")
+    error = report.prediction_error
+    if error is not None:
+        print(f"fleet: forecast: {error.headline()}; largest source of the error: {error.sentence()}")
     return 0
 
 

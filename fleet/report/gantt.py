@@ -6,6 +6,8 @@ Input is a ``plan.json`` dict as `fleet.schedule_io.plan_document` writes it (me
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from fleet.report._figures import pyplot, save_png
 
 
@@ -16,14 +18,26 @@ def write_gantt(plan: dict, path: str, title: str = "") -> None:
         UserError: the file cannot be written.
     """
     plt = pyplot()
+    fig, ax = plt.subplots(figsize=(12, max(2.5, 0.35 * plan["total_gpus"] + 1.2)))
+    draw_plan(ax, plan, model_colors(plt, [m["model"] for rnd in plan["rounds"] for m in rnd["members"]]))
+    ax.set_title(title or f"{plan['policy']}: predicted makespan {plan['makespan_s']:,.0f} s; "
+                 "hatched: checkpointed, not yet converged")
+    fig.tight_layout()
+    save_png(fig, path)
 
+
+def model_colors(plt, models: Iterable[str]) -> dict[str, object]:
+    """A colour per model, in order of first appearance (tab20, round and round)."""
+    cmap = plt.get_cmap("tab20")
+    return {model: cmap(k % 20) for k, model in enumerate(dict.fromkeys(models))}
+
+
+def draw_plan(ax, plan: dict, colors: Mapping[str, object], end: float | None = None, slot: str = "GPU") -> None:
+    """The plan's members on `ax`, one row per GPU (`slot`s on a CPU), coloured by `colors`
+    (a model); the time axis to `end` (default: the last member's end)."""
     gpus = plan["total_gpus"]
     members = [m for rnd in plan["rounds"] for m in rnd["members"]]
-    models = list(dict.fromkeys(m["model"] for m in members))
-    cmap = plt.get_cmap("tab20")
-    colors = {model: cmap(k % 20) for k, model in enumerate(models)}
-    fig, ax = plt.subplots(figsize=(12, max(2.5, 0.35 * gpus + 1.2)))
-    end = max((m["end"] for m in members), default=1.0)
+    end = end or max((m["end"] for m in members), default=1.0)
     for member in members:
         width = member["end"] - member["start"]
         for gpu in member["gpus"]:
@@ -39,15 +53,12 @@ def write_gantt(plan: dict, path: str, title: str = "") -> None:
         ax.axhline(boundary - 0.5, color="grey", linewidth=0.6)
     ax.set_ylim(gpus - 0.5, -0.5)
     positions, labels = gpu_ticks(gpus, gpn)
-    ax.set_yticks(positions, labels, fontsize=7 if len(positions) > 16 else None)
+    named = [label.replace("GPU", slot) for label in labels]
+    ax.set_yticks(positions, named, fontsize=7 if len(positions) > 16 else None)
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("seconds (predicted)")
     one_node = gpus <= gpn
-    ax.set_ylabel(f"GPU ({gpn} per node)" if len(positions) < gpus else ("GPU" if one_node else "node / GPU"))
-    ax.set_title(title or f"{plan['policy']}: predicted makespan {plan['makespan_s']:,.0f} s; "
-                 "hatched: checkpointed, not yet converged")
-    fig.tight_layout()
-    save_png(fig, path)
+    ax.set_ylabel(f"{slot} ({gpn} per node)" if len(positions) < gpus else (slot if one_node else f"node / {slot}"))
 
 
 MAX_TICKS = 48

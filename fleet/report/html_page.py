@@ -83,6 +83,14 @@ def key_values(rows: Sequence[tuple[str, str]]) -> str:
     return f'<table class="summary">{body}</table>'
 
 
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] = ()) -> str:
+    """A plain table: `headers`, then `rows` (cells as text; a column marked in `numeric` right-aligned)."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_cell(c, k < len(numeric) and numeric[k]) for k, c in enumerate(row)) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def figure(fig: Figure) -> str:
     data = base64.b64encode(fig.png).decode("ascii")
     caption = html.escape(fig.caption)

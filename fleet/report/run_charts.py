@@ -4,7 +4,7 @@ and decoded samples against a per-model pipeline. Each writer takes what `run_st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fleet.report._figures import pyplot, save_png
 from fleet.report.gantt import gpu_ticks
@@ -80,11 +80,22 @@ def write_run_gantt(story: RunStory, path: str, gpus_per_node: int, slot: str = 
     """One row per GPU, one bar per stint coloured by stream (hatched: left checkpointed, not
     converged); rounds dashed, checkpoints and regroups marked, each resume a red line."""
     plt = pyplot()
-    cmap = plt.get_cmap("tab20")
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.35 * story.gpus + 1.6)))
-    end = max(story.end, 1e-9)
+    draw_run(ax, story, gpus_per_node, slot)
+    ax.set_title(f"what ran where: {len(story.stints)} stints, {len(story.rounds)} rounds; colour: stream; "
+                 "hatched: left checkpointed; v: checkpoint, x: regroup", fontsize=9)
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def draw_run(ax, story: RunStory, gpus_per_node: int, slot: str = "GPU", colors: Mapping[str, object] | None = None,
+             end: float | None = None) -> None:
+    """The story's stints on `ax`, one row per GPU, coloured by stream (or by model, with
+    `colors`), with its marks; the time axis to `end` (default: the story's)."""
+    cmap = pyplot().get_cmap("tab20")
+    end = max(end or story.end, 1e-9)
     for stint in story.stints:
-        color = cmap((stint.stream or 0) % 20)
+        color = colors[stint.model] if colors is not None else cmap((stint.stream or 0) % 20)
         width = stint.end - stint.start
         for gpu in stint.gpus:
             ax.barh(gpu, width, left=stint.start, height=0.8, color=color, edgecolor="white", linewidth=0.5,
@@ -105,11 +116,7 @@ def write_run_gantt(story: RunStory, path: str, gpus_per_node: int, slot: str = 
     ax.set_ylim(story.gpus - 0.5, -0.5)
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("seconds of the run's jobs (measured; the wait before a resume left out)")
-    ax.set_title(f"what ran where: {len(story.stints)} stints, {len(story.rounds)} rounds; colour: stream; "
-                 "hatched: left checkpointed; v: checkpoint, x: regroup", fontsize=9)
     ax.legend(handles=_mark_legend(ax), fontsize=7, loc="lower right")
-    fig.tight_layout()
-    save_png(fig, path)
 
 
 def _holding(story: RunStory, at: float, model: str | None = None, stream: int | None = None) -> list[Stint]:

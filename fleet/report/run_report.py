@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.atomic import atomic_write_text
-from fleet.report import html_page, rung_charts, run_charts
+from fleet.report import forecast_chart, html_page, rung_charts, run_charts
 from fleet.report.gantt import write_gantt
 from fleet.report.gpu_use import CATEGORIES, gpu_seconds
 from fleet.report.html_page import Figure
+from fleet.report.prediction_error import PredictionError, compare, forecast_of, last_job, load_forecast
 from fleet.report.results import ModelResult, epochs_saved, stopped_early
 from fleet.report.rungs import early_stop_setting, has_early_stop, rung_arrivals, rung_records
 from fleet.report.run_story import RunStory, tell_story
@@ -26,6 +27,7 @@ from fleet.report.standings import standings
 from fleet.report.table import format_duration
 
 FIGURES_DIR = "report"
+FORECAST = "forecast.json"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Report:
     figures: tuple[Path, ...]
     models: tuple[ModelResult, ...]
     story: RunStory
+    prediction_error: PredictionError | None = None  # the last job against its forecast.json
 
 
 def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *, running: bool = False,
@@ -69,11 +72,20 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
         rows = html_page.key_values(_early_stop_rows(spec, events, models))
         sections.insert(3, ("early stopping", rows + "".join(html_page.figure(f) for f in stops)))
         figures += stops
+    judged = _judge_forecast(run_dir, events, spec.cluster.gpus, now, running)
+    if judged is not None:  # a job that wrote no forecast.json: the page is as it was
+        figure = _drawn(run_dir / FIGURES_DIR, "the job's forecast above what it measured, each model one colour",
+                        "forecast-gantt.png", lambda p: forecast_chart.write_forecast_gantt(
+                            judged[0], judged[1], p, spec.cluster.gpus_per_node, slot))
+        at = [heading for heading, _ in sections].index("what ran where") + 1
+        sections.insert(at, ("predicted against measured", _prediction_section(judged[0], figure, len(story.jobs))))
+        figures.append(figure)
     text = html_page.page(f"fleet: {spec.name}", sections,
                           "Written by `fleet report` from the run directory alone; run it again for a fresh view.")
     path = run_dir / "report.html"
     atomic_write_text(path, text)
-    return Report(path, tuple(run_dir / f.file for f in figures), tuple(models), story)
+    return Report(path, tuple(run_dir / f.file for f in figures), tuple(models), story,
+                  judged[0] if judged else None)
 
 
 def _draw(run_dir: Path, spec, story: RunStory, models: list[ModelResult], prediction: Prediction | None,
@@ -182,6 +194,51 @@ def _forecast_rows(events: Sequence[Mapping], story: RunStory) -> list[tuple[str
     if len(story.jobs) == 1 and story.state == "finished" and predicted > 0:
         text += f"; measured / forecast: {story.training_s / predicted:.2f}"
     return [("the job's forecast", text)]
+
+
+def _judge_forecast(run_dir: Path, events: Sequence[Mapping], gpus: int, now: float | None,
+                    running: bool) -> tuple[PredictionError, RunStory] | None:
+    """The last job against its forecast.json, and that job's story; None where the file is
+    missing, malformed or an earlier job's, or does not fit the run's GPUs."""
+    job = last_job(events)
+    forecast = forecast_of(load_forecast(run_dir / FORECAST), job)
+    if forecast is None:
+        return None
+    story = tell_story(job, gpus, now, running)
+    error = compare(forecast, story)
+    return None if error is None else (error, story)
+
+
+def _prediction_section(error: PredictionError, figure: Figure, jobs: int) -> str:
+    """The chart, the ratio and the largest source, every source, and each model's epochs and starts."""
+    rows = [("makespan", error.headline()), ("largest source of the error", error.sentence())]
+    if jobs > 1:
+        rows.append(("the job", f"the last of {jobs} jobs: a resumed job forecasts the models left to it"))
+    if error.state != "finished":
+        state = {"running": "is running", "interrupted": "was interrupted (checkpointed)"}.get(error.state, "was killed")
+        rows.append(("note", f"the job {state}: it did part of the work forecast"))
+    sources = [(s.name, f"{s.seconds:+,.2f}", f"{s.measured_gpu_s:,.2f}", f"{s.predicted_gpu_s:,.2f}")
+               for s in error.sources]
+    sources.append(("all", f"{sum(s.seconds for s in error.sources):+,.2f}", "", ""))
+    models = [(m.model, _maybe(m.predicted_epoch_s), _maybe(m.measured_epoch_s), _maybe(m.pace, "x"),
+               _epochs(m.predicted_epochs), _epochs(m.measured_epochs),
+               f"{m.predicted_start_s:.2f} ({m.predicted_starts})", f"{m.measured_start_s:.2f} ({m.measured_starts})")
+              for m in error.models]
+    return (html_page.figure(figure) + html_page.key_values(rows)
+            + html_page.table(("source", "seconds of the error", "measured GPU-s (idle charged)",
+                               "predicted GPU-s (idle charged)"), sources, (False, True, True, True))
+            + html_page.table(("model", "predicted s/epoch", "measured s/epoch", "measured / predicted GPU-s per epoch",
+                               "epochs predicted", "epochs measured", "start s predicted (stays)",
+                               "start s measured (stints)"), models, (False,) + (True,) * 7))
+
+
+def _maybe(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{unit}"
+
+
+def _epochs(value: float) -> str:
+    """``2``, ``1.5``, ``1.33``."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
 def _use_rows(story: RunStory) -> list[tuple[str, str]]:

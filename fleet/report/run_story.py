@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 class EpochSpan:
     """One epoch of a stint: it ended at `end` after `wall_s` seconds; the group computed a
     `compute_share` of that time (its consumption rate over its compute rate, at most 1) and
-    waited for data the rest; its checkpoint took `checkpoint_s` after it."""
+    waited for data the rest; its checkpoint took `checkpoint_s` after it. `samples`: the
+    epoch's samples, a part trained before a resume included (0 where the log has none)."""
 
     end: float
     wall_s: float
     compute_share: float
     checkpoint_s: float
+    samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Stint:
     outcome: str  # converged, checkpointed, killed (its job died), running
     epochs: tuple[EpochSpan, ...] = ()
     final_checkpoint_s: float = 0.0  # the save as it left (member_left's checkpoint_s)
+    start_s: float = 0.0  # from its launch to its first step, as its master reported it
+    left_samples: int = 0  # where in its epoch it left (member_left's epoch_samples): 0 at an epoch's end
 
 
 @dataclass(frozen=True)
@@ -81,10 +85,15 @@ class _Open:
     stream: int | None
     start: float
     epochs: list[EpochSpan] = field(default_factory=list)
+    start_s: float = 0.0
 
-    def close(self, end: float, outcome: str, final_checkpoint_s: float = 0.0) -> Stint:
+    def took(self, event: Mapping) -> None:
+        """Keep the start the member reported (in its first report only)."""
+        self.start_s = self.start_s or _number(event, "start_s")
+
+    def close(self, end: float, outcome: str, final_checkpoint_s: float = 0.0, left_samples: int = 0) -> Stint:
         return Stint(self.model, self.gpus, self.stream, self.start, max(end, self.start), outcome,
-                     tuple(self.epochs), final_checkpoint_s)
+                     tuple(self.epochs), final_checkpoint_s, self.start_s, left_samples)
 
 
 class _Reader:
@@ -143,13 +152,17 @@ class _Reader:
             return
         compute, consumed = _number(event, "samples_per_s"), _number(event, "stream_samples_per_s")
         share = min(1.0, consumed / compute) if compute > 0 else 1.0
-        stint.epochs.append(EpochSpan(at, _number(event, "epoch_s"), share, _number(event, "checkpoint_s")))
+        stint.took(event)
+        stint.epochs.append(EpochSpan(at, _number(event, "epoch_s"), share, _number(event, "checkpoint_s"),
+                                      int(_number(event, "samples"))))
 
     def on_member_left(self, event: Mapping, at: float) -> None:
         stint = self.open.pop(str(event.get("model")), None)
         if stint is not None:
             outcome = "converged" if event.get("converged") else "checkpointed"
-            self.stints.append(stint.close(at, outcome, _number(event, "checkpoint_s")))
+            stint.took(event)
+            self.stints.append(stint.close(at, outcome, _number(event, "checkpoint_s"),
+                                           int(_number(event, "epoch_samples"))))
 
     def on_checkpoint(self, event: Mapping, at: float) -> None:
         self.checkpoints.append((at, str(event.get("model"))))
