@@ -66,7 +66,8 @@ class RunForecast:
         """The predicted Gantt (forecast.json): every member's stay on its GPUs, seconds from
         the run's first step, and the rounds."""
         timeline = self.timeline
-        members = [{"model": m.model, "round": m.round, "gpus": list(m.gpus), "start": m.start, "end": m.end,
+        members = [{"model": m.model, "round": m.round, "gpus": list(m.gpus), "launched": m.launched,
+                    "start": m.start, "end": m.end,
                     "released": m.released, "outcome": m.outcome.value, "epochs": [m.epochs_start, m.epochs_end]}
                    for m in (timeline.members if timeline else ())]
         rounds = [{"index": r.index, "start": r.start, "end": r.end} for r in (timeline.rounds if timeline else ())]
