@@ -4,7 +4,7 @@ A command (`fleet run`, `mpiexec`, a plain Python process) runs in a process gro
 on timeout the whole group is stopped (mpiexec and every rank it started), and a timeout or a
 failure ends the bench with a message that names the command and shows the end of its output.
 Beside it: a run directory's results.json, the synthetic JPEG folder several benches train on,
-a bench's working directory (`--keep DIR` or a temporary one) and two argparse types.
+a bench's working directory (`--keep DIR` or a temporary one) and three argparse types.
 
 A bench script imports this module by name (`import _harness`): Python puts a script's own
 folder, `bench/`, first on `sys.path`. `fleet`, `preprocess` and `profiler` are imported from
@@ -148,6 +148,21 @@ def at_least(low: int, why: str = ""):
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}{why}")
         return value
+
+    return parse
+
+
+def name_list(choices: tuple[str, ...], what: str):
+    """An argparse type: comma-separated names from `choices` (at least one), in their order
+    there; `what` names them in the message, e.g. "policy"."""
+
+    def parse(text: str) -> list[str]:
+        chosen = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in chosen if name not in choices]
+        if unknown or not chosen:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none given)'} "
+                                             f"(choose from {', '.join(choices)})")
+        return [name for name in choices if name in chosen]
 
     return parse
 

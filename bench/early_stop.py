@@ -71,7 +71,7 @@ from pathlib import Path
 
 import yaml
 
-from _harness import at_least, fleet, fleet_run, work_dir
+from _harness import at_least, fleet, fleet_run, name_list, work_dir
 from peers import (add_setting_arguments, fresh_dir, make_data, model_seeds, peer_missing, run_driver, spec_with,
                    tune_fit, write_spec)
 
@@ -402,14 +402,8 @@ def met(ok: bool) -> str:
 
 
 def contender_list(text: str) -> list[str]:
-    chosen = [name.strip() for name in text.split(",") if name.strip()]
-    if chosen == ["none"]:
-        return []
-    unknown = [name for name in chosen if name not in CONTENDERS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"unknown contender(s) {', '.join(unknown) or '(none given)'} "
-                                         f"(choose from {', '.join(CONTENDERS)}, or none)")
-    return [name for name in CONTENDERS if name in chosen]
+    """`--contenders`: comma-separated names from `CONTENDERS`, or none."""
+    return [] if text.strip() == "none" else name_list(CONTENDERS, "contender")(text)
 
 
 def comma_list(kind):

@@ -72,7 +72,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from _harness import at_least, fleet_run, jpeg_folder, run_to_end, work_dir
+from _harness import at_least, fleet_run, jpeg_folder, name_list, run_to_end, work_dir
 from e2e_cpu import MODELS, models_for, spec_for  # bench/e2e_cpu.py, beside this script
 
 BENCH = Path(__file__).resolve().parent
@@ -403,15 +403,6 @@ def print_details(rounds: list[dict[str, Outcome]]) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def contender_list(text: str) -> list[str]:
-    chosen = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in CONTENDERS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"unknown contender(s) {', '.join(unknown) or '(none given)'} "
-                                         f"(choose from {', '.join(CONTENDERS)})")
-    return [name for name in CONTENDERS if name in chosen]
-
-
 def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that `make_data` and `write_spec` read: the data, the slots and their threads."""
     parser.add_argument("--samples", type=at_least(2), default=3000)
@@ -431,7 +422,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=at_least(1), default=2)
     add_setting_arguments(parser)
     parser.add_argument("--rounds", type=at_least(1), default=1, help="times each contender runs, alternating")
-    parser.add_argument("--contenders", type=contender_list, default=list(CONTENDERS),
+    parser.add_argument("--contenders", type=name_list(CONTENDERS, "contender"), default=list(CONTENDERS),
                         help=f"comma-separated, from {','.join(CONTENDERS)} (default: all)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one command may take")
     parser.add_argument("--keep", metavar="DIR", help="keep the data and every run directory in DIR")
