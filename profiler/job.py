@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 from fleet.engines import get_framework
-from fleet.host import node_cores
 from fleet.profiling import timed_steps
 from fleet.profiling.document import build_document, fingerprint
 from fleet.profiling.plan import DECODE_SECONDS, Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
+from fleet.runtime.rank import job_cores_per_node
 from fleet.runtime.train.trainer import create_group_comm
 from fleet.runtime.waiting import bcast_object, recv_object, send_object
 from fleet.spec.sections import Device
@@ -192,7 +192,7 @@ class _Driver:
             "device": self.spec.cluster.device.value, "device_name": name, "host": platform.node(),
             "nodes": self.spec.cluster.nodes, "trainers": self.gpus,
             "preprocessors": len(self.topology.preprocessor_ranks()),
-            "threads_per_trainer": self.spec.cluster.threads_per_trainer, "cores_per_node": node_cores(),
+            "threads_per_trainer": self.spec.cluster.threads_per_trainer, "cores_per_node": job_cores_per_node(self.ctx),
             "cpu": platform.processor() or platform.machine(),
             "python": platform.python_version(), "frameworks": self._framework_versions(),
             "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],

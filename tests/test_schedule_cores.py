@@ -51,6 +51,17 @@ def test_a_trainers_overhead_slows_it_alone_and_loads_the_node():
     assert spans(simulate(create_policy("baseline"), on_cores(cores), FREE)) == pytest.approx({"X": 15, "Y": 7})
 
 
+def test_steps_that_use_no_core_leave_the_cores_to_decoding():
+    # emulated: decoding costs 0.1 core-s per sample and each trainer 0.5 outside its steps,
+    # on 1 core; the steps themselves sleep.
+    cores = SharedCores(cores=1, trainer_cores=0, decode_core_s=0.1, trainer_overhead_s=0.5)
+    assert cores.member_rate(6.0, 1) == 6.0  # a sleeping step overlaps the trainer's own work
+    result = simulate(create_policy("homogeneous"), on_cores(cores), FREE)
+    # homogeneous: one stream of X and Y at X's 6/s wants 0.6 core of decoding and 2 x 6 x 0.5
+    # of the trainers' work: 6.6 cores on 1, so 6/6.6 samples/s for the epoch of 60
+    assert result.makespan == pytest.approx(60 / (6 / 6.6))
+
+
 def test_shared_cores_need_positive_cores():
     with pytest.raises(ValueError, match="cores"):
         SharedCores(cores=0)
@@ -64,12 +75,14 @@ def test_a_cpu_profile_gives_the_cores_its_node_had():
     extra = {"hardware": {"device": "cpu", "cores_per_node": 2, "threads_per_trainer": 4},
              "preprocessing": {"samples_per_s": {"1": 500.0, "2": 900.0}}}
     assert shared_cores(extra) == SharedCores(cores=2.0, trainer_cores=2.0, decode_core_s=1 / 500)
-    # the profile's node wins over this one's; without either there is nothing to share
-    assert shared_cores(extra, cores=64).cores == 2.0
+    # a running job's node wins over the profile's; without either there is nothing to share
+    assert shared_cores(extra, cores=64).cores == 64.0
     assert shared_cores({"hardware": {"device": "cpu"}}) is None
     # an older profile (wall-clock rates, measured beside each other) is taken as it is
     assert shared_cores({"hardware": {"device": "cpu", "threads_per_trainer": 1}}, cores=8) is None
     assert shared_cores({}, device="cpu", threads=1, cores=8) == SharedCores(cores=8.0)
     # GPUs and the emulated device: the steps use no core of the node
     assert shared_cores({**extra, "hardware": {**extra["hardware"], "device": "cuda"}}) is None
-    assert shared_cores({}, device="emulated", cores=8) is None
+    # the emulated device's steps sleep: only the decoding uses the cores
+    assert shared_cores(extra, device="emulated", cores=0.5) == SharedCores(cores=0.5, trainer_cores=0.0,
+                                                                           decode_core_s=1 / 500)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -163,25 +164,31 @@ def decode_limit(extra: Mapping[str, Any], nodes: int, per_node: int | str | Non
 def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: int | None = None,
                  cores: int | None = None) -> SharedCores | None:
     """The cores a CPU run's trainers and preprocessors share (`fleet.schedule.cores`), from a
-    profile's extra fields: the node's cores it recorded (else `cores`, e.g. this node's),
+    profile's extra fields: `cores` (a running job's node's), else the node's cores it recorded,
     its threads per trainer (else `threads`) and one preprocessor's measured decoding (else
-    decoding costs no core). None on GPUs and the emulated device, whose steps use no core
-    of the node, or where the cores are unknown: a profile measured before profiles recorded
-    them timed its trainers on the wall clock, beside each other, and is taken as it is."""
+    decoding costs no core). On the emulated device the steps sleep and use no core, but the
+    decoding does. None on GPUs (whose steps use no core of the node, and whose nodes have
+    cores to spare), or where the cores are unknown: a profile measured before profiles
+    recorded them timed its trainers on the wall clock, beside each other, and is taken as it is."""
     hardware = extra.get("hardware", {}) if isinstance(extra.get("hardware"), Mapping) else {}
-    if (device or hardware.get("device")) != "cpu":
+    device = device or hardware.get("device")
+    if device not in ("cpu", "emulated"):
         return None
-    cores = _positive(hardware.get("cores_per_node")) or (None if hardware else cores)
+    recorded = _positive(hardware.get("cores_per_node"))
+    if hardware and not recorded:
+        return None
+    cores = cores or recorded
     if not cores:
         return None
     threads = threads or _positive(hardware.get("threads_per_trainer")) or 1
     one = decode_rates(extra.get("preprocessing", {})).get(1)
-    return SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)),
+    return SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
                        decode_core_s=1.0 / one if one and one > 0 else 0.0)
 
 
-def _positive(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+def _positive(value: Any) -> float | None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value if number and math.isfinite(value) and value > 0 else None
 
 
 def summarize_failures(failures: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -26,6 +26,7 @@ import numpy as np
 from fleet.atomic import atomic_write_json
 from fleet.engines import get_framework
 from fleet.errors import UserError
+from fleet.host import cores_per_node, node_cores
 from fleet.inspect import describe_ensemble, ensemble_counts, remember
 from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
@@ -316,10 +317,19 @@ def _visible_gpus(spec) -> int | None:
     return get_framework(spec.models[0].framework).visible_gpus()
 
 
+def job_cores_per_node(ctx) -> float:
+    """The cores one node of the job has: rank 0's machine's, shared by the job's nodes there
+    (virtual nodes on one machine share its cores)."""
+    hosts = [process.rpartition(" ")[0] for process in ctx.processes]
+    nodes = [placement.node for placement in ctx.topology.placements]
+    return cores_per_node(node_cores(), hosts, nodes, hosts[0] if hosts else "")
+
+
 def _rank0_setup(ctx) -> dict | str:
     """The plan on rank 0; a user error becomes its message for every rank."""
     try:
-        plan = plan_run(ctx.spec, Path(ctx.run_dir), ctx.epoch_samples, ctx.partitions, ctx.calibrate_from)
+        plan = plan_run(ctx.spec, Path(ctx.run_dir), ctx.epoch_samples, ctx.partitions, ctx.calibrate_from,
+                        job_cores_per_node(ctx))
     except UserError as exc:
         return str(exc)
     ctx.plan = plan

@@ -31,7 +31,8 @@ class SharedCores:
 
     Attributes:
         cores: cores of one node that the job's ranks run on.
-        trainer_cores: cores one busy trainer uses (its threads, at most the node's cores).
+        trainer_cores: cores one busy trainer's steps use (its threads, at most the node's
+            cores; 0 on the emulated device, whose steps sleep).
         decode_core_s: core-seconds to decode and augment one training sample.
         trainer_overhead_s: core-seconds a member's trainers spend per sample outside their
             steps (receiving the stream, assembling batches).
@@ -43,13 +44,16 @@ class SharedCores:
     trainer_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.cores > 0 or not self.trainer_cores > 0:
-            raise ValueError("cores and trainer_cores must be positive")
+        if not self.cores > 0 or not self.trainer_cores >= 0:
+            raise ValueError("cores must be positive and trainer_cores not negative")
         if self.decode_core_s < 0 or self.trainer_overhead_s < 0:
             raise ValueError("decode_core_s and trainer_overhead_s must not be negative")
 
     def member_rate(self, rate: float, trainers: int) -> float:
-        """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead."""
+        """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead
+        (steps that use no core overlap it)."""
+        if not self.trainer_cores:
+            return rate
         return 1.0 / (1.0 / rate + self.trainer_overhead_s / (trainers * self.trainer_cores))
 
     def member_core_s(self, rate: float, trainers: int) -> float:

@@ -38,11 +38,26 @@ from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule.calibration import Calibration
+from fleet.schedule.cores import SharedCores
 from fleet.schedule.costs import Overheads
 from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForecast, forecast_run
 from fleet.schedule_io import load_calibration, load_profile
 from fleet.spec import Spec, parse_spec
 from preprocess.partition import job_partitions
+
+
+@dataclass(frozen=True)
+class PredictionBasis:
+    """What a run's predictions take besides its rates: its nodes' cores as trainers and
+    preprocessors share them (CPU nodes), and what an earlier run measured."""
+
+    cores: SharedCores | None = None
+    calibration: Calibration | None = None
+
+    def costs(self) -> Overheads:
+        """The checkpoint, restore and start costs predictions assume: measured by an earlier
+        run where there is one, else `PREDICTION_COSTS`."""
+        return self.calibration.overheads(PREDICTION_COSTS) if self.calibration else PREDICTION_COSTS
 
 
 @dataclass
@@ -60,7 +75,7 @@ class RunPlan:
     policy_name: str = ""
     early: EarlyStopping | None = None  # early stopping across models, restored from the run directory
     forecast: RunForecast | None = None  # what the run expects of itself (results.json's prediction)
-    calibration: Calibration | None = None  # what an earlier run measured, predicted and planned with
+    basis: PredictionBasis = PredictionBasis()  # what the predictions take besides the rates
 
     def choice_record(self, switches: Sequence[PolicySwitch] = ()) -> dict:
         """What results.json says of `policy: auto`'s choice ({} for a policy the spec named),
@@ -240,7 +255,7 @@ def policy_for(spec: Spec, name: str | None = None) -> Policy:
 
 def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
                   epochs_done: dict[str, int], ledger: Ledger,
-                  calibration: Calibration | None = None) -> tuple[Policy, PolicyChoice | None]:
+                  basis: PredictionBasis = PredictionBasis()) -> tuple[Policy, PolicyChoice | None]:
     """The policy to run and, for `policy: auto`, the choice: the candidate predicted to finish
     the models still to train first (from where the checkpointed ones stand); on partitioned
     data, among the hopping policies."""
@@ -249,24 +264,21 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
         return policy_for(spec), None
     if not todo.models:
         return policy_for(spec, candidates[0]), None
-    scenario = run_scenario(spec, todo, estimates, decode_rate, epochs_done, ledger, calibration)
-    choice = choose_policy(lambda name: policy_for(spec, name), scenario, prediction_costs(calibration),
+    scenario = run_scenario(spec, todo, estimates, decode_rate, epochs_done, ledger, basis)
+    choice = choose_policy(lambda name: policy_for(spec, name), scenario, basis.costs(),
                            candidates=candidates, early_stop=simulated_early_stop(spec))
     return policy_for(spec, choice.name), choice
 
 
 def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
-                 epochs_done: dict[str, int], ledger: Ledger, calibration: Calibration | None = None) -> Scenario:
+                 epochs_done: dict[str, int], ledger: Ledger, basis: PredictionBasis = PredictionBasis()) -> Scenario:
     """What the run predicts itself on: the models still to train at the rates it plans with,
     from where the checkpointed ones stand, decoding as measured, on partitioned data where it
-    is, and on CPU nodes the cores they share (the profile's node's, else this one's), at the
-    costs an earlier run measured where there is one (`calibration`)."""
+    is, and on CPU nodes the cores they share (`basis`)."""
     parts = ledger.partitions
     cluster = spec.cluster
-    cores = shared_cores(todo.extra, cluster.device.value, cluster.threads_per_trainer, node_cores())
-    cores = calibration.cores(cores) if calibration else cores
     return Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(cluster.gpus, todo.gpus_per_node),
-                    decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1), cores=cores,
+                    decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1), cores=basis.cores,
                     partition_sizes=parts.sizes if parts else (),
                     visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
                     resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
@@ -278,20 +290,14 @@ def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rat
     models left, with a range from the rates' uncertainty (None with no model left)."""
     if not plan.rates.models:
         return None
-    scenario = run_scenario(spec, plan.rates, estimates, decode_rate, epochs_done, plan.ledger, plan.calibration)
-    measured = plan.rates_source.startswith("measured") or plan.calibration is not None
+    scenario = run_scenario(spec, plan.rates, estimates, decode_rate, epochs_done, plan.ledger, plan.basis)
+    measured = plan.rates_source.startswith("measured") or plan.basis.calibration is not None
     spread = MEASURED_SPREAD if measured else ESTIMATED_SPREAD
     choice = plan.choice
-    return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, prediction_costs(plan.calibration),
+    return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, plan.basis.costs(),
                         spread,
                         seed=spec.seed, early_stop=simulated_early_stop(spec),
                         candidates=choice.predicted_s if choice else None)
-
-
-def prediction_costs(calibration: Calibration | None) -> Overheads:
-    """The checkpoint, restore and start costs predictions assume: measured by an earlier run
-    where there is one, else `PREDICTION_COSTS`."""
-    return calibration.overheads(PREDICTION_COSTS) if calibration else PREDICTION_COSTS
 
 
 def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
@@ -314,11 +320,12 @@ def _resumed_epochs(ledger: Ledger, model: str, epochs_done: dict[str, int]) -> 
 
 
 def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Partitions | None = None,
-             calibrate_from: str | None = None) -> RunPlan:
+             calibrate_from: str | None = None, cores: float | None = None) -> RunPlan:
     """Rates, policy and books for the models still to train (`partitions`: where partitioned
     data lives; each resumed model's checkpoint says which it visited in its epoch), predicted
     and planned with what an earlier run measured (`calibrate_from`, else this run directory's
-    own earlier job where it left its measures)."""
+    own earlier job where it left its measures); `cores`: one node's, where no profile says
+    (default: this process's)."""
     rates, source = rate_table(spec, run_dir, samples_per_epoch)
     calibration = run_calibration(spec, run_dir, calibrate_from)
     if calibration is not None:
@@ -341,17 +348,26 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
     if calibration is not None:
         decode_rate = calibration.decode_rate(preprocessor_count(spec, rates.extra), decode_rate)
+    basis = PredictionBasis(run_cores(spec, rates, calibration, cores), calibration)
     estimates = epochs_estimate(todo, spec)
     ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node, epochs_done, paused=resumed,
                     decode_rate=decode_rate, partitions=partitions, visited=visited,
                     held=rungs.held if rungs else ())
-    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger, calibration)
+    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger, basis)
     candidates = HOPPING_POLICIES if partitions is not None else CANDIDATES
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
     plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
-                   rungs.early if rungs else None, calibration=calibration)
+                   rungs.early if rungs else None, basis=basis)
     plan.forecast = run_forecast(spec, plan, estimates, decode_rate, epochs_done)
     return plan
+
+
+def run_cores(spec: Spec, rates: RateTable, calibration: Calibration | None, cores: float | None) -> SharedCores | None:
+    """The cores a CPU run's trainers and preprocessors share: the profile's node's (else
+    `cores`, else this process's), at the costs an earlier run measured where there is one."""
+    cluster = spec.cluster
+    sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores())
+    return calibration.cores(sharing) if calibration else sharing
 
 
 def run_calibration(spec: Spec, run_dir: Path, calibrate_from: str | None) -> Calibration | None:
@@ -461,8 +477,9 @@ def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measure
         return {"measured": measured}
     record = {**plan.forecast.to_record(), "rates": plan.rates_source, "measured_makespan_s": makespan,
               "measured": measured}
-    if plan.calibration is not None and plan.calibration.outside_s is not None:
-        record["wall_s"] = plan.forecast.makespan_s + plan.calibration.outside_s  # as long outside as the earlier job
+    calibration = plan.basis.calibration
+    if calibration is not None and calibration.outside_s is not None:
+        record["wall_s"] = plan.forecast.makespan_s + calibration.outside_s  # as long outside as the earlier job
     if not interrupted:
         record["measured_over_predicted"] = makespan / max(plan.forecast.makespan_s, 1e-9)
     return record
