@@ -28,9 +28,13 @@ within 2 epochs).
 Each (case, policy) runs in two rate modes (`--profile both`, the default): "measured", with
 a profile (`fleet profile` once per case, its profile.json copied into each run directory,
 which the run reuses, as `bench/e2e_cpu.py` does), and "estimated", from a fresh run directory
-with `scheduler.profile: false`, so the rates are estimated from FLOPs before training
-(`--profile yes` or `no`: one of them). Besides the named policies, `policy: auto` runs in each
-case and mode.
+with `scheduler.profile: auto`, which judges a profile too dear beside such short training: the
+rates are estimated from FLOPs and corrected by a few timed steps per model family before
+training (the console and results.json's `prediction.rates` say which). `--profile yes` or
+`no`: one of them; `--profile all` adds "calibrated": the measured mode's profile plus
+`--calibrate-from` this round's measured run of the case's first policy (the costs and rates
+an earlier run of the same models measured; for the other policies, learned under another).
+Besides the named policies, `policy: auto` runs in each case and mode.
 
 How: `--rounds` rounds (default 3), alternating: round 1 runs every (case, mode, policy) once,
 then round 2 does, so drift in the machine's load falls on all of them; figures are medians
@@ -59,7 +63,7 @@ of it (a) and (b); `--rounds 1` about 15. That is an estimate from the parts' si
 measured figure.
 
 Usage: .venv/bin/python bench/predict.py [--cases a,b,c,d] [--policies fleet-g,fleet-l,fleet-adaptive,
-       homogeneous,baseline] [--rounds 3] [--profile both|yes|no] [--timeout 1200] [--keep DIR] [--json FILE]
+       homogeneous,baseline] [--rounds 3] [--profile both|yes|no|all] [--timeout 1200] [--keep DIR] [--json FILE]
        [--a-sweep 4] [--a-epochs 1] [--a-samples 1500] [--a-slots 4] [--a-device cpu|cuda]
        [--b-samples 2400] [--b-epochs 2]
        [--c-sweep 4] [--c-epochs 1] [--c-samples 1500] [--c-nodes 4] [--c-slots 4]
@@ -91,8 +95,9 @@ CASES = ("a", "b", "c", "d")
 POLICIES = ("fleet-g", "fleet-l", "fleet-adaptive", "homogeneous", "baseline")
 HOPPING = ("mop", "fleet-hop")  # (d)'s policies: the only ones of partitioned data
 AUTO = "auto"
-MEASURED, ESTIMATED = "measured", "estimated"  # the rate modes: a profile copied in; none (rates from FLOPs)
-PROFILE_MODES = {"both": (MEASURED, ESTIMATED), "yes": (MEASURED,), "no": (ESTIMATED,)}
+MEASURED, ESTIMATED, CALIBRATED = "measured", "estimated", "calibrated"  # the rate modes (see the docstring)
+PROFILE_MODES = {"both": (MEASURED, ESTIMATED), "yes": (MEASURED,), "no": (ESTIMATED,),
+                 "all": (MEASURED, ESTIMATED, CALIBRATED)}
 BAND = (0.85, 1.15)  # issue 45: measured / predicted makespan within this
 NEAR = 0.05  # issue 45: auto's pick within 5 % of the fastest policy's makespan
 SOURCE_SIZE, IMAGE_SIZE = 96, 24  # (a) and (c): peers.py's light setting
@@ -176,7 +181,7 @@ def case_c(root: Path, args, modes: tuple[str, ...]) -> Case:
              f"on {args.c_samples:,} JPEGs")
     note = (f"(c) runs with a profile only: the emulated device's steps take the times of the profile measured once "
             f"on 1 node x {args.c_slots} CPU slots")
-    return Case("c", title, doc, tuple(args.policies), tuple(m for m in modes if m == MEASURED), cpu, note)
+    return Case("c", title, doc, tuple(args.policies), tuple(m for m in modes if m != ESTIMATED), cpu, note)
 
 
 def partitioned_data(root: Path, samples: int, timeout: float) -> Path:
@@ -271,9 +276,10 @@ def measured_from(results: dict, wall_s: float, case: str, policy: str, mode: st
 
 def run_spec(case: Case, policy: str, mode: str) -> dict:
     """The case's spec with `scheduler.policy: policy`; in the estimated mode `scheduler.profile:
-    false` (rates estimated from FLOPs), in the measured one `true` (the copied profile reused)."""
+    auto` (where it judges a profile too dear: rates estimated from FLOPs, corrected by a few
+    timed steps per family), in the others `true` (the copied profile reused)."""
     doc = copy.deepcopy(case.spec)
-    doc["scheduler"] = {**doc.get("scheduler", {}), "policy": policy, "profile": mode == MEASURED}
+    doc["scheduler"] = {**doc.get("scheduler", {}), "policy": policy, "profile": True if mode != ESTIMATED else "auto"}
     doc["name"] = f"{doc['name']}-{policy}-{mode}"
     return doc
 
@@ -296,16 +302,19 @@ def profile_once(case: Case, root: Path, timeout: float, known: dict[str, tuple[
 
 def run_one(case: Case, policy: str, mode: str, round_: int, root: Path, profile: Path | None, timeout: float) -> Measured:
     """One `fleet run` of the case under `policy` in `mode`, from a fresh run directory (the
-    case's profile.json copied in for the measured mode)."""
+    case's profile.json copied in for the measured and calibrated modes; the calibrated one
+    also learns from this round's measured run of the case's first policy)."""
     label = f"{policy}-{mode}"
     spec_path = root / case.key / f"{label}.yaml"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(yaml.safe_dump(run_spec(case, policy, mode)))
     run_dir = fresh_dir(root / case.key / f"{label}-round{round_}")
-    if mode == MEASURED:
+    if mode != ESTIMATED:
         shutil.copy(profile, run_dir / "profile.json")
-    run = fleet_run(spec_path, run_dir, timeout, what=f"fleet run ({case.key}, {policy}, {mode} rates)")
-    if mode == MEASURED and (run_dir / "profile.json").read_bytes() != Path(profile).read_bytes():
+    options = ("--calibrate-from", str(root / case.key / f"{case.policies[0]}-{MEASURED}-round{round_}")) \
+        if mode == CALIBRATED else ()
+    run = fleet_run(spec_path, run_dir, timeout, *options, what=f"fleet run ({case.key}, {policy}, {mode} rates)")
+    if mode != ESTIMATED and (run_dir / "profile.json").read_bytes() != Path(profile).read_bytes():
         print(f"note: ({case.key}) {policy} profiled again instead of reusing the copied profile", flush=True)
     return measured_from(run.results, run.wall_s, case.key, policy, mode, round_)
 
@@ -513,7 +522,8 @@ def parse_args() -> argparse.Namespace:
                         help=f"comma-separated, from {','.join(POLICIES)} (not (d): always mop and fleet-hop)")
     parser.add_argument("--rounds", type=at_least(1), default=3, help="rounds, alternating; figures are medians")
     parser.add_argument("--profile", choices=tuple(PROFILE_MODES), default="both",
-                        help="rates: measured by a profile (yes), estimated from FLOPs (no), or both")
+                        help="rates: measured by a profile (yes), estimated (no), both, or all (both and "
+                             "calibrated by an earlier run)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds one fleet command may take")
     parser.add_argument("--keep", metavar="DIR", help="keep the data, profiles and every run directory in DIR")
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
@@ -531,7 +541,7 @@ def prepare(root: Path, args) -> tuple[list[Case], dict[str, Path], dict[str, fl
     cases = [case for case in cases if case.modes]
     known: dict[str, tuple[Path, float]] = {}
     profiles, seconds = {}, {}
-    for case in (case for case in cases if MEASURED in case.modes):
+    for case in (case for case in cases if MEASURED in case.modes or CALIBRATED in case.modes):
         before = len(known)
         profiles[case.key], seconds[case.key] = profile_once(case, root, args.timeout, known)
         shared = next(key for key, path in profiles.items() if path == profiles[case.key])
