@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet.errors import UserError
-from fleet.profiling.document import decode_rates, epochs_estimate, stream_demand, summarize_failures
+from fleet.profiling.document import decode_rates, epochs_estimate, measured_saves, stream_demand, summarize_failures
 from fleet.profiling.plan import needed_preprocessors
 from fleet.report.gantt import write_gantt
 from fleet.report.plan_text import render_plan
@@ -69,9 +69,23 @@ def predict(spec, scenario, policies=POLICIES, early: bool = True) -> dict:
     own = list(candidates_for(spec)) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
     if spec.data.partitioned:
         policies = [p for p in policies if p in HOPPING_POLICIES] or HOPPING_POLICIES
-    return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, PREDICTION_COSTS,
+    return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, costs_of(scenario.rates),
                            early_stop=simulated_early_stop(spec) if early else None)
             for name in dict.fromkeys([*policies, *own])}
+
+
+def costs_of(rates):
+    """The checkpoint and restore costs of predictions on `rates`: as the profile measured its
+    saves, else `PREDICTION_COSTS`."""
+    return measured_saves(rates) or PREDICTION_COSTS
+
+
+def costs_text(rates) -> str:
+    """How the predictions cost a checkpoint, for the dry run's heading."""
+    saves = measured_saves(rates)
+    if saves is not None:
+        return f"checkpoints as the profile measured them: {saves.latency_s:.3g} s each"
+    return f"checkpoints modelled at {CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s"
 
 
 def simulated_early_stop(spec):
@@ -103,8 +117,7 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     write_gantt(plan, str(gantt))
     lines = [render_plan(plan, rates, "max-epochs", run_dir / "plan.json").replace(
         "--max-epochs for every model", "each model's max_epochs")]
-    lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs (checkpoints modelled at "
-              f"{CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s):", _policy_table(results)]
+    lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs ({costs_text(rates)}):", _policy_table(results)]
     if spec.scheduler.policy == AUTO:
         lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}, candidates_for(spec)).describe())
     lines += early_stop_lines(spec, scenario, chosen, results[chosen])
@@ -133,7 +146,7 @@ def early_stop_lines(spec, scenario, chosen: str, result) -> list[str]:
     settings = simulated_early_stop(spec)
     if settings is None:
         return []
-    without = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, PREDICTION_COSTS)
+    without = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, costs_of(scenario.rates))
 
     def gpu_hours(run) -> float:
         return (run.total_gpus * run.makespan - run.gpu_time.idle) / 3600

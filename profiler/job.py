@@ -126,7 +126,8 @@ class _Driver:
         preprocessing = self._measure_decoding((1,), timed_steps.DECODE_SECONDS)
         self._step(("done",))
         rates = {m: e[1]["rate"] for m, e in self.measured.items() if "rate" in e.get(1, {})}
-        return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": rates,
+        saves = {m: e[1]["checkpoint_s"] for m, e in self.measured.items() if "checkpoint_s" in e.get(1, {})}
+        return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": rates, "checkpoint_s": saves,
                 "failed": {m: e[1]["failed"] for m, e in self.measured.items() if "failed" in e.get(1, {})},
                 "preprocessing": preprocessing, "hardware": self._hardware(),
                 "seconds": round(time.monotonic() - began, 3)}

@@ -9,7 +9,10 @@ group agrees on it over MPI so that no member waits for one that has given up.
 from __future__ import annotations
 
 import gc
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ from fleet.engines._base import host_device_name
 from fleet.host import node_cores
 from fleet.inspect import available_memory
 from fleet.runtime.data.chunks import ChunkLayout
+from fleet.runtime.train.checkpoint import CheckpointStore, ModelCheckpoint
 from fleet.runtime.train.trainer import build_collective, build_engine
 from fleet.runtime.waiting import IDLE, wait_request
 
@@ -159,8 +163,26 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
               "parameters": int(engine.num_parameters), "device_name": device_name(framework, ctx.device)}
     if alone < elapsed:
         result["wall_rate"] = size * len(x) * timed / elapsed
+    if size == 1 and ctx.device != "emulated":
+        result.update(time_checkpoint(ctx.run_dir, model_id, engine))
     _finish(engine, collective, framework, ctx.device, None)
     return result
+
+
+def time_checkpoint(run_dir: str, model_id: str, engine) -> dict:
+    """Seconds to save the model as a run checkpoints it (its state, written, synced and
+    committed in the run directory's file system) and to load it back: ``checkpoint_s`` and
+    ``restore_s``. The files go to a scratch directory in the run directory, removed after."""
+    scratch = Path(tempfile.mkdtemp(prefix=".timing-", dir=run_dir))
+    try:
+        store = CheckpointStore(scratch, keep=1)
+        started = time.perf_counter()
+        store.save(ModelCheckpoint(model_id=model_id, engine_state=engine.state_bytes(), stop={}))
+        saved = time.perf_counter()
+        engine.load_state_bytes(store.load(model_id).engine_state)
+        return {"checkpoint_s": saved - started, "restore_s": time.perf_counter() - saved}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def alone_seconds(ctx, elapsed: float, cpu_s: float) -> float:

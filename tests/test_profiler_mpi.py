@@ -61,6 +61,10 @@ def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_pa
     assert "memory" in document["failures"][0]["reason"] or "allocate" in document["failures"][0]["reason"]
     assert document["preprocessing"]["samples_per_s"]["1"] > 0 and document["hardware"]["trainers"] == 3
     assert {m["batch_size"] for m in document["models"]} == {32}
+    # each timed model was saved and loaded back as a run checkpoints it, in the run directory
+    assert all(m["checkpoint_s"] > 0 and m["restore_s"] > 0 for m in document["models"])
+    assert document["hardware"]["cores_per_node"] > 0 and not list(run_dir.glob(".timing-*"))
+    assert "checkpoints as the profile measured them" in done.stdout
     plan = json.loads((run_dir / "plan.json").read_text())
     planned = {m["model"] for r in plan["rounds"] for m in r["members"]}
     assert planned == {"small", "small-lr", "wide", "conv"}

@@ -130,3 +130,14 @@ def test_the_earlier_jobs_time_outside_its_makespan_predicts_the_wall_time():
     assert Calibration.from_record(RECORD, "cpu", "x", {"startup": 2.0}).outside_s is None  # not by fleet run
     with pytest.raises(CalibrationError, match="overhead_s"):
         Calibration.from_record(RECORD, "cpu", "x", {**overhead, "launch": "slow"})
+
+
+def test_a_profiles_measured_saves_price_every_checkpoint():
+    from fleet.prediction import costs_of
+    from fleet.schedule.choice import PREDICTION_COSTS
+
+    saved = RateTable(tuple(ModelProfile(p.id, p.rates, extra={"checkpoint_s": s})
+                            for p, s in zip(TABLE.models, (0.01, 0.03, 0.02))), 4, 1000)
+    costs = costs_of(saved)
+    assert costs.checkpoint_s(10**9) == costs.restore_s(None) == pytest.approx(0.02)  # the median, size in it
+    assert costs_of(TABLE) is PREDICTION_COSTS  # nothing measured: the modelled costs

@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet.profiling.plan import decode_capacity, speed_key
 from fleet.schedule.cores import SharedCores
+from fleet.schedule.costs import Overheads
 
 PROFILER_VERSION = 1
 
@@ -120,6 +122,9 @@ def build_document(
         parameters = by_m.get(1, {}).get("parameters")
         if parameters:
             entry["param_bytes"] = 4 * int(parameters)  # float32
+        for cost in ("checkpoint_s", "restore_s"):  # saved and loaded as a run does, on one trainer
+            if cost in by_m.get(1, {}):
+                entry[cost] = round(float(by_m[1][cost]), 6)
         models.append(entry)
     return {
         "schema": 1,
@@ -189,6 +194,16 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
 def _positive(value: Any) -> float | None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return value if number and math.isfinite(value) and value > 0 else None
+
+
+def measured_saves(rates) -> Overheads | None:
+    """The checkpoint and restore costs a profile (or timed steps) measured on the run
+    directory's file system: each costs the median of the models' measured saves (their sizes
+    are in it); None where nothing was measured."""
+    saves = [p.extra["checkpoint_s"] for p in rates.models if _positive(p.extra.get("checkpoint_s")) is not None]
+    if not saves:
+        return None
+    return Overheads(latency_s=statistics.median(saves), bandwidth=math.inf)
 
 
 def summarize_failures(failures: Sequence[Mapping[str, Any]]) -> list[str]:

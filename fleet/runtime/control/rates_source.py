@@ -16,8 +16,10 @@ ASSUMED_FLOPS = {"cpu": 2e10, "cuda": 5e12}  # sustained FLOP/s of a trainer slo
 SCALING = 0.9  # r(m) = r(1) * m ** SCALING in estimates
 
 
-def estimated_profile(spec: Spec, samples_per_epoch: int, flops_per_sample: dict[str, int]) -> dict:
-    """A profile-shaped dict with rates guessed from FLOPs (training = 3x the forward pass)."""
+def estimated_profile(spec: Spec, samples_per_epoch: int, flops_per_sample: dict[str, int],
+                      param_bytes: dict[str, int] | None = None) -> dict:
+    """A profile-shaped dict with rates guessed from FLOPs (training = 3x the forward pass),
+    and each model's parameter bytes where given (the size of its checkpoints)."""
     device_flops = ASSUMED_FLOPS["cuda" if spec.cluster.device.value == "cuda" else "cpu"]
     gpus = spec.cluster.gpus
     same = timed_as(spec.models, spec.cluster.device.value == "emulated")
@@ -27,6 +29,8 @@ def estimated_profile(spec: Spec, samples_per_epoch: int, flops_per_sample: dict
         entry = {"id": model.id, "rates": {str(m): r1 * m**SCALING for m in range(1, gpus + 1)}}
         if same[model.id] != model.id:  # trains at the same speed: measured as one, as the profiler would
             entry["timed_as"] = same[model.id]
+        if (param_bytes or {}).get(model.id):
+            entry["param_bytes"] = int(param_bytes[model.id])
         models.append(entry)
     return {
         "schema": 1,

@@ -20,7 +20,7 @@ from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
 from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict, shared_cores
-from fleet.prediction import simulated_early_stop
+from fleet.prediction import costs_of, simulated_early_stop
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
@@ -53,11 +53,12 @@ class PredictionBasis:
 
     cores: SharedCores | None = None
     calibration: Calibration | None = None
+    base: Overheads = PREDICTION_COSTS  # as the profile or the timed steps measured the saves (`costs_of`)
 
     def costs(self) -> Overheads:
         """The checkpoint, restore and start costs predictions assume: measured by an earlier
-        run where there is one, else `PREDICTION_COSTS`."""
-        return self.calibration.overheads(PREDICTION_COSTS) if self.calibration else PREDICTION_COSTS
+        run where there is one, else `base`."""
+        return self.calibration.overheads(self.base) if self.calibration else self.base
 
 
 @dataclass
@@ -155,7 +156,10 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_ep
         return RatesDecision(False, emulated, f"rates from {path}: {why}")
     named = spec.scheduler.policy
     if spec.scheduler.profile == AUTO and named != AUTO and not policy_class(named).reads_rates:
-        return RatesDecision(False, emulated, f"not profiling: policy {named} never reads a rate")
+        timed = steps_to_time(spec, run_dir) if emulated is None else ()
+        note = f"not profiling: policy {named} never reads a rate" + (
+            "; timing a few steps of each model family for its forecast" if timed else "")
+        return RatesDecision(False, emulated, note, timed)
     if spec.scheduler.profile == AUTO and emulated is None and not spec.data.partitioned:
         worth, why = profiling_worth(spec, samples_per_epoch)
         return RatesDecision(worth, emulated, why, () if worth else steps_to_time(spec, run_dir))
@@ -219,19 +223,24 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
 
 def estimated_rates(spec: Spec, samples_per_epoch: int) -> RateTable:
     """Every model's rates guessed from its FLOPs per sample (no profile.json)."""
-    flops = {row.id: row.stats.flops_per_sample for row in describe_ensemble(spec).rows}
-    return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops))
+    rows = describe_ensemble(spec).rows
+    flops = {row.id: row.stats.flops_per_sample for row in rows}
+    return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops, {r.id: r.stats.param_bytes for r in rows}))
 
 
 def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTable:
     """The estimates from FLOPs corrected by the timed steps of steps.json (its measured
     decoding and node beside them, as a profile's)."""
-    flops = {row.id: max(1, row.stats.flops_per_sample) for row in describe_ensemble(spec).rows}
-    document = estimated_profile(spec, samples_per_epoch, flops)
+    rows = describe_ensemble(spec).rows
+    flops = {row.id: max(1, row.stats.flops_per_sample) for row in rows}
+    document = estimated_profile(spec, samples_per_epoch, flops, {r.id: r.stats.param_bytes for r in rows})
     single = {entry["id"]: entry["rates"]["1"] for entry in document["models"]}
     factors = corrections(single, steps["rates"], flops, {m.id: m.family for m in spec.models})
+    saves = steps.get("checkpoint_s") if isinstance(steps.get("checkpoint_s"), dict) else {}
     for entry in document["models"]:
         entry["rates"] = {m: rate * factors[entry["id"]] for m, rate in entry["rates"].items()}
+        if isinstance(saves.get(entry["id"]), (int, float)):
+            entry["checkpoint_s"] = saves[entry["id"]]
     document["preprocessing"], document["hardware"] = steps["preprocessing"], steps["hardware"]
     document["source"] = "estimated from FLOPs per sample, corrected by timed steps (steps.json)"
     return RateTable.from_dict(document)
@@ -348,7 +357,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
     if calibration is not None:
         decode_rate = calibration.decode_rate(preprocessor_count(spec, rates.extra), decode_rate)
-    basis = PredictionBasis(run_cores(spec, rates, calibration, cores), calibration)
+    basis = PredictionBasis(run_cores(spec, rates, calibration, cores), calibration, costs_of(rates))
     estimates = epochs_estimate(todo, spec)
     ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node, epochs_done, paused=resumed,
                     decode_rate=decode_rate, partitions=partitions, visited=visited,
