@@ -111,10 +111,14 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     return ctx
 
 
+def _say(options: TrainOptions):
+    """Where the profiler's progress lines go: stdout, or nowhere with ``--quiet``."""
+    return (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
+
+
 def _time_steps(ctx, options: TrainOptions, models: list[str]) -> None:
     """Every rank takes part; rank 0 writes steps.json (`fleet.profiling.timed_steps`)."""
-    say = (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
-    document = run_timed_steps(ctx, models, say)
+    document = run_timed_steps(ctx, models, _say(options))
     if ctx.rank != 0:
         return
     path = Path(ctx.run_dir) / STEPS_FILE
@@ -125,8 +129,7 @@ def _time_steps(ctx, options: TrainOptions, models: list[str]) -> None:
 
 def _profile(ctx, options: TrainOptions) -> None:
     """Every rank takes part; rank 0 writes profile.json (and, for a dry run, the report)."""
-    say = (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
-    document = run_profiling(ctx, say)
+    document = run_profiling(ctx, _say(options))
     if ctx.rank != 0:
         return
     path = Path(ctx.run_dir) / "profile.json"

@@ -98,7 +98,7 @@ class _Driver:
         self.say(f"profile: {len(ids)} models on {self.gpus} trainer(s): {sched.profile_batches} batches each, "
                  f"timing the last {sched.profile_timed}{self._shared_note()}")
         self._measure([(model, 1) for model in ids], sched.profile_batches, sched.profile_timed)
-        single = {m: e[1]["rate"] for m, e in self.measured.items() if "rate" in e.get(1, {})}
+        single = self._on_one_trainer("rate")
         m_t = threshold_gpus(single, self.spec.cluster.gpus_per_node, self.gpus)
         self.say(f"profile: M_t = {m_t} (rates beyond it follow Eq. 5)")
         self._measure([(model, m) for m in range(2, m_t + 1) for model in single], sched.profile_batches,
@@ -125,12 +125,14 @@ class _Driver:
         self._measure([(model, 1) for model in models], timed_steps.BATCHES, timed_steps.TIMED)
         preprocessing = self._measure_decoding((1,), timed_steps.DECODE_SECONDS)
         self._step(("done",))
-        rates = {m: e[1]["rate"] for m, e in self.measured.items() if "rate" in e.get(1, {})}
-        saves = {m: e[1]["checkpoint_s"] for m, e in self.measured.items() if "checkpoint_s" in e.get(1, {})}
-        return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": rates, "checkpoint_s": saves,
-                "failed": {m: e[1]["failed"] for m, e in self.measured.items() if "failed" in e.get(1, {})},
+        return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": self._on_one_trainer("rate"),
+                "checkpoint_s": self._on_one_trainer("checkpoint_s"), "failed": self._on_one_trainer("failed"),
                 "preprocessing": preprocessing, "hardware": self._hardware(),
                 "seconds": round(time.monotonic() - began, 3)}
+
+    def _on_one_trainer(self, key: str) -> dict:
+        """Each model's `key` as measured on one trainer, where it has one."""
+        return {m: e[1][key] for m, e in self.measured.items() if key in e.get(1, {})}
 
     def _shared_note(self) -> str:
         """How many spec models the timed ones stand for, when some train at the same speed."""

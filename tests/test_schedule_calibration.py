@@ -9,10 +9,12 @@ import pytest
 import yaml
 
 from fleet.errors import UserError
+from fleet.prediction import costs_of
 from fleet.runtime.control.measured_costs import MeasuredCosts
 from fleet.runtime.protocol import EpochReport, StreamDone
 from fleet.schedule import ModelProfile, Overheads, RateTable
 from fleet.schedule.calibration import Calibration, CalibrationError
+from fleet.schedule.choice import PREDICTION_COSTS
 from fleet.schedule.cores import SharedCores
 from fleet.schedule_io import load_calibration
 
@@ -133,9 +135,6 @@ def test_the_earlier_jobs_time_outside_its_makespan_predicts_the_wall_time():
 
 
 def test_a_profiles_measured_saves_price_every_checkpoint():
-    from fleet.prediction import costs_of
-    from fleet.schedule.choice import PREDICTION_COSTS
-
     saved = RateTable(tuple(ModelProfile(p.id, p.rates, extra={"checkpoint_s": s})
                             for p, s in zip(TABLE.models, (0.01, 0.03, 0.02))), 4, 1000)
     costs = costs_of(saved)

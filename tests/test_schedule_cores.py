@@ -2,6 +2,7 @@
 
 import pytest
 
+from fleet.profiling.document import shared_cores
 from fleet.schedule import Cluster, ModelProfile, RateTable, Scenario, create_policy, simulate
 from fleet.schedule.cores import SharedCores
 from fleet.schedule.costs import FREE
@@ -70,8 +71,6 @@ def test_shared_cores_need_positive_cores():
 
 
 def test_a_cpu_profile_gives_the_cores_its_node_had():
-    from fleet.profiling.document import shared_cores
-
     extra = {"hardware": {"device": "cpu", "cores_per_node": 2, "threads_per_trainer": 4},
              "preprocessing": {"samples_per_s": {"1": 500.0, "2": 900.0}}}
     assert shared_cores(extra) == SharedCores(cores=2.0, trainer_cores=2.0, decode_core_s=1 / 500)

@@ -19,6 +19,7 @@ from typing import Any
 from fleet.profiling.plan import decode_capacity, speed_key
 from fleet.schedule.cores import SharedCores
 from fleet.schedule.costs import Overheads
+from fleet.schedule.rates import is_positive_number
 
 PROFILER_VERSION = 1
 
@@ -192,8 +193,7 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
 
 
 def _positive(value: Any) -> float | None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return value if number and math.isfinite(value) and value > 0 else None
+    return value if is_positive_number(value) else None
 
 
 def measured_saves(rates) -> Overheads | None:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fleet.report.run_story import RunStory, Stint
+from fleet.schedule.rates import is_number
 
 SCHEMA = 1
 """The ``schema`` of forecast.json this reader knows."""
@@ -160,7 +161,7 @@ def _int(value: object) -> int:
 
 
 def _time(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not is_number(value) or value < 0:
         raise TypeError("time")
     return float(value)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from fleet.schedule.cores import SharedCores
 from fleet.schedule.costs import Overheads
-from fleet.schedule.rates import ModelProfile, RateTable
+from fleet.schedule.rates import ModelProfile, RateTable, is_number, is_positive_number
 
 
 class CalibrationError(ValueError):
@@ -116,7 +116,7 @@ def _outside(overhead: Any) -> float | None:
     if not isinstance(overhead, Mapping) or not all(k in overhead for k in ("launch", "shutdown")):
         return None
     parts = [overhead.get(k, 0.0) for k in ("launch", "startup", "first_batch", "shutdown")]
-    if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0 for p in parts):
+    if not all(is_number(p) and p >= 0 for p in parts):
         raise CalibrationError("overhead_s: expected seconds >= 0 for launch, startup, first_batch and shutdown")
     return float(sum(parts))
 
@@ -125,7 +125,7 @@ def _figure(record: Mapping, name: str) -> float | None:
     value = record.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not is_number(value) or value < 0:
         raise CalibrationError(f"prediction.measured.{name}: expected a number >= 0, got {value!r:.60}")
     return float(value)
 
@@ -145,7 +145,7 @@ def _rates(block: Any, key: str) -> dict[str, dict[int, float]]:
             rate = entry.get(key)
             if rate is None:
                 continue
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+            if not is_positive_number(rate):
                 raise CalibrationError(f"{where}.{size}.{key}: expected a positive number, got {rate!r:.60}")
             rates.setdefault(str(model), {})[int(size)] = float(rate)
     return rates

@@ -259,7 +259,7 @@ def _rates_from_dict(rates: Any, where: str) -> tuple[float, ...]:
         count = int(key) if isinstance(key, str) and key.isdigit() else None
         if count is None or count < 1:
             raise ProfileFormatError(f"{where}.{key}", "GPU count keys must be positive integers")
-        if not _is_positive_number(value):
+        if not is_positive_number(value):
             raise ProfileFormatError(f"{where}.{key}", f"expected samples/s > 0, got {value!r}")
         by_count[count] = float(value)
     missing = [m for m in range(1, max(by_count) + 1) if m not in by_count]
@@ -279,16 +279,16 @@ def _optional_positive(data: Mapping, key: str, where: str, number: type) -> Any
     value = data.get(key)
     if value is None:
         return None
-    if not _is_positive_number(value) or (number is int and not isinstance(value, int)):
+    if not is_positive_number(value) or (number is int and not isinstance(value, int)):
         kind = "a positive integer" if number is int else "a positive number"
         raise ProfileFormatError(where, f"expected {kind}, got {value!r}")
     return number(value)
 
 
-def _is_positive_number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+def is_number(value: Any) -> bool:
+    """A finite int or float (a bool is not a number here), as JSON documents must hold them."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_positive_number(value: Any) -> bool:
+    return is_number(value) and value > 0

@@ -237,8 +237,7 @@ class StreamPhysics:
             return
         sharing = [s for s in self.streams.values()
                    if s.active and s.partition == stream.partition and s.own_decode_rate is None]
-        capacity = self.scenario.decode_rate / (1 if stream.partition is None else self.partitions.count)
-        shares = decode_shares({s.id: s.demand for s in sharing}, capacity)
+        shares = self._decode_shares(sharing)
         self._repace_one(stream, shares.get(stream.id, math.inf))
         for other in sharing:
             if other is not stream:
@@ -260,14 +259,15 @@ class StreamPhysics:
             self._repace_one(changed, math.inf)
 
     def _decode_shares(self, active: list[StreamMotion]) -> dict[int, float]:
-        """Each preprocessor-decoded stream's share of the run's decoding (none without a limit)."""
+        """Each preprocessor-decoded stream's share of the decoding of its partition's
+        preprocessors (of the run's, for whole data); none without a limit."""
         if self.scenario.decode_rate is None:
             return {}
         shares: dict[int, float] = {}
-        count = 1 if self.partitions is None else self.partitions.count
         for partition in {s.partition for s in active if s.own_decode_rate is None}:
             sharing = {s.id: s.demand for s in active if s.partition == partition and s.own_decode_rate is None}
-            shares.update(decode_shares(sharing, self.scenario.decode_rate / count))
+            capacity = self.scenario.decode_rate / (1 if partition is None else self.partitions.count)
+            shares.update(decode_shares(sharing, capacity))
         return shares
 
     def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float]) -> dict[int, float]:

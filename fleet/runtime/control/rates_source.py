@@ -9,6 +9,7 @@ from pathlib import Path
 from fleet.errors import UserError
 from fleet.profiling.document import fingerprint
 from fleet.profiling.plan import timed_as
+from fleet.schedule.rates import is_positive_number
 from fleet.schedule_io import load_profile
 from fleet.spec import Spec
 
@@ -62,9 +63,7 @@ def load_timed_steps(run_dir: str | Path, spec: Spec) -> dict | None:
         return None  # another ensemble's, or another device's: timed again
     rates = document.get("rates")
     ids = {m.id for m in spec.models}
-    if not isinstance(rates, dict) or not all(
-            k in ids and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-            for k, v in rates.items()):
+    if not isinstance(rates, dict) or not all(k in ids and is_positive_number(v) for k, v in rates.items()):
         raise UserError(f"{path}: rates: expected {{model id: samples/s > 0}} for models of the spec")
     for key in ("preprocessing", "hardware"):
         if not isinstance(document.get(key), dict):

@@ -19,8 +19,8 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
-from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict, shared_cores
 from fleet.prediction import costs_of, simulated_early_stop
+from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
@@ -31,16 +31,17 @@ from fleet.runtime.control.rungs import ResumedRungs, start_early_stopping
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
+from fleet.schedule.calibration import Calibration
 from fleet.schedule.choice import (AUTO, CANDIDATES, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
                                    switch_targets)
+from fleet.schedule.cores import SharedCores
+from fleet.schedule.costs import Overheads
 from fleet.schedule.early_stop import EarlyStopping, Verdict
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
-from fleet.schedule.calibration import Calibration
-from fleet.schedule.cores import SharedCores
-from fleet.schedule.costs import Overheads
 from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForecast, forecast_run
+from fleet.schedule.rates import is_positive_number
 from fleet.schedule_io import load_calibration, load_profile
 from fleet.spec import Spec, parse_spec
 from preprocess.partition import job_partitions
@@ -197,11 +198,9 @@ def steps_to_time(spec: Spec, run_dir: Path) -> tuple[str, ...]:
     `fleet.profiling.timed_steps`); none where steps.json already holds this ensemble's."""
     if load_timed_steps(run_dir, spec) is not None:
         return ()
-    stats = {row.id: row.stats for row in describe_ensemble(spec).rows}
+    flops = {m: max(1, f) for m, f in ensemble_costs(spec)[0].items()}
     same = timed_as(spec.models, emulated=False)
-    families = {m.id: m.family for m in spec.models}
-    flops = {m: max(1, stats[m].flops_per_sample) for m in stats}
-    return tuple(representatives(flops, families, sorted(set(same.values()))))
+    return tuple(representatives(flops, families_of(spec), sorted(set(same.values()))))
 
 
 def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateTable, str]:
@@ -221,25 +220,32 @@ def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateT
     return estimated_rates(spec, samples_per_epoch), "estimated from FLOPs"
 
 
+def ensemble_costs(spec: Spec) -> tuple[dict[str, int], dict[str, int]]:
+    """Each model's FLOPs per sample and parameter bytes, counted by its framework's zoo."""
+    rows = describe_ensemble(spec).rows
+    return {r.id: r.stats.flops_per_sample for r in rows}, {r.id: r.stats.param_bytes for r in rows}
+
+
+def families_of(spec: Spec) -> dict[str, str]:
+    return {m.id: m.family for m in spec.models}
+
+
 def estimated_rates(spec: Spec, samples_per_epoch: int) -> RateTable:
     """Every model's rates guessed from its FLOPs per sample (no profile.json)."""
-    rows = describe_ensemble(spec).rows
-    flops = {row.id: row.stats.flops_per_sample for row in rows}
-    return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, flops, {r.id: r.stats.param_bytes for r in rows}))
+    return RateTable.from_dict(estimated_profile(spec, samples_per_epoch, *ensemble_costs(spec)))
 
 
 def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTable:
     """The estimates from FLOPs corrected by the timed steps of steps.json (its measured
     decoding and node beside them, as a profile's)."""
-    rows = describe_ensemble(spec).rows
-    flops = {row.id: max(1, row.stats.flops_per_sample) for row in rows}
-    document = estimated_profile(spec, samples_per_epoch, flops, {r.id: r.stats.param_bytes for r in rows})
+    flops, param_bytes = ensemble_costs(spec)
+    document = estimated_profile(spec, samples_per_epoch, flops, param_bytes)
     single = {entry["id"]: entry["rates"]["1"] for entry in document["models"]}
-    factors = corrections(single, steps["rates"], flops, {m.id: m.family for m in spec.models})
+    factors = corrections(single, steps["rates"], {m: max(1, f) for m, f in flops.items()}, families_of(spec))
     saves = steps.get("checkpoint_s") if isinstance(steps.get("checkpoint_s"), dict) else {}
     for entry in document["models"]:
         entry["rates"] = {m: rate * factors[entry["id"]] for m, rate in entry["rates"].items()}
-        if isinstance(saves.get(entry["id"]), (int, float)):
+        if is_positive_number(saves.get(entry["id"])):
             entry["checkpoint_s"] = saves[entry["id"]]
     document["preprocessing"], document["hardware"] = steps["preprocessing"], steps["hardware"]
     document["source"] = "estimated from FLOPs per sample, corrected by timed steps (steps.json)"
