@@ -45,3 +45,9 @@ def test_lb2_with_a_dominated_count():
     # a third GPU makes Z slower: (t, work) = (4, 4), (2.5, 5), (3, 9); the last is ignored
     times = np.array([[4.0, 2.5, 3.0]])
     assert malleable_bound(times) == pytest.approx(2.5, rel=1e-8)  # max t_min; 5 <= 3 * 2.5
+
+
+def test_no_model_left_has_no_work_to_bound():
+    # a resumed job whose models had all ended: nothing to train, on any number of GPUs
+    times = np.zeros((0, 8))
+    assert simple_bound(times) == 0.0 and malleable_bound(times) == 0.0

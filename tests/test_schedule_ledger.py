@@ -2,8 +2,9 @@
 
 import pytest
 
-from fleet.schedule import Member, ModelState, PolicyError, RateTable, StreamPlan
+from fleet.schedule import POLICIES, Member, ModelState, PolicyError, RateTable, StreamPlan, create_policy
 from fleet.schedule.ledger import Ledger
+from fleet.schedule.planners import HOPPING_POLICIES
 
 
 def rates3() -> RateTable:
@@ -43,3 +44,12 @@ def test_ledger_moves_a_reserved_model_to_another_stream():
     ledger.move("a", new)
     assert ledger.model("a").stream == new and ledger.model("a").gpus == (0,)
     assert old not in ledger.streams and ledger.streams[new] == ["a"]
+
+
+@pytest.mark.parametrize("name", sorted(set(POLICIES) - set(HOPPING_POLICIES)))  # those need partitions
+def test_every_policy_starts_a_job_with_no_model_left(name):
+    # a job requeued after its last model ended (its checkpoint signal came late): the policy's
+    # first plan sees no model and launches nothing, fleet-adaptive's bounds included
+    ledger = Ledger(RateTable((), 2, 100), [], total_gpus=4, gpus_per_node=2)
+    decision = create_policy(name).start(ledger.view(0.0))
+    assert not getattr(decision, "streams", ())

@@ -40,14 +40,18 @@ def training_times(rates: RateTable, epochs: Sequence[float], total_gpus: int) -
 
 
 def simple_bound(times: np.ndarray) -> float:
-    """LB1 from a ``t[i, m-1]`` array (``m = 1..M``)."""
+    """LB1 from a ``t[i, m-1]`` array (``m = 1..M``); 0 for no model."""
+    if not times.shape[0]:
+        return 0.0
     total_gpus = times.shape[1]
     gpu_seconds = times * np.arange(1, total_gpus + 1)
     return float(max(gpu_seconds.min(axis=1).sum() / total_gpus, times.min(axis=1).max()))
 
 
 def malleable_bound(times: np.ndarray, rel_tol: float = 1e-10) -> float:
-    """LB2 from a ``t[i, m-1]`` array (``m = 1..M``), by bisection on ``T``."""
+    """LB2 from a ``t[i, m-1]`` array (``m = 1..M``), by bisection on ``T``; 0 for no model."""
+    if not times.shape[0]:
+        return 0.0
     total_gpus = times.shape[1]
     envelopes = [_envelope(row) for row in times]
     low = float(times.min(axis=1).max())

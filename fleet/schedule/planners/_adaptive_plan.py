@@ -56,7 +56,7 @@ class ModelPlan:
             self.counts[model.id] = int(fits[0]) + 1 if fits.size else int(np.argmin(times[i])) + 1
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
-        self.reference = float(np.median(self.rates[:, 0]))
+        self.reference = float(np.median(self.rates[:, 0])) if view.models else 0.0  # none left: a resumed job
 
     def observe_epoch(self, event: EpochCompleted, view: ClusterView) -> None:
         """Refine the model's rate curve by the ratio of measured to profiled rate, and its
