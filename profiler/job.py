@@ -172,11 +172,14 @@ class _Driver:
     def _measure_decoding(self, counts, seconds: float) -> dict:
         ranks = list(self.topology.preprocessor_ranks())
         rates: dict[str, float] = {}
+        block: dict[str, Any] = {}
         for k in counts:
             results = self._step(("decode", tuple(ranks[:k]), seconds))
             rates[str(k)] = round(sum(results[r]["rate"] for r in ranks[:k]), 1)
             self.say(f"profile: {k} preprocessor(s) decode {rates[str(k)]:,.0f} samples/s")
-        return {"samples_per_s": rates, "chunk_samples": self.ctx.chunk_samples,
+            if k == 1 and results[ranks[0]]["cpu_s"] > 0:
+                block["core_s"] = results[ranks[0]]["cpu_s"] / results[ranks[0]]["samples"]
+        return {"samples_per_s": rates, **block, "chunk_samples": self.ctx.chunk_samples,
                 "ranks": ranks, "per_node": len(self.topology.preprocessor_ranks(0))}
 
     def _ranks(self, job: Measurement) -> tuple[int, ...]:

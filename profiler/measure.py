@@ -207,19 +207,21 @@ def _finish(engine, collective, framework: Framework | None, device: str, reason
 
 
 def time_decoding(ctx, seconds: float) -> dict:
-    """Decode and augment chunks of the training split for about `seconds`; samples/s."""
+    """Decode and augment chunks of the training split for about `seconds`: samples/s by the
+    wall clock, and the CPU seconds they took (the core-seconds a sample costs, whatever else
+    ran on the node's cores)."""
     chunk = ctx.chunk_samples
     layout = ChunkLayout(chunk, ctx.input_shape)
     buffer = layout.new_buffer()
     rng = np.random.default_rng([ctx.spec.seed, ctx.rank])
     order = rng.permutation(ctx.train_idx)
     samples, k = 0, 0
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.thread_time()
     while k < 2 or time.perf_counter() - started < seconds:
         indices = np.sort(order[(k * chunk) % len(order):][:chunk])
         raw = ctx.reader.read(indices)
         ctx.pipeline(raw, rng, train=True, out=layout.images(buffer)[: len(indices)])
         samples += len(indices)
         k += 1
-    elapsed = time.perf_counter() - started
-    return {"samples": samples, "seconds": elapsed, "rate": samples / elapsed}
+    elapsed, cpu_s = time.perf_counter() - started, time.thread_time() - cpu_started
+    return {"samples": samples, "seconds": elapsed, "rate": samples / elapsed, "cpu_s": cpu_s}

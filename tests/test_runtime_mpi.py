@@ -301,6 +301,7 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     measured = forecast["measured"]  # what its steps reached, per model and group size, for later runs
     assert set(measured["rates"]) == set(epochs) and measured["start_s"] > 0
     assert all(e["compute_rate"] > 0 for by_size in measured["rates"].values() for e in by_size.values())
+    assert 0 < measured["coordinator_cores"] < 1 and measured["decode_core_s"] > 0  # the coordinator: one thread
     if policy == "homogeneous":  # one stream over both nodes: some chunks in place, some as bytes
         assert 0 < res["chunks_in_shared_memory"] < res["samples_decoded"] / 64
     if policy == "auto":  # it ran the candidate with the lowest predicted makespan, and says so

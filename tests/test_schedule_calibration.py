@@ -98,14 +98,19 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
     costs.stream_done(StreamDone(0, rank=0, decoded=3000, cpu_s=3.0))
     costs.stream_done(StreamDone(1, rank=0, decoded=1000, cpu_s=4.5))  # the rank's CPU so far
     costs.stream_done(StreamDone(2, rank=5, decoded=2000, cpu_s=1.5))
-    record = costs.record(start_s=0.4, checkpoint_s=None)
+    assert "coordinator_cores" not in costs.record(start_s=0.4, checkpoint_s=None, makespan=10.0)
+    costs.coordinator_cpu_s = 2.5
+    record = costs.record(start_s=0.4, checkpoint_s=None, makespan=10.0)
+    assert record["coordinator_cores"] == 0.25
     assert record["rates"] == {"a": {"1": {"compute_rate": 500.0, "cpu_rate": 500.0}},
                                "b": {"2": {"compute_rate": 250.0, "cpu_rate": 500.0}}}
     assert record["trainer_overhead_s"] == pytest.approx((0.5 + 0.5 + 1.0) / 3000)
     assert record["decode_core_s"] == pytest.approx((4.5 + 1.5) / 6000)
     assert record["start_s"] == 0.4 and "checkpoint_s" not in record
     # and a later run takes it as it wrote it
-    assert Calibration.from_record(json.loads(json.dumps(record)), "cpu", "x").rates == {"a": {1: 500.0}, "b": {2: 500.0}}
+    calibration = Calibration.from_record(json.loads(json.dumps(record)), "cpu", "x")
+    assert calibration.rates == {"a": {1: 500.0}, "b": {2: 500.0}}
+    assert calibration.cores(SharedCores(cores=2)).coordinator_cores == 0.25
 
 
 @pytest.mark.parametrize("what, message", [("missing", "no results.json there"),

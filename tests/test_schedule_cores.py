@@ -52,6 +52,17 @@ def test_a_trainers_overhead_slows_it_alone_and_loads_the_node():
     assert spans(simulate(create_policy("baseline"), on_cores(cores), FREE)) == pytest.approx({"X": 15, "Y": 7})
 
 
+def test_the_coordinator_keeps_cores_of_the_first_node_busy():
+    # Two trainers on one node of 1.5 cores, the coordinator keeping 0.5 busy: 2.5 cores on
+    # 1.5 while both train (3/5 of the pace). Y: 60 at 18/s = 10/3 s, X then 12 samples in;
+    # alone, 1.5 cores on 1.5: full speed, 48 / 6 = 8 s more.
+    cores = SharedCores(cores=1.5, coordinator_cores=0.5)
+    assert spans(simulate(create_policy("baseline"), on_cores(cores), FREE)) == pytest.approx({"X": 10 / 3 + 8,
+                                                                                              "Y": 10 / 3})
+    with pytest.raises(ValueError, match="coordinator_cores"):
+        SharedCores(cores=1, coordinator_cores=-0.1)
+
+
 def test_steps_that_use_no_core_leave_the_cores_to_decoding():
     # emulated: decoding costs 0.1 core-s per sample and each trainer 0.5 outside its steps,
     # on 1 core; the steps themselves sleep.
@@ -80,6 +91,10 @@ def test_a_cpu_profile_gives_the_cores_its_node_had():
     # an older profile (wall-clock rates, measured beside each other) is taken as it is
     assert shared_cores({"hardware": {"device": "cpu", "threads_per_trainer": 1}}, cores=8) is None
     assert shared_cores({}, device="cpu", threads=1, cores=8) == SharedCores(cores=8.0)
+    # decoding priced by the CPU time the profile measured, where it did
+    timed = {**extra, "preprocessing": {**extra["preprocessing"], "core_s": 0.0015}}
+    assert shared_cores(timed).decode_core_s == 0.0015
+    assert shared_cores({**extra, "preprocessing": {**extra["preprocessing"], "core_s": "x"}}).decode_core_s == 1 / 500
     # GPUs and the emulated device: the steps use no core of the node
     assert shared_cores({**extra, "hardware": {**extra["hardware"], "device": "cuda"}}) is None
     # the emulated device's steps sleep: only the decoding uses the cores

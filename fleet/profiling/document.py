@@ -187,9 +187,17 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
     if not cores:
         return None
     threads = threads or _positive(hardware.get("threads_per_trainer")) or 1
-    one = decode_rates(extra.get("preprocessing", {})).get(1)
     return SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
-                       decode_core_s=1.0 / one if one and one > 0 else 0.0)
+                       decode_core_s=_decode_core_s(extra.get("preprocessing", {})))
+
+
+def _decode_core_s(block: Any) -> float:
+    """Core-seconds one preprocessor spent per sample decoded: its CPU time where the profile
+    measured it (the same on a busy node as on an idle one), else one over its samples/s."""
+    if isinstance(block, Mapping) and _positive(block.get("core_s")) is not None:
+        return float(block["core_s"])
+    one = decode_rates(block).get(1) if isinstance(block, Mapping) else None
+    return 1.0 / one if one and one > 0 else 0.0
 
 
 def _positive(value: Any) -> float | None:

@@ -235,4 +235,4 @@ class StreamDone:
     shared: int = 0  # chunks its root master took from shared memory
     hollow: int = 0  # chunks sent as a header only, after every member had left
     read_from: tuple[tuple[str, int], ...] = ()  # (file, samples) this rank read for the stream
-    cpu_s: float = 0.0  # this rank's CPU seconds since it started (all its streams, its waits)
+    cpu_s: float = 0.0  # CPU seconds of this rank's decoding loop since it began serving (all its streams, its waits)

@@ -9,9 +9,9 @@ and plans with those instead of what it would otherwise assume:
   their CPU time on a CPU node: the rate with the cores to itself; by the wall clock on GPUs);
   on other group sizes the table's rate times the same correction; a model the earlier run did
   not train, the table's rates times the median correction of those it did;
-- on CPU nodes, the trainers' core-seconds per sample outside their steps and the
+- on CPU nodes, the trainers' core-seconds per sample outside their steps, the
   preprocessors' per sample decoded (their waits and hand-offs included), in place of the
-  profile's bare decoding;
+  profile's bare decoding, and the cores the coordinator kept busy;
 - the decoding limit: the preprocessors' cores over what a sample cost them;
 - a member's start and a checkpoint's seconds, as measured.
 """
@@ -42,6 +42,7 @@ class Calibration:
         rates: per model, ``{trainers: samples/s}`` its steps reached.
         trainer_overhead_s: core-seconds per sample a member's trainers spent outside their steps.
         decode_core_s: core-seconds per sample the preprocessors spent.
+        coordinator_cores: cores the coordinator thread kept busy (on the first node).
         start_s: a member's mean start (launch to first batch), seconds.
         checkpoint_s: a save's mean seconds.
         outside_s: the earlier job's wall time outside its makespan (launch, start-up, report
@@ -52,6 +53,7 @@ class Calibration:
     rates: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     trainer_overhead_s: float | None = None
     decode_core_s: float | None = None
+    coordinator_cores: float | None = None
     start_s: float | None = None
     checkpoint_s: float | None = None
     outside_s: float | None = None
@@ -68,7 +70,7 @@ class Calibration:
             raise CalibrationError("prediction.measured: not an object")
         key = "cpu_rate" if device == "cpu" else "compute_rate"
         figures = {name: _figure(record, name) for name in
-                   ("trainer_overhead_s", "decode_core_s", "start_s", "checkpoint_s")}
+                   ("trainer_overhead_s", "decode_core_s", "coordinator_cores", "start_s", "checkpoint_s")}
         return cls(source, _rates(record.get("rates", {}), key), **figures, outside_s=_outside(overhead))
 
     def rates_for(self, table: RateTable) -> RateTable:
@@ -95,7 +97,9 @@ class Calibration:
         if cores is None:
             return None
         changes = {name: value for name, value in (("trainer_overhead_s", self.trainer_overhead_s),
-                                                   ("decode_core_s", self.decode_core_s)) if value is not None}
+                                                   ("decode_core_s", self.decode_core_s),
+                                                   ("coordinator_cores", self.coordinator_cores))
+                   if value is not None}
         return replace(cores, **changes)
 
     def decode_rate(self, preprocessors: int, rate: float | None) -> float | None:

@@ -13,7 +13,9 @@ Each kind of work costs core-seconds per sample:
   core-seconds per sample of its stream, plus ``trainer_overhead_s`` for what a trainer does
   outside its steps (receiving chunks, assembling batches);
 - decoding a sample costs ``decode_core_s`` (one preprocessor decodes on one core), spread over
-  the nodes' preprocessors, or on the member's own node for a stream its member decodes.
+  the nodes' preprocessors, or on the member's own node for a stream its member decodes;
+- the coordinator (a thread of rank 0, on the first node) keeps ``coordinator_cores`` busy
+  while anything trains.
 
 A member waiting for data uses no core (the runtime's waits sleep where ranks outnumber
 cores). The quantities are measured (the profile's rates and decoding, the node's cores) or
@@ -36,18 +38,20 @@ class SharedCores:
         decode_core_s: core-seconds to decode and augment one training sample.
         trainer_overhead_s: core-seconds a member's trainers spend per sample outside their
             steps (receiving the stream, assembling batches).
+        coordinator_cores: cores the coordinator keeps busy on the first node.
     """
 
     cores: float
     trainer_cores: float = 1.0
     decode_core_s: float = 0.0
     trainer_overhead_s: float = 0.0
+    coordinator_cores: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.trainer_cores >= 0:
             raise ValueError("cores must be positive and trainer_cores not negative")
-        if self.decode_core_s < 0 or self.trainer_overhead_s < 0:
-            raise ValueError("decode_core_s and trainer_overhead_s must not be negative")
+        if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores) < 0:
+            raise ValueError("decode_core_s, trainer_overhead_s and coordinator_cores must not be negative")
 
     def member_rate(self, rate: float, trainers: int) -> float:
         """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead

@@ -273,9 +273,10 @@ class StreamPhysics:
     def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float]) -> dict[int, float]:
         """Per node, the factor its work moves at: its cores over the load of the streams
         moving at `paces` (trainers where their members are, decoding spread over all nodes or
-        on the member's node for a stream it decodes itself)."""
+        on the member's node for a stream it decodes itself, the coordinator on the first)."""
         cores, cluster = self.scenario.cores, self.scenario.cluster
         load = dict.fromkeys(range(cluster.nodes), 0.0)
+        load[0] = cores.coordinator_cores if active else 0.0
         for stream in active:
             pace = paces[stream.id]
             for model in stream.active.values():

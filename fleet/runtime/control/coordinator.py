@@ -114,10 +114,12 @@ class Coordinator:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> None:
+        cpu_started = time.thread_time()
         self.driver.start()
         while not self.driver.finished or self.membership.busy:
             self._handle(self._next_report())
         self._broadcast_command(Shutdown("checkpointed" if self.interrupted else "done"))
+        self.account.costs.coordinator_cpu_s = time.thread_time() - cpu_started
 
     def _check_signal(self) -> None:
         """On the checkpoint signal: checkpoint every running model and start nothing new."""

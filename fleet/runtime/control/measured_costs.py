@@ -8,7 +8,9 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
 - per model and group size, the rate its steps reached by the wall clock (``compute_rate``)
   and by their CPU time (``cpu_rate``: the rate with the cores to itself on a CPU node);
 - ``trainer_overhead_s``: core-seconds the trainers spent per sample outside their steps;
-- ``decode_core_s``: core-seconds the preprocessors spent per sample they decoded;
+- ``decode_core_s``: core-seconds the preprocessors' decoding loops spent per sample they
+  decoded (their waits and hand-offs included; not their start-up, nor rank 0's coordinator);
+- ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
 - ``start_s`` and ``checkpoint_s``: a member's mean start and a save's mean seconds.
 
 `fleet.schedule.calibration` turns such a record into the rates and costs a later run of the
@@ -39,6 +41,7 @@ class MeasuredCosts:
     def __init__(self) -> None:
         self.groups: dict[tuple[str, int], _GroupTime] = {}
         self.preprocessors: dict[int, list[float]] = {}  # rank -> [CPU seconds so far, samples decoded]
+        self.coordinator_cpu_s: float | None = None  # the coordinator thread's CPU seconds, once it ended
 
     def epoch(self, report: EpochReport, group_size: int) -> None:
         """An epoch report of a model training on `group_size` trainers."""
@@ -53,13 +56,14 @@ class MeasuredCosts:
             group.compute_s += report.samples / report.samples_per_s
 
     def stream_done(self, report: StreamDone) -> None:
-        """A preprocessor's report of a stream it finished (its CPU seconds so far)."""
+        """A preprocessor's report of a stream it finished (its decoding loop's CPU seconds so far)."""
         books = self.preprocessors.setdefault(report.rank, [0.0, 0.0])
         books[0] = max(books[0], report.cpu_s)
         books[1] += report.decoded
 
-    def record(self, start_s: float | None, checkpoint_s: float | None) -> dict:
-        """``prediction.measured`` of results.json (figures it has no measure of are left out)."""
+    def record(self, start_s: float | None, checkpoint_s: float | None, makespan: float = 0.0) -> dict:
+        """``prediction.measured`` of results.json (figures it has no measure of are left out);
+        `makespan`: the run's seconds, over which the coordinator's CPU is spread."""
         rates: dict[str, dict[str, dict[str, float]]] = {}
         for (model, size), group in sorted(self.groups.items()):
             entry = {}
@@ -76,6 +80,8 @@ class MeasuredCosts:
         decoded = sum(decoded for _, decoded in self.preprocessors.values())
         if decoded:
             record["decode_core_s"] = sum(cpu for cpu, _ in self.preprocessors.values()) / decoded
+        if self.coordinator_cpu_s is not None and makespan > 0:
+            record["coordinator_cores"] = self.coordinator_cpu_s / makespan
         for key, value in (("start_s", start_s), ("checkpoint_s", checkpoint_s)):
             if value is not None:
                 record[key] = value

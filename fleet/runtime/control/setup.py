@@ -476,7 +476,7 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
-        prediction=prediction_record(plan, makespan, coordinator.interrupted, account.measured_costs()),
+        prediction=prediction_record(plan, makespan, coordinator.interrupted, account.measured_costs(makespan)),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}

@@ -192,8 +192,10 @@ class PreprocessorLoop:
         self.window_total = ctx.qp_chunks
         self.slots = ctx.pool.slots_of(ctx.rank) if ctx.pool is not None and not own else None
         self.stopping = threading.Event()
+        self.cpu_started = 0.0  # this loop's thread's CPU seconds when it began serving
 
     def run(self) -> None:
+        self.cpu_started = time.thread_time()
         quiet_since = time.monotonic()
         sleeps = IDLE.sleeps()
         while True:
@@ -272,7 +274,8 @@ class PreprocessorLoop:
                 del self.streams[stream_id]
                 self.decoded += producer.decoded
                 done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared, producer.hollow,
-                                  tuple(sorted(producer.read_from.items())), cpu_s=time.process_time())
+                                  tuple(sorted(producer.read_from.items())),
+                                  cpu_s=time.thread_time() - self.cpu_started)
                 send_object(self.ctx.ctrl, done, 0, Tag.REPORT, "the coordinator to take a stream report", self.ctx.timeout_s)
                 moved = True
         return moved
