@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from fleet.errors import UserError
+from preprocess.groups import GROUPS_DATASET
 from preprocess.readers.hdf5 import H5_SUFFIXES, IMAGES, LABELS
 
 
@@ -44,6 +45,7 @@ class ShardWriter:
         classes: the data set's class count (attribute ``classes`` on every shard).
         class_names: optional names (attribute ``class_names``, JSON).
         attrs: further attributes for every shard.
+        group_width: with group keys (`append`'s `groups`), their longest length in bytes.
     """
 
     def __init__(
@@ -54,8 +56,10 @@ class ShardWriter:
         classes: int,
         class_names: Sequence[str] | None = None,
         attrs: dict[str, Any] | None = None,
+        group_width: int | None = None,
     ):
         self._paths, self._sizes, self._shape = list(paths), list(sizes), tuple(image_shape)
+        self._group_width = group_width
         self._attrs = {"classes": classes, **(attrs or {})}
         if class_names is not None:
             self._attrs["class_names"] = json.dumps(list(class_names))
@@ -66,8 +70,9 @@ class ShardWriter:
         """(H, W, C) of every image written."""
         return self._shape  # type: ignore[return-value]
 
-    def append(self, images: np.ndarray, labels: np.ndarray) -> None:
-        """Write uint8 N x H x W x C `images` with their `labels` after the previous ones."""
+    def append(self, images: np.ndarray, labels: np.ndarray, groups: Sequence[str] | None = None) -> None:
+        """Write uint8 N x H x W x C `images` with their `labels` (and their `groups` keys,
+        for a writer made with `group_width`) after the previous ones."""
         start = 0
         while start < len(images):
             if self._file is None or self._filled == self._sizes[self._shard]:
@@ -76,6 +81,8 @@ class ShardWriter:
             at = slice(self._filled, self._filled + take)
             self._file[IMAGES][at] = images[start : start + take]
             self._file[LABELS][at] = labels[start : start + take]
+            if self._group_width is not None:
+                self._file[GROUPS_DATASET][at] = np.asarray(groups[start : start + take], dtype=f"S{self._group_width}")
             self._filled += take
             start += take
 
@@ -89,6 +96,8 @@ class ShardWriter:
         self._file = h5py.File(path, "w")
         self._file.create_dataset(IMAGES, shape=(size, *self._shape), dtype=np.uint8)
         self._file.create_dataset(LABELS, shape=(size,), dtype=np.int64)
+        if self._group_width is not None:
+            self._file.create_dataset(GROUPS_DATASET, shape=(size,), dtype=f"S{self._group_width}")
         self._file.attrs.update(self._attrs)
         self._filled = 0
 

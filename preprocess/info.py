@@ -10,6 +10,7 @@ from PIL import Image
 
 from fleet.errors import UserError
 from fleet.spec import load_spec
+from preprocess.groups import GROUPS_DATASET, group_sizes
 from preprocess.layout import PartitionManifest, is_partitioned, part_name, read_manifest
 from preprocess.readers import Reader, open_reader
 from preprocess.readers.hdf5 import H5_SUFFIXES, HDF5Reader, shard_files
@@ -86,3 +87,25 @@ def describe(reader: Reader, where: str, manifest: PartitionManifest | None = No
     lines.append(f"{'label':>5}  {'class':<{width}}  samples")
     lines += [f"{c:>5}  {name:<{width}}  {n}" for c, (name, n) in enumerate(zip(reader.class_names, counts))]
     return "\n".join(lines)
+
+
+def group_lines(reader: Reader, name: str | None) -> list[str]:
+    """The groups of a grouped data set and their sizes, largest first: those of the dataset
+    `name` (`--group-by`), else of a ``groups`` dataset where the data set has one; none else.
+
+    Raises:
+        UserError: `name` is given and the data set has no such group keys.
+    """
+    if not isinstance(reader, HDF5Reader):
+        if name is not None:
+            raise UserError(f"--group-by {name}: group keys are a dataset of HDF5 data sets; {reader.where} is "
+                            f"{reader.source}")
+        return []
+    keys = reader.group_keys(name or GROUPS_DATASET, required=name is not None)
+    if keys is None:
+        return []
+    sizes = group_sizes(keys)
+    width = max(len("group"), *(len(k) for k, _ in sizes))
+    lines = [f"groups:       {len(sizes)} (dataset '{name or GROUPS_DATASET}'; largest {sizes[0][1]}, "
+             f"smallest {sizes[-1][1]} samples)", f"{'group':<{width}}  samples"]
+    return lines + [f"{key:<{width}}  {count}" for key, count in sizes]

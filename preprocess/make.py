@@ -1,7 +1,10 @@
 """`fleet data make synthetic`: write the synthetic data set as a JPEG image folder or HDF5 shards.
 
 The images are those of `source: synthetic` (`generator.draw_sample`); the JPEG folder
-additionally passes them through JPEG compression, as a real image folder would.
+additionally passes them through JPEG compression, as a real image folder would. With
+``groups``, HDF5 shards also hold each sample's group key (dataset ``groups``: ``g000``, ...),
+the group sizes Zipf-skewed (`preprocess.groups.zipf_sizes`) and the groups drawn over the
+samples in a seeded order.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ from tqdm import tqdm
 
 from fleet.errors import UserError
 from preprocess.generator import SyntheticRecipe, draw_samples, sample_labels
+from preprocess.groups import group_key_names, zipf_sizes
+from preprocess.seeding import rng_for
 from preprocess.h5write import ShardWriter, shard_sizes, shard_targets
 from preprocess.output import progress_bar, staged_output
 
 FORMATS = ("jpeg", "hdf5")
 JPEG_QUALITY = 90
 BATCH = 256
+_GROUPS_TAG = 0x6209  # separates the order of the groups from the images' streams
 
 
 def class_folder_name(label: int) -> str:
@@ -46,6 +52,26 @@ def _check_args(fmt: str, recipe: SyntheticRecipe, samples: int, shards: int) ->
         shard_sizes(samples, shards)
 
 
+def _check_groups(fmt: str, groups: int | None, skew: float, samples: int) -> None:
+    if groups is None:
+        return
+    if fmt != "hdf5":
+        raise UserError("--groups: --format hdf5 only (the group keys are a dataset beside the labels)")
+    if groups < 1:
+        raise UserError(f"--groups: expected at least 1, got {groups}")
+    if not skew >= 0:
+        raise UserError(f"--group-skew: expected a Zipf exponent >= 0, got {skew}")
+    if samples < groups:
+        raise UserError(f"--groups: {groups} groups need at least {groups} samples, got --samples {samples}")
+
+
+def sample_groups(samples: int, groups: int, skew: float, seed: int) -> list[str]:
+    """Each sample's group key: Zipf-skewed sizes (exponent `skew`), in a seeded order."""
+    names = group_key_names(groups)
+    owners = np.repeat(np.arange(groups), zipf_sizes(samples, groups, skew))
+    return [names[k] for k in rng_for(seed, _GROUPS_TAG, groups).permutation(owners)]
+
+
 def _batches(recipe: SyntheticRecipe, samples: int, bar: tqdm) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for start in range(0, samples, BATCH):
         indices = np.arange(start, min(start + BATCH, samples))
@@ -63,14 +89,17 @@ def _write_jpeg_folder(root: Path, recipe: SyntheticRecipe, samples: int, bar: t
             pixels.save(folders[index % recipe.classes] / f"{index:06d}.jpg", quality=JPEG_QUALITY)
 
 
-def _write_hdf5(out: Path, staging: Path, recipe: SyntheticRecipe, samples: int, shards: int, bar: tqdm) -> None:
+def _write_hdf5(out: Path, staging: Path, recipe: SyntheticRecipe, samples: int, shards: int, bar: tqdm,
+                groups: list[str] | None = None) -> None:
     names = [class_folder_name(c) for c in range(recipe.classes)]
     shape = (*recipe.image_size, recipe.channels)
     attrs = {"source": "fleet data make synthetic", "seed": recipe.seed}
     targets = shard_targets(out, shards, staging)
-    with ShardWriter(targets, shard_sizes(samples, shards), shape, recipe.classes, names, attrs) as writer:
+    width = max(map(len, groups)) if groups else None
+    with ShardWriter(targets, shard_sizes(samples, shards), shape, recipe.classes, names, attrs, width) as writer:
         for indices, images in _batches(recipe, samples, bar):
-            writer.append(images, sample_labels(indices, recipe.classes))
+            keys = [groups[i] for i in indices] if groups else None
+            writer.append(images, sample_labels(indices, recipe.classes), keys)
 
 
 def make_synthetic(
@@ -84,6 +113,8 @@ def make_synthetic(
     shards: int = 1,
     progress: bool = True,
     force: bool = False,
+    groups: int | None = None,
+    group_skew: float = 1.0,
 ) -> Path:
     """Write `samples` synthetic images of `classes` classes to `out`.
 
@@ -99,6 +130,8 @@ def make_synthetic(
         shards: number of HDF5 shards.
         progress: show a progress bar on stderr (on a terminal).
         force: replace an existing, non-empty `out`.
+        groups: with a number, that many groups (``hdf5`` only), sizes Zipf-skewed by `group_skew`.
+        group_skew: the Zipf exponent of the group sizes (0: equal groups).
 
     Returns:
         `out` as a Path.
@@ -109,10 +142,12 @@ def make_synthetic(
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     recipe = SyntheticRecipe(classes, size, channels, seed)
     _check_args(fmt, recipe, samples, shards)
+    _check_groups(fmt, groups, group_skew, samples)
+    keys = sample_groups(samples, groups, group_skew, seed) if groups else None
     out = Path(out)
     with staged_output(out, force) as staging, progress_bar(samples, "make synthetic", progress) as bar:
         if fmt == "jpeg":
             _write_jpeg_folder(staging, recipe, samples, bar)
         else:
-            _write_hdf5(out, staging, recipe, samples, shards, bar)
+            _write_hdf5(out, staging, recipe, samples, shards, bar, keys)
     return out

@@ -45,6 +45,26 @@ def test_make_convert_partition_info(made, fleet_cli):
     assert info.returncode == 0 and "    2  002.class2  10" in info.stdout
 
 
+def test_make_grouped_hdf5_and_info_lists_its_groups(tmp_path, fleet_cli):
+    made = fleet_cli("data", "make", "synthetic", "--format", "hdf5", "--out", str(tmp_path / "g"), "--shards", "2",
+                     "--samples", "300", "--classes", "3", "--image-size", "6", "--groups", "5", "--group-skew", "1")
+    assert made.returncode == 0 and "5 groups (skew 1)" in made.stdout, made.stderr
+    info = fleet_cli("data", "info", str(tmp_path / "g"))
+    assert info.returncode == 0, info.stderr
+    # Zipf 1 over 5 groups of 300 samples (1 each, then 295 in proportion to 1, 1/2, ... 1/5)
+    lines = info.stdout.splitlines()
+    at = lines.index("group  samples")
+    assert lines[at - 1] == "groups:       5 (dataset 'groups'; largest 130, smallest 27 samples)"
+    assert lines[at + 1:] == ["g000   130", "g001   66", "g002   44", "g003   33", "g004   27"]
+    # another dataset read as group keys (integers), and one that is not there: one line, exit 2
+    by_label = fleet_cli("data", "info", str(tmp_path / "g"), "--group-by", "labels")
+    assert by_label.stdout.splitlines()[-3:] == ["0      100", "1      100", "2      100"]
+    assert_user_error(fleet_cli("data", "info", str(tmp_path / "g"), "--group-by", "site"),
+                      "no dataset 'site' of group keys", "groups, images, labels")
+    plain = fleet_cli("data", "make", "synthetic", "--format", "hdf5", "--out", str(tmp_path / "p.h5"), "--samples", "20")
+    assert plain.returncode == 0 and "groups:" not in fleet_cli("data", "info", str(tmp_path / "p.h5")).stdout
+
+
 def test_make_hdf5_grey_non_square(tmp_path, fleet_cli):
     result = fleet_cli("data", "make", "synthetic", "--format", "hdf5", "--out", str(tmp_path / "g.h5"),
                        "--samples", "20", "--image-size", "6x10", "--channels", "1", "--seed", "3")
@@ -70,6 +90,13 @@ def test_make_hdf5_grey_non_square(tmp_path, fleet_cli):
         (["partition", "--in", "{root}/jpeg", "--parts", "x", "--out", "{root}/x"], ["--parts", "invalid int"]),
         (["info", "{root}/missing"], ["no such file or directory"]),
         (["info", "{root}/bad.yaml"], ["bad.yaml"]),
+        (["make", "synthetic", "--format", "jpeg", "--out", "{root}/x", "--groups", "3"], ["--groups", "hdf5 only"]),
+        (["make", "synthetic", "--format", "hdf5", "--out", "{root}/x.h5", "--groups", "0"], ["--groups", "at least 1"]),
+        (["make", "synthetic", "--format", "hdf5", "--out", "{root}/x.h5", "--samples", "20", "--groups", "30"],
+         ["--groups: 30 groups need at least 30 samples"]),
+        (["make", "synthetic", "--format", "hdf5", "--out", "{root}/x.h5", "--groups", "3", "--group-skew", "-1"],
+         ["--group-skew", ">= 0"]),
+        (["info", "{root}/jpeg", "--group-by", "groups"], ["--group-by groups", "HDF5"]),
         (["nonsense"], ["invalid choice"]),
         ([], ["choose a sub-command"]),
     ],

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from fleet.errors import UserError
 from preprocess.check import CheckProgress, check_samples, judge_for
 from preprocess.convert import convert_folder
-from preprocess.info import describe, open_any
+from preprocess.info import describe, group_lines, open_any
 from preprocess.make import make_synthetic
 from preprocess.partition import partition_dataset
 from preprocess.readers import class_notices
@@ -54,6 +54,9 @@ def _add_make(sub: Any) -> None:
     p.add_argument("--channels", type=int, choices=[1, 3], default=3, help="3 RGB or 1 grey (default 3)")
     p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     p.add_argument("--shards", type=int, default=1, help="HDF5 shards, hdf5 only (default 1)")
+    p.add_argument("--groups", type=int, help="hdf5 only: this many groups, each sample's key in dataset 'groups'")
+    p.add_argument("--group-skew", type=float, default=1.0,
+                   help="Zipf exponent of the group sizes (default 1.0; 0: equal groups)")
     _writer_flags(p)
     p.set_defaults(data_func=_make)
 
@@ -85,6 +88,9 @@ def _add_info(sub: Any) -> None:
     p.add_argument("--check", action="store_true",
                    help="read and decode every sample (a spec: through its preprocess ops) and name the bad "
                         "ones; exit 2 if there are any")
+    p.add_argument("--group-by", metavar="DATASET",
+                   help="list the groups of this HDF5 dataset of group keys and their sizes (default: the "
+                        "dataset 'groups', where there is one)")
     p.set_defaults(data_func=_info)
 
 
@@ -102,8 +108,10 @@ def _make(args: argparse.Namespace) -> int:
     out = make_synthetic(
         args.out, args.fmt, classes=args.classes, samples=args.samples, image_size=args.image_size,
         channels=args.channels, seed=args.seed, shards=args.shards, progress=not args.quiet, force=args.force,
+        groups=args.groups, group_skew=args.group_skew,
     )
-    print(f"wrote {args.samples} synthetic images ({args.classes} classes, {args.fmt}) to {out}")
+    grouped = f", {args.groups} groups (skew {args.group_skew:g})" if args.groups else ""
+    print(f"wrote {args.samples} synthetic images ({args.classes} classes{grouped}, {args.fmt}) to {out}")
     return 0
 
 
@@ -128,7 +136,8 @@ def _partition(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     reader, manifest = open_any(args.path_or_spec)
     with reader:
-        print(describe(reader, args.path_or_spec, manifest, lenient=args.check), flush=True)
+        groups = group_lines(reader, args.group_by)  # a missing dataset: the one-line error before anything
+        print("\n".join([describe(reader, args.path_or_spec, manifest, lenient=args.check), *groups]), flush=True)
         for notice in class_notices(reader):
             print(f"fleet: {notice}", flush=True)
         return _check(reader, args.path_or_spec) if args.check else 0

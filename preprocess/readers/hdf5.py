@@ -205,6 +205,23 @@ class HDF5Reader(Reader):
         """The shard files, in sample order."""
         return [info.path for info in self._infos]
 
+    def group_keys(self, name: str, required: bool = True) -> list[str] | None:
+        """Every sample's group key, from the 1-D dataset `name` of each shard (text or
+        integers); None where the first shard has no such dataset and it is not `required`.
+
+        Raises:
+            UserError: a shard lacks it, or it is not one key per sample.
+        """
+        keys: list[str] = []
+        for number, info in enumerate(self._infos):
+            with open_h5(info.path) as f:
+                if name not in f and number == 0 and not required:
+                    return None
+                if name not in f:
+                    raise UserError(f"{info.path}: no dataset '{name}' of group keys (datasets: {', '.join(sorted(f))})")
+                keys += _keys(f[name], info.count, info.path)
+        return keys
+
     def read(self, indices: np.ndarray) -> RawBatch:
         idx = as_indices(indices, len(self._labels))
         shard_of = np.searchsorted(self._starts, idx, side="right") - 1
@@ -244,6 +261,23 @@ class HDF5Reader(Reader):
         state = self.__dict__.copy()
         state["_handles"] = {}
         return state
+
+
+def _keys(dataset: h5py.Dataset, count: int, path: Path) -> list[str]:
+    """A shard's group keys as text: one per sample, bytes, text or integers."""
+    if dataset.shape != (count,):
+        raise UserError(f"{path}: dataset '{dataset.name.lstrip('/')}' has shape {dataset.shape}, expected ({count},) "
+                        "group keys, one per sample")
+    kind = dataset.dtype.kind
+    if kind == "i" or kind == "u":
+        return [str(int(k)) for k in dataset[()]]
+    if kind == "S" or h5py.check_string_dtype(dataset.dtype) is not None:
+        try:
+            return [k.decode("utf-8") if isinstance(k, bytes) else str(k) for k in dataset[()]]
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: dataset '{dataset.name.lstrip('/')}': group keys are not UTF-8 text") from None
+    raise UserError(f"{path}: dataset '{dataset.name.lstrip('/')}' has dtype {dataset.dtype}, expected text or "
+                    "integer group keys")
 
 
 def open_hdf5(data, seed: int) -> Reader:
