@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet.errors import UserError
-from fleet.profiling.document import decode_rates, epochs_estimate, measured_saves, stream_demand, summarize_failures
+from fleet.profiling.document import (decode_rates, epochs_estimate, measured_saves, preprocessor_count, stream_demand,
+                                     summarize_failures)
 from fleet.profiling.plan import needed_preprocessors
 from fleet.report.gantt import write_gantt
 from fleet.report.plan_text import render_plan
@@ -25,7 +26,7 @@ from fleet.schedule import lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule.early_stop import rung_epochs
 from fleet.schedule.planners import HOPPING_POLICIES
-from fleet.schedule_io import load_profile, plan_document, profile_scenario, write_json
+from fleet.schedule_io import load_profile, pilot_calibration, plan_document, profile_scenario, write_json
 from preprocess.partition import job_partitions
 
 POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
@@ -35,10 +36,15 @@ CHECKPOINT_LATENCY_S = PREDICTION_COSTS.latency_s  # modelled: 0.5 s + 3 x param
 def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None):
     """The run to predict: the spec's epochs (a model's `epochs` where given), decoding
     limited to what the spec's preprocessors were measured to decode (when the profile measured
-    it), and partitioned data on its nodes (`gpus` must then fit them)."""
+    it), partitioned data on its nodes (`gpus` must then fit them), and what the profile's
+    pilot run measured where it has one."""
     estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
-    scenario = profile_scenario(rates, whole_epochs(estimates), estimates, gpus, spec.cluster.preprocessors_per_node)
-    return with_partitions(scenario, spec)
+    per_node = spec.cluster.preprocessors_per_node
+    scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node), spec)
+    calibration = pilot_calibration(rates, spec.cluster.device.value)
+    if calibration is None:
+        return scenario
+    return calibration.scenario(scenario, preprocessor_count(per_node, rates.extra, scenario.cluster.nodes))
 
 
 def with_partitions(scenario, spec):
@@ -69,7 +75,7 @@ def predict(spec, scenario, policies=POLICIES, early: bool = True) -> dict:
     own = list(candidates_for(spec)) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
     if spec.data.partitioned:
         policies = [p for p in policies if p in HOPPING_POLICIES] or HOPPING_POLICIES
-    return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, costs_of(scenario.rates),
+    return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, _prediction_costs(spec, scenario.rates),
                            early_stop=simulated_early_stop(spec) if early else None)
             for name in dict.fromkeys([*policies, *own])}
 
@@ -80,8 +86,18 @@ def costs_of(rates):
     return measured_saves(rates) or PREDICTION_COSTS
 
 
-def costs_text(rates) -> str:
-    """How the predictions cost a checkpoint, for the dry run's heading."""
+def _prediction_costs(spec, rates):
+    """The checkpoint, restore and start costs of the dry run's predictions: as the profile's
+    pilot run measured them where it has one, else `costs_of`."""
+    calibration = pilot_calibration(rates, spec.cluster.device.value)
+    return calibration.overheads(costs_of(rates)) if calibration else costs_of(rates)
+
+
+def costs_text(spec, rates) -> str:
+    """How the predictions cost a checkpoint (and what calibrates them), for the dry run's heading."""
+    calibration = pilot_calibration(rates, spec.cluster.device.value)
+    if calibration is not None:
+        return f"rates and costs calibrated by {calibration.source}"
     saves = measured_saves(rates)
     if saves is not None:
         return f"checkpoints as the profile measured them: {saves.latency_s:.3g} s each"
@@ -110,14 +126,14 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     scenario = _scenario(rates, spec, gpus)
     results = predict(spec, scenario)
     chosen = spec_policy(spec, results)
-    lb2 = lower_bounds(rates, scenario.true_epochs, gpus).lb2
+    lb2 = lower_bounds(scenario.rates, scenario.true_epochs, gpus).lb2
     plan = plan_document(results[chosen], rates.gpus_per_node, "max-epochs", lb2)
     write_json(run_dir / "plan.json", plan)
     gantt = run_dir / "plan-gantt.png"
     write_gantt(plan, str(gantt))
     lines = [render_plan(plan, rates, "max-epochs", run_dir / "plan.json").replace(
         "--max-epochs for every model", "each model's max_epochs")]
-    lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs ({costs_text(rates)}):", _policy_table(results)]
+    lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs ({costs_text(spec, rates)}):", _policy_table(results)]
     if spec.scheduler.policy == AUTO:
         lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}, candidates_for(spec)).describe())
     lines += early_stop_lines(spec, scenario, chosen, results[chosen])
@@ -146,7 +162,7 @@ def early_stop_lines(spec, scenario, chosen: str, result) -> list[str]:
     settings = simulated_early_stop(spec)
     if settings is None:
         return []
-    without = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, costs_of(scenario.rates))
+    without = simulate(spec.scheduler.create_policy(spec.seed, chosen), scenario, _prediction_costs(spec, scenario.rates))
 
     def gpu_hours(run) -> float:
         return (run.total_gpus * run.makespan - run.gpu_time.idle) / 3600

@@ -20,7 +20,7 @@ from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
 from fleet.runtime.finish import summarize_job
 from fleet.runtime.launch.process import exit_all, finalize_mpi, init_mpi
-from fleet.runtime.launch.signals import install_checkpoint_signals
+from fleet.runtime.launch.signals import ignore_checkpoint_signals, install_checkpoint_signals
 from fleet.runtime.control.rates_source import STEPS_FILE
 from fleet.runtime.launch.topology import LaunchMismatch, TopologyError
 from fleet.runtime.rank import SameOnEveryRank, TrainOptions, run_role, set_up, start
@@ -61,6 +61,7 @@ def train_entry(options: TrainOptions) -> int:
         if options.epilogue is not None and ctx.rank == 0:
             options.epilogue(ctx.spec, Path(ctx.run_dir))
         barrier(world, "every rank to finish", ctx.timeout_s)
+        ignore_checkpoint_signals()
         if ctx.pool is not None:
             ctx.pool.free()
         if ctx.run_lock is not None:

@@ -60,6 +60,28 @@ def profile_scenario(
                     cores=shared_cores(rates.extra))
 
 
+PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet profile --pilot`)
+
+
+def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json") -> Calibration | None:
+    """What the profile's pilot run measured of its costs (``fleet profile --pilot``), for
+    predictions on `device`; None where the profile has no pilot.
+
+    Raises:
+        UserError: the pilot block is malformed (one line naming `where` and the field).
+    """
+    block = rates.extra.get(PILOT)
+    if block is None:
+        return None
+    if not isinstance(block, dict) or not isinstance(block.get("measured"), dict):
+        raise UserError(f"{where}: {PILOT}: expected an object with the pilot run's 'measured' costs")
+    try:
+        return Calibration.from_record(block["measured"], device, f"the profile's pilot run ({block.get('seconds', '?')} s)",
+                                       block.get("overhead_s"))
+    except CalibrationError as exc:
+        raise UserError(f"{where}: {PILOT}.{exc}") from None
+
+
 def load_calibration(run_dir: Path, device: str, required: bool) -> Calibration | None:
     """What the run in `run_dir` measured of its costs (its results.json's
     ``prediction.measured``), for predictions on `device`; None where it has none and it is
@@ -86,7 +108,7 @@ def load_calibration(run_dir: Path, device: str, required: bool) -> Calibration 
             raise UserError(f"{where}: its results.json has no prediction.measured (a run by an older fleet?)")
         return None
     try:
-        return Calibration.from_record(measured, device, str(run_dir), document.get("overhead_s"))
+        return Calibration.from_record(measured, device, f"the run in {run_dir}", document.get("overhead_s"))
     except CalibrationError as exc:
         raise UserError(f"{path}: {exc}") from None
 

@@ -10,7 +10,9 @@ import yaml
 
 import switch_case
 from conftest import run_fleet, run_mpi
+from fleet.runtime.control.setup import plan_run
 from fleet.schedule_io import load_profile
+from fleet.spec import load_spec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -186,3 +188,41 @@ def test_policy_auto_hands_the_run_to_another_policy_when_measured_rates_change_
     assert predicted.returncode == 0, predicted.stderr
     assert f"switched fleet-l -> {first['new']} at" in predicted.stdout, predicted.stdout
     assert {m["id"]: m["epochs"] for m in results["models"]} == epochs
+
+
+def test_a_pilot_run_calibrates_the_profiles_predictions(tmp_path):
+    """`fleet profile --pilot S` (outside an MPI job: it starts both jobs itself) trains the spec
+    for S seconds in RUN_DIR/pilot, stopped by the checkpoint signal, and keeps what that run
+    measured in profile.json; the dry run after it and a run in the same directory predict
+    with it. A second pilot replaces the first; a directory of the user's is never touched."""
+    models = [{"family": "mlp", "name": f"m{k}", "params": {"hidden": [64 * (k + 1)]}} for k in range(4)]
+    spec = write_spec(tmp_path / "s.yaml", models, {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1},
+                      train={"batch_size": 16, "max_epochs": 200, "stop": {"patience": 200}})
+    run_dir = tmp_path / "run"
+    done = run_fleet("profile", str(spec), "--run-dir", str(run_dir), "--quiet", "--pilot", "3", timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((run_dir / "profile.json").read_text())
+    pilot = document["pilot"]
+    assert pilot["seconds"] == 3 and pilot["interrupted"] is True  # 200 epochs: stopped, not finished
+    assert pilot["measured"]["rates"] and pilot["measured"]["decode_core_s"] > 0
+    assert pilot["overhead_s"]["launch"] > 0 and (run_dir / "pilot" / "results.json").exists()
+    assert done.stdout.count("predicted on 2 GPUs (") == 1  # the ranks left the report to after the pilot
+    assert "rates and costs calibrated by the profile's pilot run (3.0 s)" in done.stdout
+
+    # a run in that directory plans and forecasts itself with the pilot's measures
+    plan = plan_run(load_spec(str(spec), run_dir=str(run_dir)), run_dir, document["samples_per_epoch"])
+    assert plan.rates_source.endswith("calibrated by the profile's pilot run (3.0 s)")
+    assert plan.basis.calibration.outside_s > 0 and plan.forecast.makespan_s > 0
+
+    (tmp_path / "mine" / "pilot").mkdir(parents=True)
+    (tmp_path / "mine" / "profile.json").write_text((run_dir / "profile.json").read_text())
+    refused = run_fleet("profile", str(spec), "--run-dir", str(tmp_path / "mine"), "--quiet", "--pilot", "2",
+                        timeout=400)
+    assert refused.returncode == 2 and "is not a pilot fleet made" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_a_pilot_inside_an_mpi_job_is_refused_in_one_line(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", [{"family": "mlp"}], {"nodes": 1, "gpus_per_node": 1})
+    done = run_fleet("profile", str(spec), "--pilot", "5", env={"PMI_SIZE": "2", "PMI_RANK": "0"}, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "--pilot: starts its own fleet run" in done.stderr

@@ -9,14 +9,15 @@ import pytest
 import yaml
 
 from fleet.errors import UserError
-from fleet.prediction import costs_of
+from fleet.prediction import costs_of, dry_run
 from fleet.runtime.control.measured_costs import MeasuredCosts
-from fleet.runtime.protocol import EpochReport, StreamDone
-from fleet.schedule import ModelProfile, Overheads, RateTable
+from fleet.runtime.protocol import EpochReport, MemberLeft, StreamDone
+from fleet.schedule import Cluster, ModelProfile, Overheads, RateTable, Scenario
 from fleet.schedule.calibration import Calibration, CalibrationError
 from fleet.schedule.choice import PREDICTION_COSTS
 from fleet.schedule.cores import SharedCores
-from fleet.schedule_io import load_calibration
+from fleet.schedule_io import load_calibration, pilot_calibration
+from fleet.spec import load_spec
 
 TABLE = RateTable((ModelProfile("a", (100.0, 180.0, 250.0)), ModelProfile("b", (50.0, 90.0, 120.0)),
                    ModelProfile("c", (10.0, 18.0, 24.0))), 4, 1000)
@@ -82,7 +83,7 @@ def test_a_run_directory_is_read_for_its_measures(tmp_path):
     with pytest.raises(UserError, match="invalid JSON"):
         load_calibration(tmp_path, "cpu", required=False)
     (tmp_path / "results.json").write_text(json.dumps({"prediction": {"measured": RECORD}}))
-    assert load_calibration(tmp_path, "cpu", required=True).source == str(tmp_path)
+    assert load_calibration(tmp_path, "cpu", required=True).source == f"the run in {tmp_path}"
 
 
 def epoch(model: str, cpu: tuple[float, float, int], samples: int = 1000, rate: float = 500.0) -> EpochReport:
@@ -95,6 +96,9 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
     costs.epoch(epoch("a", (2.0, 2.5, 1000)), 1)
     costs.epoch(epoch("b", (4.0, 5.0, 1000), rate=250.0), 2)  # two trainers: 2 s of steps each
     costs.epoch(epoch("c", (0.0, 0.0, 0), samples=0), 1)  # a resumed epoch with nothing this stint
+    left = MemberLeft("a", 0, 1, False, 2, 400, 1.0, 0.1, 10, cpu=(0.8, 1.0, 400), compute_rate=500.0)
+    costs.left(left, 1)  # checkpointed mid-epoch: its part of the epoch counts
+    costs.left(MemberLeft("d", 0, 1, False, 0, 0, 0.0, 0.0, 10), 1)  # left before a step: nothing to count
     costs.stream_done(StreamDone(0, rank=0, decoded=3000, cpu_s=3.0))
     costs.stream_done(StreamDone(1, rank=0, decoded=1000, cpu_s=4.5))  # the rank's CPU so far
     costs.stream_done(StreamDone(2, rank=5, decoded=2000, cpu_s=1.5))
@@ -104,7 +108,7 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
     assert record["coordinator_cores"] == 0.25
     assert record["rates"] == {"a": {"1": {"compute_rate": 500.0, "cpu_rate": 500.0}},
                                "b": {"2": {"compute_rate": 250.0, "cpu_rate": 500.0}}}
-    assert record["trainer_overhead_s"] == pytest.approx((0.5 + 0.5 + 1.0) / 3000)
+    assert record["trainer_overhead_s"] == pytest.approx((0.5 + 0.5 + 0.2 + 1.0) / 3400)
     assert record["decode_core_s"] == pytest.approx((4.5 + 1.5) / 6000)
     assert record["start_s"] == 0.4 and "checkpoint_s" not in record
     # and a later run takes it as it wrote it
@@ -145,3 +149,43 @@ def test_a_profiles_measured_saves_price_every_checkpoint():
     costs = costs_of(saved)
     assert costs.checkpoint_s(10**9) == costs.restore_s(None) == pytest.approx(0.02)  # the median, size in it
     assert costs_of(TABLE) is PREDICTION_COSTS  # nothing measured: the modelled costs
+
+
+def test_a_profiles_pilot_calibrates_it_and_a_bad_pilot_names_its_field():
+    pilot = {"seconds": 30, "measured": RECORD, "overhead_s": {"launch": 1.0, "shutdown": 2.0}}
+    with_pilot = RateTable(TABLE.models, 4, 1000, {"pilot": pilot})
+    calibration = pilot_calibration(with_pilot, "cpu")
+    assert calibration.source == "the profile's pilot run (30 s)" and calibration.outside_s == 3.0
+    assert calibration.rates_for(with_pilot).models[0].rates[0] == 80.0
+    assert pilot_calibration(TABLE, "cpu") is None
+    for bad, field in (([], "pilot: expected an object"), ({"measured": {"start_s": -1}}, "pilot.prediction.measured.start_s")):
+        with pytest.raises(UserError, match=f"profile.json: {field}"):
+            pilot_calibration(RateTable(TABLE.models, 4, 1000, {"pilot": bad}), "cpu")
+
+
+def test_the_scenario_a_calibration_predicts_on():
+    cores = SharedCores(cores=2, decode_core_s=1e-4)
+    scenario = Scenario(TABLE, (1, 1, 1), (1.0, 1.0, 1.0), Cluster(4, 4), decode_rate=9000.0, cores=cores)
+    calibrated = Calibration.from_record(RECORD, "cpu", "x").scenario(scenario, preprocessors=2)
+    assert calibrated.rates.models[0].rates[0] == 80.0 and calibrated.decode_rate == pytest.approx(400.0)
+    assert calibrated.cores.decode_core_s == 5e-3 and calibrated.true_epochs == scenario.true_epochs
+
+
+def test_the_dry_run_predicts_with_the_profiles_pilot(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "cal", "data": {"source": "digits"}, "run_dir": str(tmp_path / "run"),
+                                    "models": [{"family": "mlp", "name": n} for n in "abc"],
+                                    "cluster": {"nodes": 1, "gpus_per_node": 4, "device": "cpu"},
+                                    "train": {"max_epochs": 3}}))
+    (tmp_path / "run").mkdir()
+    profile = {**TABLE.to_dict(), "hardware": {"device": "cpu", "cores_per_node": 2, "threads_per_trainer": 1}}
+    (tmp_path / "run" / "profile.json").write_text(json.dumps(profile))
+    loaded = load_spec(str(spec))
+    before = dry_run(loaded, tmp_path / "run")
+    (tmp_path / "run" / "profile.json").write_text(json.dumps({**profile, "pilot": {"seconds": 9, "measured": RECORD}}))
+    after = dry_run(loaded, tmp_path / "run")
+    assert "calibrated by the profile's pilot run (9 s)" in after and "calibrated" not in before
+
+    def baseline_s(text: str) -> float:
+        return float(next(line.split()[-4].replace(",", "") for line in text.splitlines() if line.startswith("baseline ")))
+    assert baseline_s(after) > 1.5 * baseline_s(before)  # the pilot's rates are half the profile's and lower

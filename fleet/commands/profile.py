@@ -12,8 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from fleet.commands._args import positive_int, positive_int_list
+from fleet.commands._args import positive_float, positive_int, positive_int_list
+from fleet.commands._pilot import run_pilot
 from fleet.commands._watch import finish, start_timeout
+from fleet.errors import UserError
 from fleet.prediction import dry_run
 from fleet.rank_entry import train_entry
 from fleet.runtime.control.setup import check_partitions
@@ -38,6 +40,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--ranks-per-node", type=positive_int, help="treat every N consecutive ranks as one node")
     parser.add_argument("--device", choices=["cpu", "cuda", "emulated"], help="override cluster.device")
     parser.add_argument("--quiet", action="store_true", help="no per-wave lines")
+    parser.add_argument("--pilot", type=positive_float, metavar="SECONDS",
+                        help="then train the spec for SECONDS in RUN_DIR/pilot and calibrate every prediction by "
+                             "what that run measured (its costs beyond the timed steps: start-up, hand-offs, "
+                             "checkpoints, shared cores); kept in profile.json")
+    parser.add_argument("--pilot-follows", action="store_true", help=argparse.SUPPRESS)  # the ranks: no report yet
     parser.set_defaults(func=run)
     return parser
 
@@ -45,9 +52,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     env = read_job_env(os.environ)
     if (env.size or 1) > 1:
-
+        if args.pilot is not None:
+            raise UserError("--pilot: starts its own fleet run, so it needs fleet profile outside an MPI job; inside "
+                            "one, run the pilot as a job step of its own (fleet run SPEC --run-dir DIR, stopped by the "
+                            "checkpoint signal) and train with --calibrate-from DIR")
+        epilogue = None if args.pilot_follows else (lambda spec, run_dir: report(spec, run_dir, args.gpus))
         options = TrainOptions(args.spec, args.run_dir, args.ranks_per_node, args.device, args.quiet,
-                               profile_only=True, epilogue=lambda spec, run_dir: report(spec, run_dir, args.gpus))
+                               profile_only=True, epilogue=epilogue)
         return train_entry(options)
     return _launch(args)
 
@@ -59,8 +70,15 @@ def _launch(args: argparse.Namespace) -> int:
     command[command.index("train")] = "profile"
     if args.gpus:
         command += ["--gpus", ",".join(str(g) for g in args.gpus)]
+    if args.pilot is not None:
+        command.append("--pilot-follows")
     outcome = start_here(command, f"profiling on {command[command.index('-n') + 1]} ranks", spec.run_dir, start_timeout(spec))
-    return finish(spec, outcome, training=False)
+    code = finish(spec, outcome, training=False)
+    if code != 0 or args.pilot is None:
+        return code
+    run_pilot(args.spec, Path(spec.run_dir), args.pilot, args.device, start_timeout(spec))
+    report(spec, Path(spec.run_dir), args.gpus)
+    return 0
 
 
 def report(spec, run_dir: Path, what_if_gpus: list[int]) -> None:

@@ -200,6 +200,15 @@ def _decode_core_s(block: Any) -> float:
     return 1.0 / one if one and one > 0 else 0.0
 
 
+def preprocessor_count(per_node: int | str | None, extra: Mapping[str, Any], nodes: int) -> int:
+    """A run's preprocessor processes on `nodes` nodes: `per_node` each (a spec's setting; as
+    profiled where it says ``auto``, at least one)."""
+    if not isinstance(per_node, int):
+        block = extra.get("preprocessing", {})
+        per_node = int(block.get("per_node", 0) or 1) if isinstance(block, Mapping) else 1
+    return per_node * nodes
+
+
 def _positive(value: Any) -> float | None:
     return value if is_positive_number(value) else None
 

@@ -201,6 +201,8 @@ class MemberLeft:
     val_decoded: int = 0  # validation samples this rank decoded since its last report
     start_s: float = 0.0  # as in EpochReport, when no epoch report carried it
     visited: int | None = None  # partitioned data: the partition whose visit ended with this leave (a hop)
+    cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # as EpochReport's, of the epoch it leaves mid-way (this stint)
+    compute_rate: float = 0.0  # samples/s its steps reached in that part of the epoch (0: none)
 
 
 @dataclass(frozen=True)

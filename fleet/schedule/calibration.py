@@ -27,6 +27,7 @@ from typing import Any
 from fleet.schedule.cores import SharedCores
 from fleet.schedule.costs import Overheads
 from fleet.schedule.rates import ModelProfile, RateTable, is_number, is_positive_number
+from fleet.schedule.scenario import Scenario
 
 
 class CalibrationError(ValueError):
@@ -38,7 +39,7 @@ class Calibration:
     """What an earlier run measured, as the predictions take it.
 
     Attributes:
-        source: where it was measured (a run directory), for messages and results.json.
+        source: what measured it (e.g. ``the run in DIR``), for messages and results.json.
         rates: per model, ``{trainers: samples/s}`` its steps reached.
         trainer_overhead_s: core-seconds per sample a member's trainers spent outside their steps.
         decode_core_s: core-seconds per sample the preprocessors spent.
@@ -107,6 +108,12 @@ class Calibration:
         if not self.decode_core_s or preprocessors < 1:
             return rate
         return preprocessors / self.decode_core_s
+
+    def scenario(self, scenario: Scenario, preprocessors: int) -> Scenario:
+        """`scenario` as the measures predict it: its rates corrected, its cores' costs per
+        sample and its `preprocessors`' decoding limit as measured."""
+        return replace(scenario, rates=self.rates_for(scenario.rates), cores=self.cores(scenario.cores),
+                       decode_rate=self.decode_rate(preprocessors, scenario.decode_rate))
 
     def overheads(self, base: Overheads) -> Overheads:
         """`base` with the measured save (as each checkpoint's and restore's cost) and start."""

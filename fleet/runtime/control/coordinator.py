@@ -218,6 +218,7 @@ class Coordinator:
                                 "the run goes on without it")
 
     def _on_left(self, report: MemberLeft) -> None:
+        self.account.costs.left(report, len(self.ledger.model(report.model).gpus))  # before the GPUs go
         self.membership.on_left(report)
         self.account.left(report)
         self.log.write("member_left", **report.__dict__)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet.runtime.protocol import EpochReport, StreamDone
+from fleet.runtime.protocol import EpochReport, MemberLeft, StreamDone
 
 
 @dataclass
@@ -45,15 +45,25 @@ class MeasuredCosts:
 
     def epoch(self, report: EpochReport, group_size: int) -> None:
         """An epoch report of a model training on `group_size` trainers."""
-        step_cpu_s, cpu_s, samples = report.cpu
-        group = self.groups.setdefault((report.model, group_size), _GroupTime())
-        if samples > 0 and step_cpu_s > 0:
-            group.samples += samples
+        self._add(report.model, group_size, report.cpu, report.samples, report.samples_per_s)
+
+    def left(self, report: MemberLeft, group_size: int) -> None:
+        """A model that left its stream mid-epoch (checkpointed) on `group_size` trainers: the
+        part of the epoch it trained there counts as an epoch's would (a short run, a pilot,
+        may end before any epoch does)."""
+        if group_size >= 1:
+            self._add(report.model, group_size, report.cpu, report.cpu[2], report.compute_rate)
+
+    def _add(self, model: str, group_size: int, cpu: tuple[float, float, int], samples: int, rate: float) -> None:
+        step_cpu_s, cpu_s, cpu_samples = cpu
+        group = self.groups.setdefault((model, group_size), _GroupTime())
+        if cpu_samples > 0 and step_cpu_s > 0:
+            group.samples += cpu_samples
             group.step_cpu_s += step_cpu_s
             group.cpu_s += max(cpu_s, step_cpu_s)
-        if report.samples_per_s > 0 and report.samples > 0:
-            group.compute_samples += report.samples
-            group.compute_s += report.samples / report.samples_per_s
+        if rate > 0 and samples > 0:
+            group.compute_samples += samples
+            group.compute_s += samples / rate
 
     def stream_done(self, report: StreamDone) -> None:
         """A preprocessor's report of a stream it finished (its decoding loop's CPU seconds so far)."""

@@ -20,7 +20,7 @@ from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
 from fleet.prediction import costs_of, simulated_early_stop
-from fleet.profiling.document import decode_limit, epochs_estimate, reuse_verdict, shared_cores
+from fleet.profiling.document import decode_limit, epochs_estimate, preprocessor_count, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
@@ -42,7 +42,7 @@ from fleet.schedule.partitions import Partitions
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForecast, forecast_run
 from fleet.schedule.rates import is_positive_number
-from fleet.schedule_io import load_calibration, load_profile
+from fleet.schedule_io import load_calibration, load_profile, pilot_calibration
 from fleet.spec import Spec, parse_spec
 from preprocess.partition import job_partitions
 
@@ -342,9 +342,9 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     own earlier job where it left its measures); `cores`: one node's, where no profile says
     (default: this process's)."""
     rates, source = rate_table(spec, run_dir, samples_per_epoch)
-    calibration = run_calibration(spec, run_dir, calibrate_from)
+    calibration = run_calibration(spec, run_dir, calibrate_from, rates)
     if calibration is not None:
-        rates, source = calibration.rates_for(rates), f"{source}, calibrated by the run in {calibration.source}"
+        rates, source = calibration.rates_for(rates), f"{source}, calibrated by {calibration.source}"
     store = CheckpointStore(run_dir)
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
@@ -362,7 +362,8 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
 
     decode_rate = decode_limit(rates.extra, spec.cluster.nodes, spec.cluster.preprocessors_per_node)
     if calibration is not None:
-        decode_rate = calibration.decode_rate(preprocessor_count(spec, rates.extra), decode_rate)
+        decode_rate = calibration.decode_rate(
+            preprocessor_count(spec.cluster.preprocessors_per_node, rates.extra, spec.cluster.nodes), decode_rate)
     basis = PredictionBasis(run_cores(spec, rates, calibration, cores), calibration, costs_of(rates))
     estimates = epochs_estimate(todo, spec)
     ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node, epochs_done, paused=resumed,
@@ -385,21 +386,14 @@ def run_cores(spec: Spec, rates: RateTable, calibration: Calibration | None, cor
     return calibration.cores(sharing) if calibration else sharing
 
 
-def run_calibration(spec: Spec, run_dir: Path, calibrate_from: str | None) -> Calibration | None:
+def run_calibration(spec: Spec, run_dir: Path, calibrate_from: str | None, rates: RateTable) -> Calibration | None:
     """What the predictions learn from: the run in `calibrate_from` (its results.json must hold
-    what it measured), else this run directory's earlier job where it left its measures."""
+    what it measured), else this run directory's earlier job where it left its measures, else
+    the pilot run of the profile `rates` came from (``fleet profile --pilot``)."""
     device = spec.cluster.device.value
     if calibrate_from is not None:
         return load_calibration(Path(calibrate_from), device, required=True)
-    return load_calibration(run_dir, device, required=False)
-
-
-def preprocessor_count(spec: Spec, extra: dict) -> int:
-    """The run's preprocessor processes (as profiled where the spec says ``auto``)."""
-    per_node = spec.cluster.preprocessors_per_node
-    if not isinstance(per_node, int):
-        per_node = int(extra.get("preprocessing", {}).get("per_node", 0) or 1)
-    return per_node * spec.cluster.nodes
+    return load_calibration(run_dir, device, required=False) or pilot_calibration(rates, device)
 
 
 def _load_checkpoints(store: CheckpointStore, models: list[str], records: dict[str, ModelRecord]) -> dict:

@@ -29,3 +29,12 @@ def install_checkpoint_signals() -> threading.Event:
         for signum in CHECKPOINT_SIGNALS:
             signal.signal(signum, on_signal)
     return received
+
+
+def ignore_checkpoint_signals() -> None:
+    """After the job's work: a checkpoint signal has nothing left to checkpoint. Ignored (the
+    interpreter keeps an ignored signal ignored while it exits; a handled one it resets to the
+    default, which would kill a rank that is only exiting, and fail a job that succeeded)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in CHECKPOINT_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)

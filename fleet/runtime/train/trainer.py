@@ -236,15 +236,18 @@ class GroupTraining:
         """After the last step: a hop's news first, then the save that keeps the model's place
         (not for a model that converged, nor a visit cut short); the stream thread drains on."""
         self._tell_hop(converged)
+        cpu, compute_rate = (0.0, 0.0, 0), 0.0
         if not converged and (self.visit is None or self.visit.saves_at_leave):
-            self.checkpoints.epoch_sums = self._group_epoch_sums()
+            loss_sum, compute_s, cpu = self._group_epoch_sums()
+            self.checkpoints.epoch_sums = (loss_sum, compute_s)
+            compute_rate = self.totals.samples / compute_s if compute_s > 0 else 0.0
             self._save_checkpoint()
         self.ctx.draining.append(stream)
         return MemberLeft(
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
             self.totals.samples, self.checkpoints.gpu_seconds, self.costs.take_checkpoint_s(),
             self.engine.num_parameters, self.ctx.take_val_decoded(), self.costs.take_start_s(),
-            self.visit.partition if self.visit and self.visit.ended else None,
+            self.visit.partition if self.visit and self.visit.ended else None, cpu, compute_rate,
         )
 
     def _tell_hop(self, converged: bool) -> None:
