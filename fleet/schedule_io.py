@@ -65,7 +65,8 @@ PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet pro
 
 def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json") -> Calibration | None:
     """What the profile's pilot run measured of its costs (``fleet profile --pilot``), for
-    predictions on `device`; None where the profile has no pilot.
+    predictions on `device`; None where the profile has no pilot, or one that ran on another
+    device (an emulated run planned with a CPU profile learns nothing from its CPU pilot).
 
     Raises:
         UserError: the pilot block is malformed (one line naming `where` and the field).
@@ -75,6 +76,8 @@ def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json"
         return None
     if not isinstance(block, dict) or not isinstance(block.get("measured"), dict):
         raise UserError(f"{where}: {PILOT}: expected an object with the pilot run's 'measured' costs")
+    if block.get("device", device) != device:
+        return None
     try:
         return Calibration.from_record(block["measured"], device, f"the profile's pilot run ({block.get('seconds', '?')} s)",
                                        block.get("overhead_s"))

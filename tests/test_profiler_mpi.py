@@ -203,7 +203,7 @@ def test_a_pilot_run_calibrates_the_profiles_predictions(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = json.loads((run_dir / "profile.json").read_text())
     pilot = document["pilot"]
-    assert pilot["seconds"] == 3 and pilot["interrupted"] is True  # 200 epochs: stopped, not finished
+    assert pilot["seconds"] == 3 and pilot["device"] == "cpu" and pilot["interrupted"] is True  # 200 epochs: stopped, not finished
     assert pilot["measured"]["rates"] and pilot["measured"]["decode_core_s"] > 0
     assert pilot["overhead_s"]["launch"] > 0 and (run_dir / "pilot" / "results.json").exists()
     assert done.stdout.count("predicted on 2 GPUs (") == 1  # the ranks left the report to after the pilot

@@ -158,6 +158,8 @@ def test_a_profiles_pilot_calibrates_it_and_a_bad_pilot_names_its_field():
     assert calibration.source == "the profile's pilot run (30 s)" and calibration.outside_s == 3.0
     assert calibration.rates_for(with_pilot).models[0].rates[0] == 80.0
     assert pilot_calibration(TABLE, "cpu") is None
+    elsewhere = RateTable(TABLE.models, 4, 1000, {"pilot": {**pilot, "device": "cpu"}})
+    assert pilot_calibration(elsewhere, "emulated") is None and pilot_calibration(elsewhere, "cpu") is not None
     for bad, field in (([], "pilot: expected an object"), ({"measured": {"start_s": -1}}, "pilot.prediction.measured.start_s")):
         with pytest.raises(UserError, match=f"profile.json: {field}"):
             pilot_calibration(RateTable(TABLE.models, 4, 1000, {"pilot": bad}), "cpu")

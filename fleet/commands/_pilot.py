@@ -108,6 +108,8 @@ def _pilot_block(pilot: Path, seconds: float) -> dict:
     measured = results.get("prediction", {}).get("measured") if isinstance(results.get("prediction"), dict) else None
     if not isinstance(measured, dict):
         raise UserError(f"pilot: {path} holds no prediction.measured")
-    return {"seconds": seconds, "run_dir": PILOT_DIR, "policy": results.get("policy"),
+    started = [e for e in read_events(pilot / "events.jsonl") if e.get("event") == "run_start"]
+    device = started[0].get("device") if started else None
+    return {"seconds": seconds, "run_dir": PILOT_DIR, "device": device, "policy": results.get("policy"),
             "makespan_s": results.get("makespan_s"), "interrupted": results.get("interrupted"),
             "measured": measured, "overhead_s": results.get("overhead_s", {})}
