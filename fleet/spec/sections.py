@@ -75,6 +75,7 @@ class DataSpec(Section):
         Field(None, ge=2)
     samples: Annotated[PositiveInt, at_most(10_000_000, "synthetic samples are drawn in memory")] | None = None
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    test_fraction: float = Field(0.0, ge=0.0, lt=0.5)
     partitioned: bool = False
     validation: Literal["all", "local"] = "all"
 
