@@ -467,3 +467,10 @@ class RuntimeSpec(Section):
             return self.chunk_samples
         samples = AUTO_CHUNK_BYTES // max(1, sample_bytes)
         return max(8, min(512, samples // 8 * 8))
+
+
+class EnsembleSpec(Section):
+    """`fleet run` ends with `fleet ensemble` (greedy selection over the models' kept predictions)."""
+
+    size: Annotated[PositiveInt, at_most(10_000, "each step tries every candidate")]
+    from_: PositiveInt | None = Field(None, alias="from")
