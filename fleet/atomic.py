@@ -79,3 +79,28 @@ def atomic_write_json(path: str | os.PathLike, value: Any) -> None:
     """Write strict JSON (NaN becomes null)."""
     text = json.dumps(json_safe(value), indent=2, allow_nan=False)
     atomic_write_text(path, text + "\n")
+
+
+def atomic_link_or_copy(source: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Make `path` the same bytes as the file `source`, atomically: a hard link where the file
+    system allows one (no copy: the bytes stay while either name does), else a copy.
+
+    Raises:
+        UserError: `source` cannot be read or `path` cannot be written.
+    """
+    source, path = Path(source), Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        os.link(source, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        try:
+            data = source.read_bytes()
+        except OSError as exc:
+            raise UserError(f"{source}: cannot read: {exc.strerror or exc}") from None
+        atomic_write_bytes(path, data)
+        return
+    _fsync_dir(path.parent)

@@ -23,6 +23,8 @@ COMMANDS = (
     "simulate",
     "submit",
     "report",
+    "ensemble",
+    "predict",
     "status",
     "validate",
     "data",

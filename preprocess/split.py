@@ -1,4 +1,4 @@
-"""Train/validation splits and per-epoch orders: pure, seeded, identical on every process."""
+"""Train/validation(/test) splits and per-epoch orders: pure, seeded, identical on every process."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ _SPLIT_TAG = 0x5B117
 _EPOCH_TAG = 0xE90C
 
 
-def _val_counts(class_sizes: np.ndarray, val_fraction: float) -> np.ndarray:
-    """Validation samples per class: the floor or the ceiling of ``size * val_fraction``
-    (largest remainders round up, to hit the overall fraction), at most ``size - 1``, and at
-    least one sample overall when some class has two."""
-    room = np.maximum(class_sizes - 1, 0)
+def _val_counts(class_sizes: np.ndarray, val_fraction: float, taken: np.ndarray | None = None) -> np.ndarray:
+    """Held-out samples per class: the floor or the ceiling of ``size * val_fraction``
+    (largest remainders round up, to hit the overall fraction), at most ``size - 1`` less the
+    samples already `taken` from the class (the validation samples, when counting the test
+    split's), and at least one sample overall when some class has room for one."""
+    room = np.maximum(class_sizes - 1 - (0 if taken is None else taken), 0)
     exact = class_sizes * val_fraction
     counts = np.minimum(np.floor(exact), room).astype(np.int64)
     upper = np.minimum(np.ceil(exact), room).astype(np.int64)
@@ -46,15 +47,46 @@ def split_indices(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[n
     Returns:
         (train_idx, val_idx): sorted int64 arrays that partition ``range(len(labels))``.
     """
+    train_idx, val_idx, _ = split_three(labels, val_fraction, 0.0, seed)
+    return train_idx, val_idx
+
+
+def split_three(labels: np.ndarray, val_fraction: float, test_fraction: float,
+                seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`split_indices` with a held-out test set as well, stratified by label.
+
+    Each class's samples are shuffled once: its first ones go to validation (exactly those
+    `split_indices` picks with the same arguments, so a test fraction of 0 changes nothing),
+    the next ones, about `test_fraction` of the class, to the test set; every class keeps at
+    least one training sample.
+
+    Args:
+        labels: int labels, one per sample.
+        val_fraction: the share of samples for validation, in (0, 1).
+        test_fraction: the share of samples for the test set, in [0, 1 - val_fraction).
+        seed: the split's seed.
+
+    Returns:
+        (train_idx, val_idx, test_idx): sorted int64 arrays that partition ``range(len(labels))``.
+    """
     labels = np.asarray(labels, dtype=np.int64)
     classes, inverse = np.unique(labels, return_inverse=True)
-    counts = _val_counts(np.bincount(inverse, minlength=len(classes)), val_fraction)
+    sizes = np.bincount(inverse, minlength=len(classes))
+    val_counts = _val_counts(sizes, val_fraction)
+    test_counts = _val_counts(sizes, test_fraction, val_counts) if test_fraction > 0 else np.zeros_like(sizes)
     rng = rng_for(seed, _SPLIT_TAG)
-    val = [rng.permutation(np.flatnonzero(inverse == c))[:n] for c, n in enumerate(counts)]
-    val_idx = np.sort(np.concatenate(val)) if val else np.empty(0, np.int64)
-    is_val = np.zeros(len(labels), dtype=bool)
-    is_val[val_idx] = True
-    return np.flatnonzero(~is_val).astype(np.int64), val_idx.astype(np.int64)
+    shuffled = [rng.permutation(np.flatnonzero(inverse == c)) for c in range(len(classes))]
+    val = [order[:n] for order, n in zip(shuffled, val_counts)]
+    test = [order[n:n + t] for order, n, t in zip(shuffled, val_counts, test_counts)]
+    val_idx, test_idx = _joined(val), _joined(test)
+    held_out = np.zeros(len(labels), dtype=bool)
+    held_out[val_idx] = True
+    held_out[test_idx] = True
+    return np.flatnonzero(~held_out).astype(np.int64), val_idx, test_idx
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.empty(0, np.int64)
 
 
 def split_blocks(labels: np.ndarray, sizes, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

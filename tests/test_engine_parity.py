@@ -108,13 +108,19 @@ def test_the_engine_trains_as_a_plain_loop(family, train):
     np.testing.assert_allclose(engine.flat_buffers(), buffers.numpy(), rtol=0, atol=2e-5)
 
 
-def test_evaluation_is_a_plain_eval_mode_pass_without_dropout():
+def same_trained_cnn() -> tuple[torch.nn.Module, TorchEngine]:
+    """A CNN with dropout trained by the plain loop, and an engine holding its weights."""
     spec = ModelSpec(id="m", family="cnn", params={"channels": [4, 8], "hidden": 16, "dropout": 0.5}, seed=3,
                      train=TrainSpec(max_epochs=EPOCHS))
     net, _ = plain_run(spec)
     engine, _ = engine_run(spec)
     engine.load_flat_parameters(torch.cat([p.detach().flatten() for p in net.parameters()]).numpy())
     engine.load_flat_buffers(torch.cat([b.flatten() for b in net.buffers() if b.is_floating_point()]).numpy())
+    return net, engine
+
+
+def test_evaluation_is_a_plain_eval_mode_pass_without_dropout():
+    net, engine = same_trained_cnn()
     x, y = epoch_batches(99, sizes=(300,))[0]
     net.eval()
     with torch.no_grad():
@@ -124,3 +130,18 @@ def test_evaluation_is_a_plain_eval_mode_pass_without_dropout():
     first, second = engine.evaluate(x, y, batch_size=64), engine.evaluate(x, y, batch_size=300)
     assert first == pytest.approx(second)
     assert first == pytest.approx({"loss": expected_loss, "accuracy": expected_accuracy})
+
+
+def test_the_probabilities_kept_are_the_evaluation_passs_softmax_and_predict_gives_the_same():
+    net, engine = same_trained_cnn()
+    x, y = epoch_batches(98, sizes=(150,))[0]
+    net.eval()
+    with torch.no_grad():
+        expected = torch.softmax(net(torch.from_numpy(x)), dim=1).numpy()
+    metrics, probabilities = engine.evaluate_with_probabilities(x, y, batch_size=64)
+    assert metrics == engine.evaluate(x, y, batch_size=64)
+    assert probabilities.dtype == np.float32 and probabilities.shape == (150, CLASSES)
+    np.testing.assert_allclose(probabilities, expected, atol=1e-6)
+    np.testing.assert_allclose(engine.predict(x, batch_size=32), probabilities, atol=1e-6)
+    with pytest.raises(ValueError, match="expected x of shape"):
+        engine.predict(x[:, :, :4])

@@ -238,6 +238,21 @@ def test_a_zoo_model_learns_a_learnable_set(family_params):
     assert trainee.epoch == 3 and trainee.steps == 48 and trainee.phase is EnginePhase.TRAINING
 
 
+def test_the_probabilities_kept_are_the_evaluation_passs_softmax_and_predict_gives_the_same():
+    trainee = engine(CNN, lr=0.05)
+    x, y = learnable(96)
+    for i in range(0, len(x), 32):
+        trainee.train_step(x[i : i + 32], y[i : i + 32])
+    test_x, test_y = learnable(70, seed=1)
+    metrics, probabilities = trainee.evaluate_with_probabilities(test_x, test_y, batch_size=32)
+    assert metrics == pytest.approx(trainee.evaluate(test_x, test_y, batch_size=32))
+    assert probabilities.dtype == np.float32 and probabilities.shape == (70, CLASSES)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    picked = probabilities[np.arange(70), test_y]
+    assert float(-np.log(picked).mean()) == pytest.approx(metrics["loss"], rel=1e-4)
+    np.testing.assert_allclose(trainee.predict(test_x, batch_size=50), probabilities, atol=1e-6)
+
+
 def shard_average_step(replicas: list[TensorFlowEngine], x: np.ndarray, y: np.ndarray) -> float:
     """One data-parallel step by hand: each replica its equal shard, the gradient buffers
     averaged, loaded and applied everywhere; returns the mean of the shards' losses."""

@@ -1,10 +1,10 @@
-"""Train/validation splits and epoch orders: stratified, complete, deterministic."""
+"""Train/validation(/test) splits and epoch orders: stratified, complete, deterministic."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocess.split import epoch_order, split_indices
+from preprocess.split import epoch_order, split_indices, split_three
 
 
 def test_split_is_stratified_and_deterministic():
@@ -24,6 +24,25 @@ def test_every_class_keeps_a_training_sample():
     train, val = split_indices(labels, 0.9, seed=0)
     assert set(labels[train]) == {0, 1, 2}
     assert len(val) == 3  # all but one of each class
+
+
+def test_a_test_split_is_held_out_of_training_and_leaves_validation_as_it_was():
+    labels = np.repeat(np.arange(4), [100, 50, 30, 20])
+    train, val, test = split_three(labels, 0.2, 0.1, seed=5)
+    np.testing.assert_array_equal(val, split_indices(labels, 0.2, seed=5)[1])
+    assert np.bincount(labels[test], minlength=4).tolist() == [10, 5, 3, 2]
+    assert not set(test) & set(val) and not set(test) & set(train)
+    assert sorted([*train, *val, *test]) == list(range(len(labels)))
+    np.testing.assert_array_equal(test, split_three(labels, 0.2, 0.1, seed=5)[2])
+    no_test = split_three(labels, 0.2, 0.0, seed=5)
+    assert len(no_test[2]) == 0 and no_test[2].dtype == np.int64
+    np.testing.assert_array_equal(no_test[0], split_indices(labels, 0.2, seed=5)[0])
+
+
+def test_a_test_split_still_leaves_each_class_a_training_sample():
+    labels = np.array([0, 0, 1, 1, 1, 2, 2, 2, 2])
+    train, val, test = split_three(labels, 0.5, 0.45, seed=1)
+    assert set(labels[train]) == {0, 1, 2} and len(test) >= 1
 
 
 def test_small_sets_still_get_a_validation_sample():

@@ -66,6 +66,13 @@ def test_data_defaults_per_source():
     assert synthetic.image_size == (32, 32) and synthetic.channels == 3 and synthetic.samples == 2000
 
 
+def test_test_fraction_defaults_to_none_held_out_and_is_in_the_resolved_spec():
+    assert parse_spec(doc()).data.test_fraction == 0.0
+    spec = parse_spec(doc(data={"source": "digits", "test_fraction": 0.2}))
+    assert spec.resolved()["data"]["test_fraction"] == 0.2
+    assert parse_spec(yaml.safe_load(spec.to_yaml())) == spec
+
+
 def test_resolved_spec_round_trips_and_run_dir_override():
     spec = load_spec(REPO / "examples" / "quickstart.yaml", check_paths=False, run_dir="/tmp/elsewhere")
     assert spec.run_dir == "/tmp/elsewhere"

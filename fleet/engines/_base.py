@@ -52,6 +52,13 @@ The gradient buffer (what a collective may assume)
     no-op; one that does not know the type (another framework's engine) goes through
     `flat_gradients()` on the host instead. Nothing else may keep or resize it.
 
+Evaluation and predictions
+    `evaluate(x, y)` gives the mean loss and accuracy in eval mode; `evaluate_with_probabilities`
+    gives the same numbers and, from the same forward passes, every sample's class
+    probabilities (what the trainer keeps of a model's best epoch); `predict(x)` gives the
+    probabilities of unlabelled samples (`fleet predict`). An engine without real outputs (the
+    emulated one) returns None for the probabilities.
+
 Epochs
     `end_epoch()` advances the epoch counter and sets the learning rate for the next epoch
     from the model's schedule (see `fleet.engines.schedule.learning_rate`).
@@ -138,6 +145,12 @@ def check_flat(flat: Any, expected: int, what: str) -> None:
     shape = tuple(flat.shape)
     if shape != (expected,):
         raise ValueError(f"{what}: expected a 1-D array of {expected} elements, got shape {shape}")
+
+
+def check_predict(count: int, batch_size: int) -> None:
+    """For implementations: `predict`'s arguments (N > 0 samples, batch_size >= 1), else ValueError."""
+    if count == 0 or batch_size < 1:
+        raise ValueError(f"predict: expected N > 0 samples and batch_size >= 1, got {count}, {batch_size}")
 
 
 def check_evaluate(count: int, labels: int, batch_size: int) -> None:
@@ -326,6 +339,22 @@ class Engine(ABC):
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
         """``{"loss": mean loss, "accuracy": fraction correct}`` in eval mode, without gradients."""
 
+    def evaluate_with_probabilities(
+        self, x: np.ndarray, y: np.ndarray, batch_size: int = 256
+    ) -> tuple[dict[str, float], np.ndarray | None]:
+        """`evaluate`'s metrics (the same numbers) and, from the same forward passes, each
+        sample's class probabilities: float32 ``(N, classes)``, the softmax of the network's
+        outputs, in the order of `x`. None for the probabilities where the engine computes
+        none (the emulated engine)."""
+        check_evaluate(len(x), len(y), batch_size)
+        return self._evaluated(x, y, batch_size, keep=True)
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray | None:
+        """Class probabilities of `x` (float32 ``(N, classes)``) in eval mode, without
+        gradients; None where the engine computes none (the emulated engine)."""
+        check_predict(len(x), batch_size)
+        return self._predicted(x, batch_size)
+
     def end_epoch(self) -> None:
         """Count one more epoch and set the learning rate of the next one from the schedule."""
         self._epoch += 1
@@ -393,6 +422,17 @@ class Engine(ABC):
     def _load_model_state(self, state: dict[str, Any]) -> None:
         """Restore what `_model_state` wrote (raising one of the layout's `misfits` where it
         does not fit the network)."""
+
+    def _evaluated(
+        self, x: np.ndarray, y: np.ndarray, batch_size: int, keep: bool
+    ) -> tuple[dict[str, float], np.ndarray | None]:
+        """`evaluate`'s metrics and, where `keep`, the probabilities of the same passes (the
+        arguments checked). This default: `evaluate`, and no probabilities."""
+        return self.evaluate(x, y, batch_size), None
+
+    def _predicted(self, x: np.ndarray, batch_size: int) -> np.ndarray | None:
+        """`predict` (the arguments checked). This default: no probabilities."""
+        return None
 
     def _extra_state(self) -> dict[str, Any]:
         """The snapshot's keys after the counters (RNG states, the engine's own counters)."""

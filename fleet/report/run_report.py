@@ -22,6 +22,7 @@ from fleet.report.html_page import Figure
 from fleet.report.prediction_error import PredictionError, compare, forecast_of, last_job, load_forecast
 from fleet.report.results import ModelResult, epochs_saved, stopped_early
 from fleet.report.rungs import early_stop_setting, has_early_stop, rung_arrivals, rung_records
+from fleet.report.run_ensemble import ensemble_section, read_ensemble
 from fleet.report.run_story import RunStory, tell_story
 from fleet.report.standings import standings
 from fleet.report.table import format_duration
@@ -72,6 +73,9 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
         rows = html_page.key_values(_early_stop_rows(spec, events, models))
         sections.insert(3, ("early stopping", rows + "".join(html_page.figure(f) for f in stops)))
         figures += stops
+    chosen = read_ensemble(run_dir)
+    if chosen is not None:  # `fleet ensemble` (or the spec's ensemble section) wrote ensemble.json
+        sections.insert(2, ("ensemble", ensemble_section(chosen)))
     judged = _judge_forecast(run_dir, events, spec.cluster.gpus, now, running)
     if judged is not None:  # a job that wrote no forecast.json: the page is as it was
         figure = _drawn(run_dir / FIGURES_DIR, "the job's forecast above what it measured, each model one colour",

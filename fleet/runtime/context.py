@@ -14,7 +14,7 @@ from fleet.inspect import input_shape, num_classes
 from fleet.spec import Spec
 from preprocess.partition import job_partitions
 from preprocess.readers import open_reader
-from preprocess.split import split_indices
+from preprocess.split import split_three
 from preprocess.transforms import Pipeline
 
 if TYPE_CHECKING:
@@ -129,12 +129,14 @@ class RunContext:
         return open_reader(self.spec.data, seed=self.spec.seed, partition=partition)
 
     @cached_property
-    def split(self) -> tuple[np.ndarray, np.ndarray]:
-        """(train, validation) indices of this rank's data (its node's partition: its own split)."""
+    def split(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(train, validation, test) indices of this rank's data (its node's partition: its own
+        split; the test set is empty unless `data.test_fraction` asks for one)."""
         return self.split_of(self.reader)
 
-    def split_of(self, reader) -> tuple[np.ndarray, np.ndarray]:
-        return split_indices(reader.labels, self.spec.data.val_fraction, self.spec.seed)
+    def split_of(self, reader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        data = self.spec.data
+        return split_three(reader.labels, data.val_fraction, data.test_fraction, self.spec.seed)
 
     @property
     def train_idx(self) -> np.ndarray:
@@ -186,12 +188,25 @@ class RunContext:
                 parts.append(self._decoded_validation(reader))
         return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
+    @cached_property
+    def test(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The test set (`data.test_fraction`), decoded once per process with the eval
+        transforms, where a master first needs it; None without one. Nothing trains, stops or
+        is selected on it (data with a test set is never partitioned)."""
+        test_idx = self.split[2]
+        if not len(test_idx):
+            return None
+        return self._decoded(self.reader, test_idx)
+
     def _decoded_validation(self, reader) -> tuple[np.ndarray, np.ndarray]:
-        val_idx = np.sort(self.split_of(reader)[1])
-        raw = reader.read(val_idx)
-        x = self.pipeline(raw, np.random.default_rng(self.spec.seed), train=False)
+        val_idx = self.split_of(reader)[1]
         self.val_decoded += len(val_idx)
-        return x, raw.labels
+        return self._decoded(reader, val_idx)
+
+    def _decoded(self, reader, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples `indices` of `reader` in sorted order, through the eval transforms."""
+        raw = reader.read(np.sort(indices))
+        return self.pipeline(raw, np.random.default_rng(self.spec.seed), train=False), raw.labels
 
     def take_val_decoded(self) -> int:
         """The validation samples decoded since the last call (a group's leave reports them)."""

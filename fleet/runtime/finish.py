@@ -15,6 +15,7 @@ from pathlib import Path
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
 from fleet.prediction import planned
+from fleet.report.run_ensemble import build_ensemble, say_ensemble, write_ensemble
 from fleet.report.run_report import Prediction, Report, write_report
 from fleet.report.table import format_table
 from fleet.runtime.control.console import SLOT_NAMES
@@ -30,6 +31,7 @@ def summarize_job(spec, run_dir: Path, code: int) -> None:
     try:
         if code == 0:
             print_leaderboard_top(run_dir)
+            ensemble_at_end(spec, run_dir)
         if code not in (0, EXIT_CHECKPOINTED):
             return
         started = time.monotonic()
@@ -39,6 +41,20 @@ def summarize_job(spec, run_dir: Path, code: int) -> None:
         _record_report_seconds(run_dir / "results.json", time.monotonic() - started)
     except Exception as exc:  # noqa: BLE001 - the training is done and saved; these are extras
         print(f"fleet: note: no report.html: {exc}", flush=True)
+
+
+def ensemble_at_end(spec, run_dir: Path) -> None:
+    """With the spec's ``ensemble`` section: the run's greedy ensemble (ensemble.json) and its
+    line on the console; where it cannot be made, a note saying why."""
+    if spec.ensemble is None:
+        return
+    try:
+        doc = build_ensemble(run_dir, spec.ensemble.size, spec.ensemble.from_)
+        path = write_ensemble(run_dir, doc)
+    except UserError as exc:
+        print(f"fleet: note: no ensemble: {exc}", flush=True)
+        return
+    say_ensemble(doc, path)
 
 
 def write_run_page(run_dir: Path, spec, running: bool) -> Report:

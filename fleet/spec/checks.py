@@ -84,9 +84,16 @@ def check_pipeline(data: DataSpec, ops: tuple[Op, ...]) -> None:
 
 
 def check_data(data: DataSpec) -> None:
-    """The data section with its defaults filled: enough synthetic samples for its classes."""
+    """The data section with its defaults filled: enough synthetic samples for its classes, a
+    training split left by the held-out ones, no test split of partitioned data."""
     if data.source is Source.SYNTHETIC and data.samples < data.classes:  # type: ignore[operator]
         raise SpecError(f"data.samples: {data.samples} samples cannot cover {data.classes} classes (data.classes)")
+    if data.val_fraction + data.test_fraction >= 1.0:
+        raise SpecError(f"data.test_fraction: {data.test_fraction:g} with val_fraction {data.val_fraction:g} leaves "
+                        "no sample to train on (their sum must be below 1)")
+    if data.test_fraction > 0 and data.partitioned:
+        raise SpecError("data.test_fraction: not supported with partitioned data (data.partitioned: true): each node "
+                        "splits its own partition; hold a test set out of the data set before partitioning it")
 
 
 def check_data_path(data: DataSpec) -> DataSpec:

@@ -37,6 +37,7 @@ from fleet.spec.sections import (
     ClusterSpec,
     DataSpec,
     EarlyStopSpec,
+    EnsembleSpec,
     Op,
     RuntimeSpec,
     SchedulerSpec,
@@ -67,6 +68,7 @@ class RawSpec(Section):
     scheduler: dict[str, Any] = {}
     cluster: dict[str, Any] = {}
     runtime: dict[str, Any] = {}
+    ensemble: dict[str, Any] | None = None
 
     _framework = field_validator("framework")(lambda cls, v: check_framework(v))
 
@@ -88,6 +90,7 @@ class Spec(Section):
     scheduler: SchedulerSpec
     cluster: ClusterSpec
     runtime: RuntimeSpec
+    ensemble: EnsembleSpec | None = None
     entries: tuple[int, ...] = Field((), exclude=True, repr=False)
     """Each model's item in the written spec's `models` list (error messages name it); not part
     of what the spec means: equal specs may write their models differently."""
@@ -246,6 +249,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
         scheduler=scheduler,
         cluster=validate(ClusterSpec, raw.cluster, ("cluster",)),
         runtime=validate(RuntimeSpec, raw.runtime, ("runtime",)),
+        ensemble=None if raw.ensemble is None else validate(EnsembleSpec, raw.ensemble, ("ensemble",)),
         entries=entries,
     )
 

@@ -75,6 +75,7 @@ class DataSpec(Section):
         Field(None, ge=2)
     samples: Annotated[PositiveInt, at_most(10_000_000, "synthetic samples are drawn in memory")] | None = None
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    test_fraction: float = Field(0.0, ge=0.0, lt=0.5)
     partitioned: bool = False
     validation: Literal["all", "local"] = "all"
 
@@ -466,3 +467,10 @@ class RuntimeSpec(Section):
             return self.chunk_samples
         samples = AUTO_CHUNK_BYTES // max(1, sample_bytes)
         return max(8, min(512, samples // 8 * 8))
+
+
+class EnsembleSpec(Section):
+    """`fleet run` ends with `fleet ensemble` (greedy selection over the models' kept predictions)."""
+
+    size: Annotated[PositiveInt, at_most(10_000, "each step tries every candidate")]
+    from_: PositiveInt | None = Field(None, alias="from")

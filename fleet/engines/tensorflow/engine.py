@@ -131,6 +131,7 @@ class TensorFlowEngine(Engine):
         self._gradients_fn = tf.function(self._gradients, reduce_retracing=True)
         self._train_fn = tf.function(self._train, reduce_retracing=True)
         self._eval_fn = tf.function(self._eval_sums, input_signature=batch)
+        self._probs_fn = tf.function(self._probabilities, input_signature=batch[:1])
         self._schedule_lr()
 
     # -- properties -------------------------------------------------------------------------
@@ -199,13 +200,24 @@ class TensorFlowEngine(Engine):
     # -- evaluation -------------------------------------------------------------------------
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
+        check_evaluate(len(x), len(y), batch_size)
+        return self._evaluated(x, y, batch_size, keep=False)[0]
+
+    def _predicted(self, x: np.ndarray, batch_size: int) -> np.ndarray:
+        parts = [self._probs_fn(self._inputs(x[i : i + batch_size])).numpy() for i in range(0, len(x), batch_size)]
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+    def _evaluated(self, x: np.ndarray, y: np.ndarray, batch_size: int, keep: bool):
+        """`evaluate`'s metrics and, where `keep`, the probabilities of the same forward passes."""
         count = len(x)
-        check_evaluate(count, len(y), batch_size)
-        loss, correct = 0.0, 0.0
+        loss, correct, probabilities = 0.0, 0.0, []
         for i in range(0, count, batch_size):
-            batch_loss, batch_correct = self._eval_fn(*self._batch(x[i : i + batch_size], y[i : i + batch_size]))
+            batch_loss, batch_correct, probs = self._eval_fn(*self._batch(x[i : i + batch_size], y[i : i + batch_size]))
             loss, correct = loss + float(batch_loss), correct + float(batch_correct)
-        return {"loss": loss / count, "accuracy": correct / count}
+            if keep:
+                probabilities.append(probs.numpy())
+        kept = np.concatenate(probabilities).astype(np.float32, copy=False) if keep else None
+        return {"loss": loss / count, "accuracy": correct / count}, kept
 
     # -- the base's primitives (epochs and checkpoints) -------------------------------------
 
@@ -240,22 +252,33 @@ class TensorFlowEngine(Engine):
         self._optimizer.update(grads)
         return loss
 
-    def _eval_sums(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Summed loss and number of correct predictions of one batch, in inference mode."""
+    def _eval_sums(self, inputs: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Summed loss and number of correct predictions of one batch, in inference mode, and
+        its class probabilities (left on the device unless asked for)."""
         logits = self.net(inputs, training=False)
         loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32))
-        return loss, correct
+        return loss, correct, tf.nn.softmax(tf.cast(logits, tf.float32))
+
+    def _probabilities(self, inputs: tf.Tensor) -> tf.Tensor:
+        """Class probabilities of one batch, in inference mode."""
+        return tf.nn.softmax(tf.cast(self.net(inputs, training=False), tf.float32))
 
     def _batch(self, x: Rows, y: np.ndarray) -> tuple[tf.Tensor, tf.Tensor]:
         """Check a batch's shapes and make it tensors (float32 NCHW images, int64 labels)."""
-        if tuple(x.shape[1:]) != self.input_shape or len(x.shape) != 4 or len(y) != len(x):
+        if len(y) != len(x):
+            raise ValueError(f"model {self.model_id!r}: expected N labels for x of {len(x)} samples, got y "
+                             f"{tuple(np.shape(y))}")
+        return self._inputs(x), tf.convert_to_tensor(np.asarray(y, dtype=np.int64))
+
+    def _inputs(self, x: Rows) -> tf.Tensor:
+        """Check samples' shape and make them a float32 NCHW tensor."""
+        if tuple(x.shape[1:]) != self.input_shape or len(x.shape) != 4:
             raise ValueError(
-                f"model {self.model_id!r}: expected x of shape (N, {', '.join(map(str, self.input_shape))}) "
-                f"and N labels, got x {tuple(x.shape)} and y {tuple(np.shape(y))}"
+                f"model {self.model_id!r}: expected x of shape (N, {', '.join(map(str, self.input_shape))}), "
+                f"got {tuple(x.shape)}"
             )
-        images = np.ascontiguousarray(joined(x), dtype=np.float32)
-        return tf.convert_to_tensor(images), tf.convert_to_tensor(np.asarray(y, dtype=np.int64))
+        return tf.convert_to_tensor(np.ascontiguousarray(joined(x), dtype=np.float32))
 
     def _load_rng(self, arrays: Sequence[np.ndarray]) -> None:
         if len(arrays) != len(self._rng):

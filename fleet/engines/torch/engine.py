@@ -171,13 +171,34 @@ class TorchEngine(Engine):
     # -- evaluation -------------------------------------------------------------------------
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
-        count = len(x)
-        check_evaluate(count, len(y), batch_size)
+        check_evaluate(len(x), len(y), batch_size)
+        return self._evaluated(x, y, batch_size, keep=False)[0]
+
+    def _predicted(self, x: np.ndarray, batch_size: int) -> np.ndarray:
         self.net.eval()
         with torch.inference_mode():
-            sums = [self._eval_sums(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, count, batch_size)]
-            loss, correct = torch.stack([torch.stack(s) for s in sums]).sum(dim=0).tolist()
-        return {"loss": loss / count, "accuracy": correct / count}
+            parts = [self._probabilities(self.net(self._inputs(x[i : i + batch_size])))
+                     for i in range(0, len(x), batch_size)]
+        return np.concatenate(parts)
+
+    def _evaluated(self, x: np.ndarray, y: np.ndarray, batch_size: int, keep: bool):
+        """`evaluate`'s metrics and, where `keep`, the probabilities of the same forward passes."""
+        count = len(x)
+        self.net.eval()
+        sums, probabilities = [], []
+        with torch.inference_mode():
+            for i in range(0, count, batch_size):
+                loss, correct, logits = self._eval_sums(x[i : i + batch_size], y[i : i + batch_size])
+                sums.append(torch.stack((loss, correct)))
+                if keep:
+                    probabilities.append(self._probabilities(logits))
+            loss, correct = torch.stack(sums).sum(dim=0).tolist()
+        return {"loss": loss / count, "accuracy": correct / count}, np.concatenate(probabilities) if keep else None
+
+    @staticmethod
+    def _probabilities(logits: torch.Tensor) -> np.ndarray:
+        """The softmax of a batch's outputs, as float32 host rows."""
+        return torch.softmax(logits.float(), dim=1).cpu().numpy()
 
     # -- the base's primitives (epochs and checkpoints) -------------------------------------
 
@@ -207,22 +228,28 @@ class TorchEngine(Engine):
 
     def _batch(self, x: Rows, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Check a batch's shapes and move it to the device."""
-        if tuple(x.shape[1:]) != self.input_shape or x.ndim != 4 or len(y) != len(x):
-            raise ValueError(
-                f"model {self.model_id!r}: expected x of shape (N, {', '.join(map(str, self.input_shape))}) "
-                f"and N labels, got x {tuple(x.shape)} and y {tuple(np.shape(y))}"
-            )
-        inputs = rows_to_device(x, self.device)
-        targets = to_device(host_tensor(y, np.int64), self.device)
-        return inputs, targets
+        if len(y) != len(x):
+            raise ValueError(f"model {self.model_id!r}: expected N labels for x of {len(x)} samples, got y "
+                             f"{tuple(np.shape(y))}")
+        return self._inputs(x), to_device(host_tensor(y, np.int64), self.device)
 
-    def _eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed loss and number of correct predictions of one batch (device tensors, no sync)."""
+    def _inputs(self, x: Rows) -> torch.Tensor:
+        """Check samples' shape and move them to the device."""
+        if tuple(x.shape[1:]) != self.input_shape or x.ndim != 4:
+            raise ValueError(
+                f"model {self.model_id!r}: expected x of shape (N, {', '.join(map(str, self.input_shape))}), "
+                f"got {tuple(x.shape)}"
+            )
+        return rows_to_device(x, self.device)
+
+    def _eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Summed loss and number of correct predictions of one batch, and its outputs (device
+        tensors, no sync)."""
         inputs, targets = self._batch(x, y)
         logits = self.net(inputs)
         loss = F.cross_entropy(logits, targets, reduction="sum")
         correct = (logits.argmax(dim=1) == targets).sum().to(loss.dtype)
-        return loss, correct
+        return loss, correct, logits
 
     def _uses_global_rng(self) -> bool:
         """User models may draw from torch's global RNG (e.g. `nn.Dropout`); zoo models do not."""

@@ -356,8 +356,26 @@ def _read_checkpoint(path: Path, entry: dict, model_id: str) -> ModelCheckpoint:
         raise _Unusable(f"{len(data)} bytes, expected {entry['bytes']} (file truncated?)")
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise _Unusable("checksum mismatch (file corrupt?)")
+    return _checkpoint_of(path.suffix, data, model_id)
+
+
+def decode_checkpoint(data: bytes, model_id: str, path: Path) -> ModelCheckpoint:
+    """The checkpoint of `model_id` in `data`, the bytes of the ``.npz`` file `path` (checked by
+    the caller); never runs code from them.
+
+    Raises:
+        UserError: not a readable checkpoint of that model (one line naming `path`).
+    """
     try:
-        ckpt = ModelCheckpoint.from_dict(_decode(path.suffix, data))
+        return _checkpoint_of(SUFFIX, data, model_id)
+    except _Unusable as exc:
+        raise UserError(f"{path}: {exc}") from None
+
+
+def _checkpoint_of(suffix: str, data: bytes, model_id: str) -> ModelCheckpoint:
+    """Decode a file's bytes into `model_id`'s checkpoint (raises `_Unusable`)."""
+    try:
+        ckpt = ModelCheckpoint.from_dict(_decode(suffix, data))
     except ValueError as exc:  # safetree.TreeError, a refused or damaged old file, a bad field
         raise _Unusable(f"not a readable checkpoint: {' '.join(str(exc).split())[:300]}") from None
     if ckpt.model_id != model_id:

@@ -19,7 +19,7 @@ from fleet.report.results import ModelResult, RunResult
 from fleet.runtime.train.stop import StopTracker
 from fleet.spec import ModelSpec, Spec
 from preprocess.readers import class_notices, open_reader, partition_manifest
-from preprocess.split import epoch_order, split_blocks
+from preprocess.split import epoch_order, split_blocks, split_three
 from preprocess.transforms import Pipeline
 
 
@@ -43,8 +43,12 @@ class LocalData:
         self.notices = class_notices(self.reader)  # "note: ..."/"warning: ..." lines for the user
         self.pipeline = Pipeline(spec.preprocess, spec.data)
         labels = self.reader.labels  # partitioned data: its parts one after another, each split as its node does
-        blocks = partition_manifest(spec.data).sizes if spec.data.partitioned else [len(labels)]
-        self.train_idx, self.val_idx = split_blocks(labels, blocks, spec.data.val_fraction, spec.seed)
+        if spec.data.partitioned:
+            blocks = partition_manifest(spec.data).sizes
+            self.train_idx, self.val_idx = split_blocks(labels, blocks, spec.data.val_fraction, spec.seed)
+        else:  # the test set (data.test_fraction) is held out, never trained on
+            data = spec.data
+            self.train_idx, self.val_idx, _ = split_three(labels, data.val_fraction, data.test_fraction, spec.seed)
         self.samples_decoded = 0
         self.val_x, self.val_y = self.decode(self.val_idx, np.random.default_rng(spec.seed), train=False)
 

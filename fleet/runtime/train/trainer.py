@@ -37,6 +37,7 @@ from fleet.runtime.protocol import (
     Tag,
     VisitEnded,
 )
+from fleet.runtime.train.best_predictions import BestPredictions
 from fleet.runtime.train.collectives.factory import create_collective
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.runtime.train.member_checkpoints import MemberCheckpoints
@@ -206,6 +207,7 @@ class GroupTraining:
         self.totals = resumed_totals(epoch_samples, self.is_master, self.checkpoints.resumed_sums, self.size)
         self.stop_requested = False
         self.link = CoordinatorLink(ctx, self.model.id)
+        self.best = BestPredictions(ctx, self.model, self.is_master)
         self.next_stop = start.next_stop  # early stopping: the epochs after which to wait for a verdict
 
     # -- the stint ------------------------------------------------------------------------
@@ -385,7 +387,7 @@ class GroupTraining:
     def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr, cpu) -> StopReason | None:
         compute_rate, consumed = rates  # samples/s computed, and taken from the stream
         val_x, val_y = self.ctx.validation
-        metrics = self.engine.evaluate(val_x, val_y)
+        metrics, probabilities = self.engine.evaluate_with_probabilities(val_x, val_y)
         self.engine.end_epoch()
         reason = self.tracker.update(
             {"train_loss": train_loss, "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]}
@@ -398,6 +400,8 @@ class GroupTraining:
         self.checkpoints.history.append(record)
         self.totals = EpochTotals()
         self._save_checkpoint()
+        self.best.epoch_ended(self.engine, self.checkpoints.history, probabilities,
+                              self.checkpoints.store.last_save.get(self.model.id))
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
