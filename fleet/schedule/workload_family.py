@@ -151,6 +151,16 @@ class FamilyParameters:
     long_share: float
     tail_alpha: float
 
+    def describe(self, own_gpus: bool = True) -> str:
+        """One line: the instance's parameters (its GPU count unless ``own_gpus`` is False)."""
+        mix = "/".join(f"{x:.2f}" for x in self.scaling_mix)
+        epochs = {"issue": "uniform (issue 46)", "bimodal": f"bimodal, long share {self.long_share:.2f}",
+                  "heavy": f"heavy, tail alpha {self.tail_alpha:.2f}"}.get(self.shape, self.shape)
+        gpus = f" on {self.gpus} GPUs ({self.gpus_ratio:.3g}/model)" if own_gpus else ""
+        return (f"{self.models} models{gpus}, {self.gpus_per_node} GPUs/node, sigma {self.sigma:.2f}, scaling "
+                f"poor/typical/near-linear {mix}, cross-node x{self.cross_node:.3f}, profiled to {self.profile_depth}, "
+                f"epochs {epochs}")
+
 
 @dataclass(frozen=True)
 class FamilyInstance:
