@@ -131,6 +131,17 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
         (["simulate", "--gpus", "4"], "either a profile.json or --workload"),
         (["simulate", "--workload", "paper7", "--gpus", "4"], "--workload: unknown 'paper7'; valid: paper100"),
         (["simulate", "{profile}", "--gpus", "4,x"], "--gpus: expected positive integers"),
+        (["simulate", "--workload", "paper100"], "--gpus: required (only --workload family"),
+        (["simulate", "--workload", "family", "--family-ratio", "3"], "--family-ratio: expected GPUs per model in 0.125..2"),
+        (["simulate", "--workload", "family", "--family-ratio", "0"], "--family-ratio: expected a positive number"),
+        (["simulate", "--workload", "family", "--family-gpus-per-node", "5"],
+         "--family-gpus-per-node: expected one of 4, 6, 8, got 5"),
+        (["simulate", "--workload", "family", "--family-shape", "flat"], "--family-shape: unknown 'flat'; valid: issue"),
+        (["simulate", "--workload", "paper100", "--gpus", "4", "--family-shape", "heavy"],
+         "--family-shape: only with --workload family"),
+        (["simulate", "--workload", "family", "--gpus", "4", "--family-ratio", "1"],
+         "--family-ratio: give it or --gpus, not both"),
+        (["simulate", "--workload", "family", "--seed", "-1"], "--seed: expected a non-negative integer"),
         (["simulate", "{profile}", "--gpus", "4", "--seeds", "0"], "--seeds: expected a positive integer"),
         (["simulate", "{profile}", "--gpus", "4", "--noise-model", "stop-rule"], "need a built-in --workload"),
         (["simulate", "{profile}", "--gpus", "4", "--models", "8"], "need a built-in --workload"),
@@ -220,6 +231,26 @@ def test_simulate_builtin_workload(tmp_path, fleet_cli):
     done = fleet_cli("simulate", "--workload", "paper100", "--gpus", "40", "--policies", "fleet-g", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "workload paper100" in done.stdout and "fleet-g" in done.stdout
+
+
+def test_simulate_a_family_instance_on_its_own_gpus_reproducibly(tmp_path, fleet_cli):
+    """``--workload family --seed S`` rebuilds instance S of the cell: the same drawn GPU count
+    and parameters, the same makespans, every time."""
+    args = ["simulate", "--workload", "family", "--models", "24", "--seed", "1002", "--seeds", "2", "--family-shape",
+            "bimodal", "--family-gpus-per-node", "4", "--policies", "fleet-g", "--json"]
+    first, again = (fleet_cli(*args, cwd=tmp_path) for _ in range(2))
+    assert first.returncode == 0, first.stderr
+    document = json.loads(first.stdout)
+    assert document == json.loads(again.stdout)
+    family = document["family"]
+    assert [p["seed"] for p in family] == [1002, 1003] and {p["gpus_per_node"] for p in family} == {4}
+    assert {p["shape"] for p in family} == {"bimodal"}
+    assert sorted(r["gpus"] for r in document["rows"]) == sorted({p["gpus"] for p in family})
+    assert document["input"].startswith("workload family (bimodal, * GPUs/model, 4 GPUs/node; 24 models; seed 1002..1003")
+    table = fleet_cli("simulate", "--workload", "family", "--models", "24", "--seed", "1002", "--family-ratio", "0.5",
+                      "--policies", "fleet-g", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert "family seed 1002: 24 models on 12 GPUs (0.5/model)" in table.stdout and "/LB2" in table.stdout
 
 
 def test_simulate_scale_workload_under_the_stop_rule_noise_model(tmp_path, fleet_cli):

@@ -5,6 +5,9 @@ each GPU count and policy it prints the makespan, the speedups over Baseline and
 Homogeneous, the makespan relative to the two lower bounds, rounds, mean GPU wait and the
 samples decoded relative to Baseline (averaged over ``--seeds`` seeds), and can draw the
 paper-style charts. ``--workload scale --models 1000`` is a large synthetic ensemble;
+``--workload family --seed S`` is instance S of the workload family
+(:mod:`fleet.schedule.workload_family`), on its own drawn GPU count unless ``--gpus`` is given;
+``--family-shape``, ``--family-ratio`` and ``--family-gpus-per-node`` fix what a cell fixes;
 ``--noise-model stop-rule`` takes the true epochs from each model's learning curve
 (:mod:`fleet.schedule.noise`). ``--partitions P`` splits the data into P partitions on the
 nodes (model hopping): the hopping policies are compared with ``mop``, Cerebro's scheduler.
@@ -20,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
+from fleet.commands._family import FAMILY, add_family_options, family_cell, family_lines, family_parameters
 from fleet.commands._args import (
     fraction,
     names_of,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     positive_int_list,
@@ -41,10 +46,12 @@ from fleet.schedule.partitions import PartitionError, nodes_per_partition
 from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule.compare import compare, summarize
 from fleet.schedule.noise import NOISE_MODELS, noisy_scenario
+from fleet.schedule.workload_family import DEFAULT_MODELS, REPORTING_SEEDS, FamilyCell, family_instance
 from fleet.schedule_io import epochs_from_profile, load_profile, profile_scenario
 
 DEFAULT_POLICIES = "baseline,homogeneous,fleet-l,fleet-g"
 DEFAULT_HOPPING_POLICIES = ",".join(HOPPING_POLICIES)
+WORKLOAD_NAMES = (*WORKLOADS, FAMILY)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -54,9 +61,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Simulate policies on a profile or a built-in workload and compare them.",
     )
     parser.add_argument("profile", nargs="?", help="profile.json (or use --workload)")
-    parser.add_argument("--workload", help=f"built-in workload instead of a profile ({', '.join(WORKLOADS)})")
-    parser.add_argument("--models", type=positive_int, help="models in the built-in workload (paper100: 100, scale: 1000)")
-    parser.add_argument("--gpus", required=True, type=positive_int_list, help="GPU counts, e.g. 20,40,80")
+    parser.add_argument("--workload", help=f"built-in workload instead of a profile ({', '.join(WORKLOAD_NAMES)})")
+    parser.add_argument("--models", type=positive_int,
+                        help=f"models in the built-in workload (paper100: 100, scale: 1000, family: {DEFAULT_MODELS})")
+    parser.add_argument("--gpus", type=positive_int_list,
+                        help="GPU counts, e.g. 20,40,80 (required but with --workload family: its instances' own)")
     parser.add_argument(
         "--policies", type=names_of([*POLICIES, AUTO]),
         help=f"comma-separated (default: {DEFAULT_POLICIES}; with --partitions: {DEFAULT_HOPPING_POLICIES}); "
@@ -72,7 +81,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="split the data into this many partitions over the nodes (model hopping; the node count of "
              "every --gpus must be a multiple of it)",
     )
-    parser.add_argument("--seeds", default=1, type=positive_int, help="number of seeds to average over (default: 1)")
+    _add_seed_options(parser)
+    add_family_options(parser)
     parser.add_argument(
         "--max-epochs", type=positive_float, help="epochs assumed for models whose profile has no 'epochs'"
     )
@@ -104,10 +114,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def _add_seed_options(parser: argparse.ArgumentParser) -> None:
+    """Which seeds: how many, from which (a family's instances are its seeds)."""
+    parser.add_argument("--seeds", default=1, type=positive_int, help="number of seeds to average over (default: 1)")
+    parser.add_argument("--seed", default=0, type=non_negative_int,
+                        help="the first seed: seeds SEED..SEED+SEEDS-1 (default: 0); with --workload family, the "
+                             f"instance (reporting seeds: {REPORTING_SEEDS.start}-{REPORTING_SEEDS.stop - 1})")
+
+
 def run(args: argparse.Namespace) -> int:
-    gpu_counts, seeds, noise = args.gpus, args.seeds, args.estimate_noise
+    seeds, noise = args.seeds, args.estimate_noise
     policies = _policies(args)
-    scenarios, label = _scenarios(args, noise)
+    cell = family_cell(args)
+    scenarios, label = _scenarios(args, noise, cell)
     if args.partitions:
         scenarios, label = _partitioned(scenarios, args.partitions), f"{label}, {args.partitions} partitions"
     if args.true_rates:
@@ -117,18 +136,34 @@ def run(args: argparse.Namespace) -> int:
     early = _early_stop(args)
     if early is not None and args.noise_model != "stop-rule":
         label += "; early stopping on the rung arithmetic only (no learning curves: how many models go on, not which)"
-    summary = summarize(compare(scenarios, gpu_counts, policies, range(seeds), costs, adapt=bool(args.true_rates),
-                                early_stop=early))
+    rows = [row for gpu_counts, chosen in _runs(args, cell)
+            for row in compare(scenarios, gpu_counts, policies, chosen, costs, adapt=bool(args.true_rates),
+                               early_stop=early)]
+    summary = summarize(rows)
     if args.chart:
         _chart(summary, args.chart, label)
     if args.json:
-        document = {"input": label, "seeds": seeds, "estimate_noise": noise, "rows": summary}
+        document = {"input": label, "seeds": seeds, "estimate_noise": noise, "rows": summary,
+                    **({} if cell is None else {"family": [asdict(p) for p in family_parameters(args, cell)]})}
         print(json.dumps(document if args.noise_model == "uniform" else {**document, "noise_model": args.noise_model},
                          indent=1))
     else:
         print(_render(summary, label, seeds, noise, args.chart, hopping=bool(args.partitions),
                       early_stop=args.early_stop is not None))
+        if cell is not None:
+            print("\n".join(family_lines(args, cell)))
     return 0
+
+
+def _runs(args: argparse.Namespace, cell: FamilyCell | None) -> list[tuple[list[int], range]]:
+    """``(GPU counts, seeds)`` to compare: ``--gpus`` for every seed, or (a family's instances
+    without ``--gpus``) each seed on its own GPU count."""
+    seeds = range(args.seed, args.seed + args.seeds)
+    if args.gpus is not None:
+        return [(args.gpus, seeds)]
+    if cell is None:
+        raise UserError("--gpus: required (only --workload family has GPU counts of its own)")
+    return [([p.gpus], range(p.seed, p.seed + 1)) for p in family_parameters(args, cell)]
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
@@ -199,13 +234,22 @@ def _same_models(truth: RateTable, planned: RateTable, path: str) -> RateTable:
                      planned.samples_per_epoch, planned.extra)
 
 
-def _scenarios(args: argparse.Namespace, noise: float):
+def _scenarios(args: argparse.Namespace, noise: float, cell: FamilyCell | None):
     """``(gpus, seed) -> Scenario`` for the chosen input, and a label for it."""
     if (args.profile is None) == (args.workload is None):
         raise UserError("simulate: give either a profile.json or --workload NAME (not both)")
+    if cell is not None:
+        models = args.models or DEFAULT_MODELS
+
+        def from_family(gpus: int, seed: int) -> Scenario:
+            return noisy_scenario(family_instance(seed, models, cell).workload, gpus, seed, noise, args.noise_model)
+
+        last = args.seed + args.seeds - 1
+        label = f"workload family ({cell.label}; {models} models; seed {args.seed}" + (f"..{last})" if last > args.seed else ")")
+        return from_family, label + ("" if args.noise_model == "uniform" else ", stop-rule noise")
     if args.workload is not None:
         if args.workload not in WORKLOADS:
-            raise UserError(f"--workload: unknown {args.workload!r}; valid: {', '.join(WORKLOADS)}")
+            raise UserError(f"--workload: unknown {args.workload!r}; valid: {', '.join(WORKLOAD_NAMES)}")
         make, sized = WORKLOADS[args.workload], {} if args.models is None else {"models": args.models}
 
         def from_workload(gpus: int, seed: int) -> Scenario:
