@@ -31,7 +31,9 @@ which the run reuses, as `bench/e2e_cpu.py` does), and "estimated", from a fresh
 with `scheduler.profile: auto`, which judges a profile too dear beside such short training: the
 rates are estimated from FLOPs and corrected by a few timed steps per model family before
 training (the console and results.json's `prediction.rates` say which). `--profile yes` or
-`no`: one of them; `--profile all` adds "calibrated": the measured mode's profile plus
+`no`: one of them; `--pilot S`: the profile is made with `fleet profile --pilot S` (a short
+real run whose measured costs calibrate every prediction from that profile; (c)'s emulated runs
+ignore its CPU pilot). `--profile all` adds "calibrated": the measured mode's profile plus
 `--calibrate-from` this round's measured run of the case's first policy (the costs and rates
 an earlier run of the same models measured; for the other policies, learned under another).
 Besides the named policies, `policy: auto` runs in each case and mode.
@@ -63,7 +65,8 @@ of it (a) and (b); `--rounds 1` about 15. That is an estimate from the parts' si
 measured figure.
 
 Usage: .venv/bin/python bench/predict.py [--cases a,b,c,d] [--policies fleet-g,fleet-l,fleet-adaptive,
-       homogeneous,baseline] [--rounds 3] [--profile both|yes|no|all] [--timeout 1200] [--keep DIR] [--json FILE]
+       homogeneous,baseline] [--rounds 3] [--profile both|yes|no|all] [--pilot S] [--timeout 1200] [--keep DIR]
+       [--json FILE]
        [--a-sweep 4] [--a-epochs 1] [--a-samples 1500] [--a-slots 4] [--a-device cpu|cuda]
        [--b-samples 2400] [--b-epochs 2]
        [--c-sweep 4] [--c-epochs 1] [--c-samples 1500] [--c-nodes 4] [--c-slots 4]
@@ -284,17 +287,19 @@ def run_spec(case: Case, policy: str, mode: str) -> dict:
     return doc
 
 
-def profile_once(case: Case, root: Path, timeout: float, known: dict[str, tuple[Path, float]]) -> tuple[Path, float]:
-    """`fleet profile` on the case's profile spec: the profile.json path and the profiler's
-    seconds; a spec profiled before in this invocation (`known`, by its document) is not again."""
+def profile_once(case: Case, root: Path, timeout: float, known: dict[str, tuple[Path, float]],
+                 pilot: float | None = None) -> tuple[Path, float]:
+    """`fleet profile` on the case's profile spec (with a `pilot` of that many seconds): the
+    profile.json path and the profiler's seconds; a spec profiled before in this invocation
+    (`known`, by its document) is not again."""
     key = json.dumps(case.profile_spec, sort_keys=True)
     if key not in known:
         spec_path = root / case.key / "profile.yaml"
         spec_path.parent.mkdir(parents=True, exist_ok=True)  # (b) has no folder before
         spec_path.write_text(yaml.safe_dump(case.profile_spec))
         run_dir = fresh_dir(root / case.key / "profile")
-        fleet("profile", str(spec_path), "--run-dir", str(run_dir), "--quiet", timeout=timeout,
-              what=f"fleet profile ({case.key})")
+        fleet("profile", str(spec_path), "--run-dir", str(run_dir), "--quiet",
+              *(("--pilot", f"{pilot:g}") if pilot else ()), timeout=timeout, what=f"fleet profile ({case.key})")
         path = run_dir / "profile.json"
         known[key] = (path, json.loads(path.read_text())["profiler"]["seconds"])
     return known[key]
@@ -524,6 +529,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", choices=tuple(PROFILE_MODES), default="both",
                         help="rates: measured by a profile (yes), estimated (no), both, or all (both and "
                              "calibrated by an earlier run)")
+    parser.add_argument("--pilot", type=float, metavar="SECONDS",
+                        help="profile with fleet profile --pilot SECONDS: the measured and calibrated modes then "
+                             "predict with the pilot run's measures (a run on another device ignores them)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds one fleet command may take")
     parser.add_argument("--keep", metavar="DIR", help="keep the data, profiles and every run directory in DIR")
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
@@ -543,7 +551,7 @@ def prepare(root: Path, args) -> tuple[list[Case], dict[str, Path], dict[str, fl
     profiles, seconds = {}, {}
     for case in (case for case in cases if MEASURED in case.modes or CALIBRATED in case.modes):
         before = len(known)
-        profiles[case.key], seconds[case.key] = profile_once(case, root, args.timeout, known)
+        profiles[case.key], seconds[case.key] = profile_once(case, root, args.timeout, known, args.pilot)
         shared = next(key for key, path in profiles.items() if path == profiles[case.key])
         print(f"({case.key}) profiled in {seconds[case.key]:.1f} s" if len(known) > before else
               f"({case.key}) plans with ({shared})'s profile (the same CPU spec)", flush=True)
