@@ -109,6 +109,15 @@ def test_environment_steps_render_in_order():
     ]
 
 
+@pytest.mark.parametrize("system", ["slurm", "lsf"])
+def test_a_job_can_predict_with_an_earlier_runs_measures(system):
+    plain = render(job_of({}, system))
+    assert "--calibrate-from" not in plain
+    text = render(job_of({}, system, calibrate_from="runs/pilot it"))
+    line = next(line for line in text.splitlines() if ' train "$spec" --run-dir "$run_dir"' in line)
+    assert line.endswith(f" --calibrate-from '{CWD}/runs/pilot it' &")
+
+
 def test_paths_with_shell_characters_are_quoted():
     odd = "/home/o'brien/fleet"
     job = batch_job(spec_of({}, run_dir="/scratch/run1"), "s.yaml", SubmitOptions(BatchSystem.SLURM), odd, PYTHON)
@@ -306,6 +315,7 @@ def test_submit_refuses_virtual_nodes_and_a_run_dir_of_another_ensemble(fleet_cl
     (["--env", "pip:x"], "fleet submit: error: --env 'pip:x': expected"),
     (["--scheduler", "pbs"], "fleet submit: error: argument --scheduler: unknown 'pbs'"),
     (["--preprocessors", "0"], "fleet submit: error: argument --preprocessors: expected a positive integer"),
+    (["--calibrate-from", "/nonexistent/run"], "fleet submit: error: --calibrate-from /nonexistent/run: no results.json"),
 ])
 def test_submit_bad_options_exit_2_naming_the_option(fleet_cli, tiny_spec, tmp_path, args, message):
     base = ["submit", str(tiny_spec), "--dry-run", "--run-dir", str(tmp_path / "r")]

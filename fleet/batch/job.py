@@ -57,6 +57,7 @@ class SubmitOptions:
     preprocessors: int | None = None
     cpus_per_task: int | None = None
     launcher_args: str | None = None
+    calibrate_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class BatchJob:
         env: Steps that prepare the environment, in order.
         fleet: The command that starts fleet (``python -m fleet`` or ``fleet``).
         launcher_args: Extra flags for srun or jsrun, as typed (shell syntax).
+        calibrate_from: An earlier run's directory whose measured costs the job predicts and
+            plans with (`fleet train --calibrate-from`), or None.
     """
 
     system: BatchSystem
@@ -93,6 +96,7 @@ class BatchJob:
     env: tuple[EnvStep, ...] = ()
     fleet: tuple[str, ...] = ("fleet",)
     launcher_args: str | None = None
+    calibrate_from: str | None = None
 
     @property
     def tasks_per_node(self) -> int:
@@ -138,6 +142,7 @@ def batch_job(spec: Spec, spec_path: str, options: SubmitOptions, cwd: str, pyth
         env=env,
         fleet=("fleet",) if env else (python, "-m", "fleet"),
         launcher_args=options.launcher_args or None,
+        calibrate_from=_absolute(options.calibrate_from, cwd) if options.calibrate_from else None,
     )
 
 

@@ -111,6 +111,7 @@ def _common(job: BatchJob) -> dict[str, str]:
         "env": "".join(line + "\n" for step in job.env for line in env_lines(step)),
         "fleet": shlex.join(job.fleet),
         "launcher_args": f"{job.launcher_args} " if job.launcher_args else "",
+        "train_args": f" --calibrate-from {shlex.quote(job.calibrate_from)}" if job.calibrate_from else "",
         "forward_and_wait": templates.FORWARD_AND_WAIT,
     }
 

@@ -50,7 +50,7 @@ spec={{spec_q}}
 run_dir={{run_dir_q}}
 
 echo "fleet: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST} at $(date '+%F %T')"
-srun --mpi=pmi2 {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir" &
+srun --mpi=pmi2 {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir"{{train_args}} &
 pid=$!
 
 {{forward_and_wait}}
@@ -97,7 +97,7 @@ echo "fleet: job ${LSB_JOBID} on ${LSB_MCPU_HOSTS:-?} at $(date '+%F %T')"
 # `jsrun --erf_output FILE ...`). cpu: hardware threads at SMT{{smt}} (-alloc_flags smt{{smt}}), packed.
 cat > "$run_dir/jsrun.erf" <<'ERF' || exit 1
 {{erf}}ERF
-jsrun --erf_input "$run_dir/jsrun.erf" {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir" &
+jsrun --erf_input "$run_dir/jsrun.erf" {{launcher_args}}{{fleet}} train "$spec" --run-dir "$run_dir"{{train_args}} &
 pid=$!
 
 {{forward_and_wait}}

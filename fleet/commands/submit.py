@@ -10,10 +10,10 @@ from pathlib import Path
 from fleet.atomic import atomic_write_text
 from fleet.batch import BatchSystem, SubmitOptions, batch_job, render, script_path
 from fleet.batch.submit import check_partition, require_submitter, submit
-from fleet.commands._args import one_of, positive_int
+from fleet.commands._args import CALIBRATE_HELP, one_of, positive_int
 from fleet.prediction import preprocessors_for
 from fleet.runtime.control.setup import check_partitions, check_same_ensemble
-from fleet.schedule_io import load_profile
+from fleet.schedule_io import load_calibration, load_profile
 from fleet.spec import load_spec
 
 SCHEDULERS = ("slurm", "lsf")
@@ -48,6 +48,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--cpus-per-task", type=positive_int, metavar="N", help="cores per rank (default: cluster.threads_per_trainer)"
     )
+    parser.add_argument("--calibrate-from", metavar="DIR", help=CALIBRATE_HELP)
     parser.add_argument("--launcher-args", metavar="ARGS", help="extra srun/jsrun flags, e.g. '--smpiargs=\"-disable_gpu_hooks\"'")
     parser.set_defaults(func=run)
     return parser
@@ -65,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
     options = SubmitOptions(
         system, time=args.time, account=args.account, partition=args.partition, env=tuple(args.env),
         preprocessors=preprocessors, cpus_per_task=args.cpus_per_task, launcher_args=args.launcher_args,
+        calibrate_from=args.calibrate_from,
     )
+    if args.calibrate_from is not None:  # refused now, not once the job has waited in the queue
+        load_calibration(Path(args.calibrate_from), spec.cluster.device.value, required=True)
     job = batch_job(spec, args.spec, options, os.getcwd(), sys.executable)
     check_same_ensemble(Path(job.run_dir), spec)  # the job would refuse it only once it starts
     if not args.dry_run:
