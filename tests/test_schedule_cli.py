@@ -97,6 +97,18 @@ def test_plan_with_a_spec_uses_its_alpha(profile, tmp_path, fleet_cli):
     assert same["rounds"] == default["rounds"]
 
 
+def test_plan_with_a_spec_stops_models_at_its_rungs(profile, tmp_path, fleet_cli):
+    # asha, rungs at 1 and 3 epochs keeping 1 in 3: most models stop at their first rung, so
+    # the plan trains fewer epochs and ends sooner than the same policy without it
+    plain = plan_json(fleet_cli, profile, tmp_path, "--spec", write_spec(tmp_path / "p.yaml", policy="fleet-g"))
+    spec = {"name": "t", "data": {"source": "digits"}, "train": {"max_epochs": 5},
+            "models": [{"family": "mlp"}], "scheduler": {"policy": "fleet-g",
+                                                          "early_stop": {"method": "asha", "reduction": 3}}}
+    (tmp_path / "es.yaml").write_text(json.dumps(spec))
+    stopped = plan_json(fleet_cli, profile, tmp_path, "--spec", str(tmp_path / "es.yaml"))
+    assert stopped["makespan_s"] < plain["makespan_s"]
+
+
 def test_plan_with_a_spec_uses_its_delta(profile, tmp_path, fleet_cli):
     # fleet-l with delta 1 samples/s matches no two models: fast runs alone on all 6 GPUs.
     default = plan_json(fleet_cli, profile, tmp_path, "--policy", "fleet-l")

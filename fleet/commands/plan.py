@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
-from fleet.prediction import candidates_for, decode_limit_line, with_partitions
+from fleet.prediction import candidates_for, decode_limit_line, simulated_early_stop, with_partitions
 from fleet.report.plan_text import render_plan
 from fleet.schedule import POLICIES, Overheads, Policy, create_policy, lower_bounds, simulate, whole_epochs
 from fleet.errors import UserError
@@ -61,12 +61,14 @@ def run(args: argparse.Namespace) -> int:
     if scenario.partition_sizes and not policy_class(name if name != AUTO else "mop").hops:
         raise UserError(f"--policy: {name} cannot run on the spec's partitioned data; choose from "
                         f"{', '.join(HOPPING_POLICIES)}")
+    early_stop = simulated_early_stop(make_policy.spec) if make_policy.spec else None  # models stop at rungs
     if name == AUTO:
         choice = choose_policy(make_policy, scenario, Overheads(),
-                               candidates=candidates_for(make_policy.spec) if make_policy.spec else CANDIDATES)
+                               candidates=candidates_for(make_policy.spec) if make_policy.spec else CANDIDATES,
+                               early_stop=early_stop)
         print(f"policy auto: {choice.describe()}")
         name = choice.name
-    result = simulate(make_policy(name), scenario, Overheads())
+    result = simulate(make_policy(name), scenario, Overheads(), early_stop=early_stop)
     lb2 = lower_bounds(rates, truth, gpus).lb2
     document = plan_document(result, rates.gpus_per_node, source, lb2)
     out = Path(args.out) if args.out else Path(args.profile).resolve().parent / "plan.json"
