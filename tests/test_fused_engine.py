@@ -159,6 +159,27 @@ def test_the_stacked_update_is_the_engines_update_member_by_member(optimizer):
         assert ours["param_groups"] == singles[k].state_dict()["param_groups"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["cnn", "resnet"])
+def test_cuda_members_train_as_their_own_cuda_engines(family):
+    """On a GPU, deterministic kernels on both sides; cuDNN's grouped and plain convolutions sum
+    in other orders than the CPU's, hence the looser tolerance (still far below a step's size)."""
+    models = [member(family, k) for k in range(3)]
+    on_gpu = [EngineOptions(m, SHAPES.get(family, SHAPE), CLASSES, device="cuda", deterministic=True) for m in models]
+    bundle = FusedTorchEngine(on_gpu)
+    engines = [TorchEngine(o) for o in on_gpu]
+    for x, y in batches(STEPS, family=family):
+        bundle.train_step(x, y)
+        for engine in engines:
+            engine.train_step(x, y)
+    for engine in engines:
+        np.testing.assert_allclose(bundle.member_parameters(engine.model_id), engine.flat_parameters(),
+                                   rtol=1e-3, atol=1e-4)
+    moved = TorchEngine(options(models[0]))  # a member's CUDA state loads on the CPU
+    moved.load_state_bytes(bundle.member_state_bytes(models[0].id))
+    assert np.array_equal(moved.flat_parameters(), bundle.member_parameters(models[0].id))
+
+
 def test_a_member_leaves_and_trains_on_alone_the_others_undisturbed():
     models = [member("cnn", k) for k in range(3)]
     bundle = FusedTorchEngine([options(m) for m in models])
