@@ -10,6 +10,8 @@
 # number, after step 2) runs the quickstart under policy baseline: each trainer decodes its own stream.
 # Step 9 (by number only) runs examples/asha.yaml on the GPU (36 configurations, 1 trainer + 3
 # preprocessors) with early_stop none, asha and sha: wall, model-epochs, best and top-5 accuracy.
+# Step 10 (by number only; it runs before the others asked for with it) checks the fused engine on
+# CUDA and runs bench/fused.py there (8 lr variants of a small CNN and ResNet, batch 64 and 256).
 set -uo pipefail
 out=${1:-${OUT:-/tmp/fleet-gpu}}
 steps=" ${*:2} "
@@ -30,6 +32,13 @@ from mpi4py import MPI
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0))
 print("mpi4py", mpi4py.__version__, MPI.Get_library_version().splitlines()[0].strip("\x00"))
 PY
+
+if want 10; then
+echo "== 10. fused bundles (issue 49): the fused engine's tests (its CUDA parity among them), then bench/fused.py on CUDA"
+python3 -m pytest -q -p no:cacheprovider tests/test_fused_engine.py 2>&1 | tail -3
+python3 bench/fused.py --device cuda --json "$out/fused-cuda.json" 2>&1 | tail -16
+python3 bench/fused.py --device cuda --batch 256 2>&1 | tail -14
+fi
 
 if want 1; then
 echo "== 1. engine and collective tests on CUDA"

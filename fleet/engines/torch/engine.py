@@ -75,6 +75,27 @@ def derived_seed(seed: int, purpose: str) -> int:
     return zlib.crc32(f"{seed}:{purpose}".encode()) & 0x7FFFFFFF
 
 
+def restore_generator(generator: torch.Generator, rng: Mapping[str, Any], seed: int, steps: int) -> None:
+    """Restore a model's dropout generator from its checkpoint's ``rng`` entry; saved on another
+    device type, reseed it deterministically from the model's seed and step count instead."""
+    if rng["device_type"] == generator.device.type:
+        generator.set_state(rng["generator"])
+    else:
+        generator.manual_seed(derived_seed(seed, f"dropout:{steps}"))
+
+
+def batch_tensors(x: Rows, y: np.ndarray, input_shape: tuple[int, ...], who: str,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's images and labels on `device`, after checking their shapes (`who` names the
+    model or bundle in the `ValueError`)."""
+    if tuple(x.shape[1:]) != tuple(input_shape) or x.ndim != 4 or len(y) != len(x):
+        raise ValueError(
+            f"{who}: expected x of shape (N, {', '.join(map(str, input_shape))}) "
+            f"and N labels, got x {tuple(x.shape)} and y {tuple(np.shape(y))}"
+        )
+    return rows_to_device(x, device), to_device(host_tensor(y, np.int64), device)
+
+
 class TorchEngine(Engine):
     """One replica of a `ModelSpec`'s network, its optimizer and LR schedule, on one device.
 
@@ -228,10 +249,7 @@ class TorchEngine(Engine):
 
     def _batch(self, x: Rows, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Check a batch's shapes and move it to the device."""
-        if len(y) != len(x):
-            raise ValueError(f"model {self.model_id!r}: expected N labels for x of {len(x)} samples, got y "
-                             f"{tuple(np.shape(y))}")
-        return self._inputs(x), to_device(host_tensor(y, np.int64), self.device)
+        return batch_tensors(x, y, self.input_shape, f"model {self.model_id!r}", self.device)
 
     def _inputs(self, x: Rows) -> torch.Tensor:
         """Check samples' shape and move them to the device."""
@@ -265,10 +283,7 @@ class TorchEngine(Engine):
 
     def _load_rng_state(self, rng: Mapping[str, Any]) -> None:
         """Restore the RNGs; across device types, reseed deterministically from the step count."""
-        if rng["device_type"] == self.device.type:
-            self._generator.set_state(rng["generator"])
-        else:
-            self._generator.manual_seed(derived_seed(self.spec.seed, f"dropout:{self._steps}"))
+        restore_generator(self._generator, rng, self.spec.seed, self._steps)
         if self._uses_global_rng() and "torch_cpu" in rng:
             torch.set_rng_state(rng["torch_cpu"])
             if self.device.type == "cuda" and "torch_cuda" in rng:
