@@ -27,6 +27,7 @@ from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule.early_stop import rung_epochs
 from fleet.schedule.planners import HOPPING_POLICIES
 from fleet.schedule_io import load_profile, pilot_calibration, plan_document, profile_scenario, write_json
+from fleet.spec.checks import GROUPED_POLICIES
 from preprocess.partition import job_partitions
 
 POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
@@ -62,7 +63,10 @@ def with_partitions(scenario, spec):
 
 
 def candidates_for(spec) -> tuple[str, ...]:
-    """The policies that can run the spec's data (``auto`` chooses among them)."""
+    """The policies that can run the spec's data (``auto`` chooses among them): on grouped
+    data, those that never share a stream between groups."""
+    if spec.data.group_by is not None:
+        return GROUPED_POLICIES
     return HOPPING_POLICIES if spec.data.partitioned else CANDIDATES
 
 
@@ -73,8 +77,8 @@ def predict(spec, scenario, policies=POLICIES, early: bool = True) -> dict:
     the spec's early stopping unless `early` is False (a scenario of the epochs models really
     trained)."""
     own = list(candidates_for(spec)) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
-    if spec.data.partitioned:
-        policies = [p for p in policies if p in HOPPING_POLICIES] or HOPPING_POLICIES
+    if spec.data.partitioned or spec.data.group_by is not None:
+        policies = [p for p in policies if p in candidates_for(spec)] or candidates_for(spec)
     return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, _prediction_costs(spec, scenario.rates),
                            early_stop=simulated_early_stop(spec) if early else None)
             for name in dict.fromkeys([*policies, *own])}

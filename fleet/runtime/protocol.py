@@ -60,14 +60,16 @@ class StreamLayout:
 
 @dataclass(frozen=True)
 class StreamSource:
-    """What a stream decodes: the order of samples, the chunk size, the base epoch key, and
-    with partitioned data the partition it visits (its members train one pass over it)."""
+    """What a stream decodes: the order of samples, the chunk size, the base epoch key, with
+    partitioned data the partition it visits (its members train one pass over it), and with
+    grouped data the group its members train on (an epoch is that group's training samples)."""
 
     seed: int
     salt: int
     base_epoch: int
     chunk_samples: int
     partition: int | None = None
+    group: str | None = None  # `data.group_by`: the group whose training samples it decodes
 
 
 # ---------------------------------------------------------------- commands

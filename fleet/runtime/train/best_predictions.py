@@ -42,10 +42,10 @@ class BestPredictions:
         if not improves(values[-1], values[:-1], metric):
             return
         run_dir = self.ctx.run_dir
-        val_labels = self.ctx.validation[1]
+        val_labels = self.ctx.validation_of(self.model.group)[1]
         write_labels(run_dir, VALIDATION, val_labels)
         kept = {VALIDATION: probabilities}
-        test = self.ctx.test
+        test = self.ctx.test_of(self.model.group)
         if test is not None:
             kept[TEST] = engine.predict(test[0])
             write_labels(run_dir, TEST, test[1])
