@@ -118,7 +118,7 @@ def expand_over_groups(spec: Spec, sizes: Sequence[tuple[str, int]]) -> Expansio
                         f"{largest}, of {len(sizes)} group(s)); lower it or group the data otherwise")
     count = len(kept) * len(spec.models)
     if count > MAX_MODELS:
-        raise SpecError(f"data.group_by: {len(spec.models)} configuration(s) x {len(kept)} group(s) = {count:,} "
+        raise SpecError(f"data.group_by: {len(spec.models)} configuration(s) x {len(kept):,} group(s) = {count:,} "
                         f"models (at most {MAX_MODELS:,})")
     models, entries = _grouped_models(spec, kept)
     return Expansion(spec.model_copy(update={"models": tuple(models), "entries": tuple(entries)}), skipped)

@@ -175,6 +175,7 @@ class EpochReport:
     samples: int = 0  # the epoch's samples, resumed part included
     start_s: float = 0.0  # the member's start, from its StartMember to its first batch (first report only)
     cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # the group's CPU seconds in steps, in all, samples trained
+    val_samples: int = 0  # the samples it was validated on (its group's, with data.group_by)
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     check_groups(data, models, entries)
     scheduler = check_early_stop(validate(SchedulerSpec, raw.scheduler, ("scheduler",)), models, entries)
     check_hopping(data, scheduler)
-    check_grouped_policy(data, scheduler)
+    check_grouped_policy(data, scheduler, raw.ensemble is not None)
     return Spec(
         name=raw.name,
         seed=raw.seed,

@@ -114,6 +114,17 @@ class DataSpec(Section):
             raise ValueError("data.samples applies to source 'synthetic' only")
         return self
 
+    @field_validator("group_by", mode="before")
+    @classmethod
+    def _group_form(cls, value: Any) -> Any:
+        """``directory``, or ``{dataset: NAME}`` with a name."""
+        if value is None or value == "directory":
+            return value
+        name = value.get("dataset") if isinstance(value, dict) and set(value) == {"dataset"} else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"expected directory or {{dataset: NAME}}, got {shown(value)}")
+        return GroupBy(dataset=name)
+
     @model_validator(mode="after")
     def _group_source(self) -> "DataSpec":
         """`group_by: {dataset: NAME}` reads an HDF5 dataset; `directory`, an image folder's top level."""

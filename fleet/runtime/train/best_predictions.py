@@ -14,8 +14,10 @@ from fleet.runtime.context import RunContext
 
 def keeps_predictions(ctx: RunContext) -> bool:
     """Every model is validated on the same samples, unless partitioned data validates each
-    epoch on its own node's partition (`data.validation: local`): then none are kept."""
-    return not (ctx.spec.data.partitioned and ctx.spec.data.validation == "local")
+    epoch on its own node's partition (`data.validation: local`) or each model of grouped data
+    on its group's (`data.group_by`; ensembles per group are not built yet): then none are kept."""
+    data = ctx.spec.data
+    return not (data.partitioned and data.validation == "local") and data.group_by is None
 
 
 class BestPredictions:

@@ -407,7 +407,7 @@ class GroupTraining:
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
-            reason.value if reason else None, samples, self.costs.take_start_s(), cpu,
+            reason.value if reason else None, samples, self.costs.take_start_s(), cpu, len(val_y),
         )
         self.link.report(report, "an epoch report")
         return reason
