@@ -397,7 +397,7 @@ class GroupTraining:
         record = {
             "epoch": self.tracker.epochs, "train_loss": train_loss, "val_loss": metrics["loss"],
             "val_accuracy": metrics["accuracy"], "samples_per_s": compute_rate, "lr": lr, "epoch_s": epoch_s,
-            "samples": samples,
+            "samples": samples, "val_samples": len(val_y),
         }
         self.checkpoints.history.append(record)
         self.totals = EpochTotals()
