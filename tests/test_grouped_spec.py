@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 
 from conftest import REPO
 from fleet.errors import UserError
@@ -195,3 +196,28 @@ def test_rates_become_epoch_equivalent():
     scaled = epoch_equivalent(table, {"a-g0": 4.0})
     assert scaled.rate("a-g0", 2) == 720.0 and scaled.rate("a-g1", 1) == 100.0
     assert scaled.samples_per_epoch == 1000 and epoch_equivalent(table, {}) is table
+
+
+def test_an_image_folder_of_group_folders_gives_groups_and_the_union_of_classes(tmp_path):
+    root = tmp_path / "folders"
+    layout = {"berlin": {"cat": 3, "dog": 2}, "São Paulo": {"dog": 4, "eel": 1}}
+    for group, classes in layout.items():
+        for name, count in classes.items():
+            (root / group / name).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / group / name / f"{i}.png")
+    data = {"source": "imagefolder", "path": str(root), "image_size": 8, "group_by": "directory",
+            "min_group_samples": 1}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc(data, preprocess=["decode"], run_dir=str(tmp_path / "run"))))
+    spec = load_run_spec(path)
+    assert [(m.id, m.group) for m in spec.models] == [  # keys in sorted order: capitals first
+        ("small-s-o-paulo", "São Paulo"), ("small-berlin", "berlin"), ("wide-s-o-paulo", "São Paulo"),
+        ("wide-berlin", "berlin")]
+    with open_reader(spec.data) as reader:
+        assert reader.class_names == ["cat", "dog", "eel"] and reader.num_classes == 3
+        assert reader.group_keys() == ["São Paulo"] * 5 + ["berlin"] * 5
+        assert reader.labels.tolist() == [1, 1, 1, 1, 2, 0, 0, 0, 1, 1]
+    (root / "empty" / "cat").mkdir(parents=True)
+    with pytest.raises(UserError, match="empty: a group folder without images"):
+        load_run_spec(path)
