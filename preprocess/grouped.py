@@ -159,13 +159,44 @@ def group_split_seed(seed: int, key: str) -> int:
     return zlib.crc32(f"{seed}:{key}".encode()) & 0x7FFFFFFF
 
 
-def group_split(labels: np.ndarray, groups: np.ndarray, key: str, val_fraction: float, test_fraction: float,
-                seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(train, validation, test) data-set indices of group `key`'s samples: `split_three` of
-    the group's labels alone, stratified by label within the group."""
-    members = np.flatnonzero(groups == key)
+def group_members(groups: np.ndarray) -> dict[str, np.ndarray]:
+    """Each group key's sample indices (sorted), from every sample's key, in one pass."""
+    keys, inverse = np.unique(np.asarray(groups), return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse, minlength=len(keys)))[:-1]
+    return {str(key): members for key, members in zip(keys, np.split(order, bounds))}
+
+
+def split_members(labels: np.ndarray, members: np.ndarray, key: str, val_fraction: float, test_fraction: float,
+                  seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, validation, test) data-set indices of group `key`, whose samples are `members`:
+    `split_three` of the group's labels alone, stratified by label within the group."""
     if not len(members):
         raise UserError(f"data.group_by: no sample of group {key!r} (has the data set changed since the run began?)")
     train, val, test = split_three(np.asarray(labels)[members], val_fraction, test_fraction,
                                    group_split_seed(seed, key))
     return members[train], members[val], members[test]
+
+
+def group_split(labels: np.ndarray, groups: np.ndarray, key: str, val_fraction: float, test_fraction: float,
+                seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`split_members` of group `key` of `groups` (every sample's key)."""
+    members = np.flatnonzero(np.asarray(groups) == key)
+    return split_members(labels, members, key, val_fraction, test_fraction, seed)
+
+
+def epoch_scales(spec: Spec) -> dict[str, float]:
+    """Each model's whole-data epoch over its group's (N / n_g, training samples), read from
+    the data; {} without `data.group_by`. A planner's rates times it are epoch-equivalent."""
+    if spec.data.group_by is None:
+        return {}
+    data = spec.data
+    with open_reader(data, seed=spec.seed) as reader:
+        labels, members = reader.labels, group_members(sample_groups(reader, data))
+    whole = len(split_three(labels, data.val_fraction, data.test_fraction, spec.seed)[0])
+    sizes = {}
+    for key in {model.group for model in spec.models}:
+        train = split_members(labels, members.get(key, np.empty(0, np.int64)), key, data.val_fraction,
+                              data.test_fraction, spec.seed)[0]
+        sizes[key] = len(train)
+    return {model.id: whole / sizes[model.group] for model in spec.models}

@@ -12,13 +12,14 @@ from PIL import Image
 
 from conftest import REPO
 from fleet.errors import UserError
-from fleet.runtime.control.group_rates import epoch_equivalent
+from fleet.prediction import epoch_equivalent
 from fleet.runtime.control.setup import check_same_ensemble, prepare_run_dir
 from fleet.schedule import RateTable
 from fleet.schedule.rates import ModelProfile
 from fleet.spec import SpecError, parse_spec
 from fleet.spec.search import MAX_MODELS
 from preprocess.grouped import (
+    epoch_scales,
     expand_over_groups,
     expanded,
     group_split,
@@ -221,3 +222,16 @@ def test_an_image_folder_of_group_folders_gives_groups_and_the_union_of_classes(
     (root / "empty" / "cat").mkdir(parents=True)
     with pytest.raises(UserError, match="empty: a group folder without images"):
         load_run_spec(path)
+
+
+def test_epoch_scales_are_the_whole_data_epoch_over_each_group_s(grouped_h5):
+    spec = expanded(parse_spec(doc({"source": "hdf5", "path": str(grouped_h5), "image_size": 8,
+                                    "group_by": {"dataset": "groups"}, "min_group_samples": 1})))
+    with open_reader(spec.data) as reader:
+        keys, labels = np.asarray(reader.group_keys("groups")), reader.labels
+    whole = len(split_three(labels, 0.1, 0.0, 0)[0])
+    scales = epoch_scales(spec)
+    for model in spec.models:
+        assert scales[model.id] == whole / len(group_split(labels, keys, model.group, 0.1, 0.0, 0)[0])
+    assert min(scales.values()) > 1 and epoch_scales(configurations().model_copy(
+        update={"data": configurations().data.model_copy(update={"group_by": None})})) == {}

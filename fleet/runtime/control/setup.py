@@ -19,7 +19,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
-from fleet.prediction import candidates_for, costs_of, simulated_early_stop
+from fleet.prediction import candidates_for, costs_of, epoch_equivalent, simulated_early_stop
 from fleet.profiling.document import decode_limit, epochs_estimate, preprocessor_count, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import corrections, representatives
@@ -27,7 +27,6 @@ from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, writ
 from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.rates_source import (STEPS_FILE, emulated_epochs, estimated_profile, load_run_profile,
                                                 load_timed_steps)
-from fleet.runtime.control.group_rates import epoch_equivalent
 from fleet.runtime.control.rungs import ResumedRungs, start_early_stopping
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
