@@ -92,6 +92,8 @@ def test_auto_and_baseline_run_groups_and_an_ensemble_section_does_not():
     assert configurations().data.min_group_samples == 20  # the documented default
     with pytest.raises(SpecError, match="^ensemble: ensembles per group"):
         parse_spec(doc(ensemble={"size": 2}), check_paths=False)
+    with pytest.raises(SpecError, match="^scheduler.early_stop: rungs per group"):
+        parse_spec(doc(scheduler={"early_stop": {"method": "asha", "min_epochs": 1}}), check_paths=False)
 
 
 # -- expansion and ids ---------------------------------------------------------------------------
