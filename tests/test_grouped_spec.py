@@ -13,6 +13,7 @@ from PIL import Image
 from conftest import REPO
 from fleet.errors import UserError
 from fleet.prediction import epoch_equivalent
+from fleet.report.status import render, replay
 from fleet.runtime.control.setup import check_same_ensemble, prepare_run_dir
 from fleet.schedule import RateTable
 from fleet.schedule.rates import ModelProfile
@@ -237,3 +238,11 @@ def test_epoch_scales_are_the_whole_data_epoch_over_each_group_s(grouped_h5):
         assert scales[model.id] == whole / len(group_split(labels, keys, model.group, 0.1, 0.0, 0)[0])
     assert min(scales.values()) > 1 and epoch_scales(configurations().model_copy(
         update={"data": configurations().data.model_copy(update={"group_by": None})})) == {}
+
+
+def test_status_counts_the_groups_whose_every_model_converged():
+    groups = {"a-g0": "g0", "b-g0": "g0", "a-g1": "g1", "b-g1": "g1"}
+    events = [{"event": "converged", "model": m, "reason": "max_epochs"} for m in ("a-g0", "b-g0", "a-g1")]
+    job = replay(events, {m: 2 for m in groups}, groups)
+    assert ", 3/4 models converged, 1/2 groups done" in render(job, "run")[1]
+    assert "groups" not in render(replay(events, {m: 2 for m in groups}), "run")[1]
