@@ -22,22 +22,41 @@ from fleet.profiling.plan import needed_preprocessors
 from fleet.report.gantt import write_gantt
 from fleet.report.plan_text import render_plan
 from fleet.report.table import format_duration, format_table
-from fleet.schedule import lower_bounds, simulate, whole_epochs
+from fleet.schedule import RateTable, lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule.early_stop import rung_epochs
 from fleet.schedule.planners import HOPPING_POLICIES
+from fleet.schedule.rates import ModelProfile
 from fleet.schedule_io import load_profile, pilot_calibration, plan_document, profile_scenario, write_json
+from fleet.spec.checks import GROUPED_POLICIES
+from preprocess.grouped import epoch_scales
 from preprocess.partition import job_partitions
 
 POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
 CHECKPOINT_LATENCY_S = PREDICTION_COSTS.latency_s  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
 
 
+def epoch_equivalent(table: RateTable, scales: Mapping[str, float]) -> RateTable:
+    """`table` with each model's rates times its epoch scale (`scales`, 1 for a model not in
+    it): models of groups (`data.group_by`) train an epoch of their group's n_g samples, and the
+    planners, the ledger and the forecasts count every epoch as `samples_per_epoch` (N), so their
+    rates times N / n_g make an epoch last n_g / r. Profiles and measured rates stay in real
+    samples/s; the coordinator scales each measured rate before the driver hears it."""
+    if not scales:
+        return table
+    models = tuple(
+        ModelProfile(p.id, tuple(r * scales.get(p.id, 1.0) for r in p.rates), p.epochs, p.param_bytes, p.extra)
+        for p in table.models
+    )
+    return RateTable(models, table.gpus_per_node, table.samples_per_epoch, table.extra)
+
+
 def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None):
     """The run to predict: the spec's epochs (a model's `epochs` where given), decoding
     limited to what the spec's preprocessors were measured to decode (when the profile measured
-    it), partitioned data on its nodes (`gpus` must then fit them), and what the profile's
-    pilot run measured where it has one."""
+    it), partitioned data on its nodes (`gpus` must then fit them), models of groups at their
+    epoch-equivalent rates, and what the profile's pilot run measured where it has one."""
+    rates = epoch_equivalent(rates, epoch_scales(spec))
     estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
     per_node = spec.cluster.preprocessors_per_node
     scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node), spec)
@@ -62,7 +81,10 @@ def with_partitions(scenario, spec):
 
 
 def candidates_for(spec) -> tuple[str, ...]:
-    """The policies that can run the spec's data (``auto`` chooses among them)."""
+    """The policies that can run the spec's data (``auto`` chooses among them): on grouped
+    data, those that never share a stream between groups."""
+    if spec.data.group_by is not None:
+        return GROUPED_POLICIES
     return HOPPING_POLICIES if spec.data.partitioned else CANDIDATES
 
 
@@ -73,8 +95,8 @@ def predict(spec, scenario, policies=POLICIES, early: bool = True) -> dict:
     the spec's early stopping unless `early` is False (a scenario of the epochs models really
     trained)."""
     own = list(candidates_for(spec)) if spec.scheduler.policy == AUTO else [spec.scheduler.policy]
-    if spec.data.partitioned:
-        policies = [p for p in policies if p in HOPPING_POLICIES] or HOPPING_POLICIES
+    if spec.data.partitioned or spec.data.group_by is not None:
+        policies = [p for p in policies if p in candidates_for(spec)] or candidates_for(spec)
     return {name: simulate(spec.scheduler.create_policy(spec.seed, name), scenario, _prediction_costs(spec, scenario.rates),
                            early_stop=simulated_early_stop(spec) if early else None)
             for name in dict.fromkeys([*policies, *own])}

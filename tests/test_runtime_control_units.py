@@ -61,8 +61,9 @@ class RecordedMembership:
     def __init__(self, run_dir, ledger, preprocessors=(0,), trainer_of_gpu=None, epochs=3):
         ctx = SimpleNamespace(
             topology=OneNode(preprocessors, trainer_of_gpu or {g: g + len(preprocessors) for g in range(4)}),
-            run_dir=run_dir, epoch_limits={m: epochs for m in "abcd"}, spec=SimpleNamespace(seed=1),
-            train_idx=np.arange(80), chunk_samples=8,
+            run_dir=run_dir, epoch_limits={m: epochs for m in "abcd"},
+            spec=SimpleNamespace(seed=1, model=lambda model_id: SimpleNamespace(group=None)),
+            train_idx_of=lambda group: np.arange(80), chunk_samples=8,
         )
         self.sent, self.log = [], RecordingLog()
         self.account = RunAccount({m: ModelRecord(family="mlp", epochs=2) for m in "abcd"})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fleet.errors import UserError
 from fleet.runlock import RunLock
-from fleet.spec import load_spec
+from preprocess.grouped import load_run_spec
 
 
 def run_spec(run_dir: Path):
@@ -15,7 +15,7 @@ def run_spec(run_dir: Path):
     spec_file = run_dir / "spec.yaml"
     if not spec_file.is_file():
         raise UserError(f"{run_dir}: not a run directory (no spec.yaml): has a job started in it?")
-    return load_spec(spec_file, check_paths=False)
+    return load_run_spec(spec_file, check_paths=False)
 
 
 

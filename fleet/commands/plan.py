@@ -20,7 +20,7 @@ from fleet.errors import UserError
 from fleet.schedule.choice import AUTO, CANDIDATES, choose_policy
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
 from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
-from fleet.spec import load_spec
+from preprocess.grouped import load_run_spec
 
 DEFAULT_POLICY = "fleet-g"
 
@@ -88,7 +88,7 @@ class PolicyMaker:
     (``--spec``), else the default."""
 
     def __init__(self, args: argparse.Namespace):
-        self.spec = load_spec(args.spec, check_paths=False) if args.spec else None
+        self.spec = load_run_spec(args.spec, check_paths=False) if args.spec else None
         self.seed = args.seed if args.seed is not None else (self.spec.seed if self.spec else 0)
         self.spec_policy = self.spec.scheduler.policy if self.spec else DEFAULT_POLICY
 

@@ -22,7 +22,7 @@ from fleet.runtime.control.setup import check_partitions
 from fleet.runtime.launch.jobenv import read_job_env
 from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_command, start_here
 from fleet.runtime.rank import TrainOptions
-from fleet.spec import load_spec
+from preprocess.grouped import load_run_spec
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec, run_dir=args.run_dir)
+    spec = load_run_spec(args.spec, run_dir=args.run_dir)
     check_partitions(spec)
     command = mpiexec_command(spec, args.spec, launcher_for(find_mpiexec()), sys.executable, args.quiet, args.device)
     command[command.index("train")] = "profile"

@@ -21,7 +21,8 @@ from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.local import train_local
 from fleet.schedule_io import load_calibration
-from fleet.spec import SpecError, load_spec
+from fleet.spec import SpecError
+from preprocess.grouped import load_run_spec
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -41,13 +42,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec, run_dir=args.run_dir)
+    say = (lambda line: print(f"fleet: {line}")) if args.local else None  # else rank 0 says it
+    spec = load_run_spec(args.spec, run_dir=args.run_dir, say=say)
     check_partitions(spec)
     check_recorded_setting(spec.run_dir, spec.early_stop_settings())
     RunLock(spec.run_dir, "fleet run").check_free()
     if args.calibrate_from is not None:
         load_calibration(Path(args.calibrate_from), spec.cluster.device.value, required=True)
     if args.local:
+        if spec.data.group_by is not None:
+            raise SpecError("data.group_by: fleet run --local trains on the whole data; models of groups need the "
+                            "MPI run (leave out --local)")
         if spec.early_stop_settings().method != "none":
             raise SpecError("scheduler.early_stop: fleet run --local trains every model to its end, one after "
                             "another (the reference); early stopping needs the MPI run (leave out --local)")

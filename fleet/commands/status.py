@@ -33,9 +33,10 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     spec = run_spec(run_dir)
     max_epochs = {m.id: m.train.max_epochs for m in spec.models}
+    groups = {m.id: m.group for m in spec.models if m.group is not None}
     slot = SLOT_NAMES.get(spec.cluster.device.value, "GPU")
     while True:
-        job = replay(read_events(run_dir / "events.jsonl"), max_epochs)
+        job = replay(read_events(run_dir / "events.jsonl"), max_epochs, groups)
         running, headline = job_state(run_dir, job)
         print("\n".join(render(job, headline, slot)), flush=True)
         if not args.watch or not running:

@@ -14,7 +14,7 @@ from fleet.commands._args import CALIBRATE_HELP, one_of, positive_int
 from fleet.prediction import preprocessors_for
 from fleet.runtime.control.setup import check_partitions, check_same_ensemble
 from fleet.schedule_io import load_calibration, load_profile
-from fleet.spec import load_spec
+from preprocess.grouped import load_run_spec
 
 SCHEDULERS = ("slurm", "lsf")
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     system = BatchSystem(args.scheduler)
     if not args.dry_run:
         require_submitter(system)
-    spec = load_spec(args.spec, run_dir=args.run_dir)
+    spec = load_run_spec(args.spec, run_dir=args.run_dir, say=lambda line: print(f"fleet: {line}"))
     check_partitions(spec)
     preprocessors = args.preprocessors
     if preprocessors is None and spec.cluster.preprocessors_per_node == "auto":

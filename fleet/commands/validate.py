@@ -8,7 +8,7 @@ import sys
 
 from fleet.inspect import describe_ensemble
 from fleet.report.table import format_table, human
-from fleet.spec import load_spec
+from preprocess.grouped import load_run_spec
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec)
+    spec = load_run_spec(args.spec, say=lambda line: print(f"fleet: {line}", file=sys.stderr if args.json else sys.stdout))
     summary = describe_ensemble(spec)
     for notice in summary.notices:  # on stderr with --json, which keeps stdout JSON
         print(f"fleet: {notice}", file=sys.stderr if args.json else sys.stdout)

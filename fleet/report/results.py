@@ -51,6 +51,7 @@ class RunResult:
     policy_choice: dict = field(default_factory=dict)  # policy auto: chosen, predicted_makespan_s per candidate
     early_stop: dict = field(default_factory=dict)  # the run's early-stopping setting; {} without early stopping
     prediction: dict = field(default_factory=dict)  # the run's forecast of itself beside what it measured; {}: none
+    groups: dict = field(default_factory=dict)  # data.group_by: each model's id -> its group's raw key; {}: none
 
     @classmethod
     def from_dict(cls, doc: Mapping) -> RunResult:

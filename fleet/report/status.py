@@ -45,6 +45,7 @@ class JobStatus:
     epochs_this_job: int = 0
     early_stop: dict = field(default_factory=dict)  # the current job's setting; {} without early stopping
     rungs: dict[int, dict[str, str]] = field(default_factory=dict)  # rung epochs -> model -> its standing verdict
+    groups: dict[str, str] = field(default_factory=dict)  # data.group_by: model -> its group's key; {} without
 
     @property
     def stops_early(self) -> bool:
@@ -110,9 +111,11 @@ def _on_rung(job: JobStatus, model: ModelStatus, event: Mapping) -> None:
         model.state, model.rung = "training" if model.gpus else "waiting", None
 
 
-def replay(events: Iterable[Mapping], max_epochs: Mapping[str, int]) -> JobStatus:
-    """Each model's state and the job's progress after `events` (in log order)."""
-    job = JobStatus({m: ModelStatus(m, limit) for m, limit in max_epochs.items()})
+def replay(events: Iterable[Mapping], max_epochs: Mapping[str, int],
+           groups: Mapping[str, str] | None = None) -> JobStatus:
+    """Each model's state and the job's progress after `events` (in log order); `groups`:
+    each model's group with `data.group_by`."""
+    job = JobStatus({m: ModelStatus(m, limit) for m, limit in max_epochs.items()}, groups=dict(groups or {}))
     for event in events:
         _on_event(job, event)
     return job
@@ -163,12 +166,21 @@ def _early_counts(job: JobStatus) -> str:
     return f" ({stopped} stopped by early stopping), {held} held at a rung"
 
 
+def _group_counts(job: JobStatus) -> str:
+    """With groups: how many groups have every model converged."""
+    if not job.groups:
+        return ""
+    open_groups = {job.groups[m] for m, status in job.models.items() if status.state != "converged"}
+    every = set(job.groups.values())
+    return f", {len(every - open_groups)}/{len(every)} groups done"
+
+
 def render(job: JobStatus, headline: str, slot: str = "GPU") -> list[str]:
     """The lines of `fleet status`: a headline, the progress, one row per model."""
     converged = sum(m.state == "converged" for m in job.models.values())
     lines = [headline,
              f"{job.epochs_done}/{job.epochs_at_most} epochs (at most: stop rules end models early), "
-             f"{converged}/{len(job.models)} models converged" + _early_counts(job)
+             f"{converged}/{len(job.models)} models converged" + _group_counts(job) + _early_counts(job)
              + (f", round {job.round}" if job.round is not None else "")]
     order = {"training": 0, "checkpointed": 1, "held": 2, "waiting": 3, "converged": 4}
     rows = [

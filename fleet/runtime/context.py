@@ -6,12 +6,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fleet.inspect import input_shape, num_classes
 from fleet.spec import Spec
+from preprocess.grouped import group_members, sample_groups, split_members
 from preprocess.partition import job_partitions
 from preprocess.readers import open_reader
 from preprocess.split import split_three
@@ -22,6 +24,48 @@ if TYPE_CHECKING:
     from fleet.runtime.control.setup import RunPlan
     from fleet.runtime.data.layouts import RegroupBox
     from fleet.runtime.data.stream import StreamThread
+
+
+class GroupSplits:
+    """Grouped data (`data.group_by`) on one rank: each group's own split, made once, and its
+    validation and test sets, decoded once where first needed (a master keeps the sets of the
+    groups its models trained on).
+
+    Args:
+        spec: the run's spec (its data section and seed).
+        reader: the rank's data set.
+        decode: indices -> (samples through the eval transforms, labels).
+        count_validation: told how many validation samples each decoding decoded.
+    """
+
+    def __init__(self, spec: Spec, reader, decode: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+                 count_validation: Callable[[int], None]):
+        self.spec, self.reader, self.decode, self.count_validation = spec, reader, decode, count_validation
+        self._splits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._sets: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    @cached_property
+    def members(self) -> dict[str, np.ndarray]:
+        """Each group's sample indices, from every sample's key."""
+        return group_members(sample_groups(self.reader, self.spec.data))
+
+    def split(self, group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(train, validation, test) indices of `group`'s samples."""
+        if group not in self._splits:
+            data = self.spec.data
+            members = self.members.get(group, np.empty(0, np.int64))
+            self._splits[group] = split_members(self.reader.labels, members, group, data.val_fraction,
+                                                data.test_fraction, self.spec.seed)
+        return self._splits[group]
+
+    def decoded(self, group: str, part: int) -> tuple[np.ndarray, np.ndarray]:
+        """Part `part` (1: validation, 2: test) of `group`'s split, decoded once."""
+        if (group, part) not in self._sets:
+            indices = self.split(group)[part]
+            if part == 1:
+                self.count_validation(len(indices))
+            self._sets[group, part] = self.decode(indices)
+        return self._sets[group, part]
 
 
 @dataclass
@@ -138,6 +182,26 @@ class RunContext:
         data = self.spec.data
         return split_three(reader.labels, data.val_fraction, data.test_fraction, self.spec.seed)
 
+    @cached_property
+    def groups(self) -> GroupSplits:
+        """Grouped data's splits and sets on this rank (`data.group_by`)."""
+        return GroupSplits(self.spec, self.reader, lambda indices: self._decoded(self.reader, indices),
+                           self._count_val_decoded)
+
+    def split_for(self, group: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(train, validation, test) indices of group `group` (None: of the whole data, `split`)."""
+        return self.split if group is None else self.groups.split(group)
+
+    def train_idx_of(self, group: str | None) -> np.ndarray:
+        """The training samples of `group` (None: of the whole data): one epoch of its models."""
+        return self.split_for(group)[0]
+
+    def epoch_scale(self, model_id: str) -> float:
+        """The whole data's epoch over `model_id`'s own (N / n_g): a rate in its samples/s times
+        this is the rate in the planners' epoch-equivalent samples/s (1 without groups)."""
+        group = self.spec.model(model_id).group
+        return 1.0 if group is None else self.epoch_samples / len(self.train_idx_of(group))
+
     @property
     def train_idx(self) -> np.ndarray:
         return self.split[0]
@@ -197,6 +261,26 @@ class RunContext:
         if not len(test_idx):
             return None
         return self._decoded(self.reader, test_idx)
+
+    def validation_of(self, group: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """The validation set of `group`'s models (`validation` for None), decoded once per
+        process where first needed."""
+        return self.validation if group is None else self.groups.decoded(group, 1)
+
+    def test_of(self, group: str | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The test set of `group`'s models (`test` for None); None without one."""
+        if group is None:
+            return self.test
+        return self.groups.decoded(group, 2) if len(self.split_for(group)[2]) else None
+
+    def epoch_scales(self) -> dict[str, float]:
+        """Every model's `epoch_scale` with grouped data ({} without)."""
+        if self.spec.data.group_by is None:
+            return {}
+        return {model.id: self.epoch_scale(model.id) for model in self.spec.models}
+
+    def _count_val_decoded(self, count: int) -> None:
+        self.val_decoded += count
 
     def _decoded_validation(self, reader) -> tuple[np.ndarray, np.ndarray]:
         val_idx = self.split_of(reader)[1]

@@ -60,14 +60,16 @@ class StreamLayout:
 
 @dataclass(frozen=True)
 class StreamSource:
-    """What a stream decodes: the order of samples, the chunk size, the base epoch key, and
-    with partitioned data the partition it visits (its members train one pass over it)."""
+    """What a stream decodes: the order of samples, the chunk size, the base epoch key, with
+    partitioned data the partition it visits (its members train one pass over it), and with
+    grouped data the group its members train on (an epoch is that group's training samples)."""
 
     seed: int
     salt: int
     base_epoch: int
     chunk_samples: int
     partition: int | None = None
+    group: str | None = None  # `data.group_by`: the group whose training samples it decodes
 
 
 # ---------------------------------------------------------------- commands
@@ -173,6 +175,7 @@ class EpochReport:
     samples: int = 0  # the epoch's samples, resumed part included
     start_s: float = 0.0  # the member's start, from its StartMember to its first batch (first report only)
     cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # the group's CPU seconds in steps, in all, samples trained
+    val_samples: int = 0  # the samples it was validated on (its group's, with data.group_by)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ from fleet.runtime.train.trainer import TrainerLoop
 from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_object, busy_polling_fits, polling_threads,
                                    recv_object, send_object, use_busy_polling, wait_requests)
 from fleet.schedule.choice import reconsider
-from fleet.spec import Device, load_spec
+from fleet.spec import Device
+from preprocess.grouped import load_run_spec
 from preprocess.readers import class_notices
 
 
@@ -88,7 +89,7 @@ def start(world: Any, who: RankIdentity, options: TrainOptions, started: dict) -
     Raises:
         SpecError, TopologyError, LaunchMismatch, SameOnEveryRank: what every rank meets alike.
     """
-    spec = load_spec(options.spec_path, run_dir=options.run_dir)
+    spec = load_run_spec(options.spec_path, run_dir=options.run_dir, say=_said if world.rank == 0 else None)
     partitions = check_partitions(spec)
     if options.device:
         spec = with_device(spec, options.device)
@@ -220,6 +221,11 @@ def _write_ranks(ctx, run_dir: Path) -> None:
     atomic_write_json(run_dir / RANKS_FILE, {"ranks": ranks})
 
 
+def _said(line: str) -> None:
+    """A line of rank 0's to the job's console."""
+    print(f"fleet: {line}", flush=True)
+
+
 def _say_data_notices(ctx) -> None:
     """Rank 0 (once for the job): what the data set's reader says of its classes."""
     for notice in class_notices(ctx.reader):
@@ -329,7 +335,7 @@ def _rank0_setup(ctx) -> dict | str:
     """The plan on rank 0; a user error becomes its message for every rank."""
     try:
         plan = plan_run(ctx.spec, Path(ctx.run_dir), ctx.epoch_samples, ctx.partitions, ctx.calibrate_from,
-                        job_cores_per_node(ctx))
+                        job_cores_per_node(ctx), ctx.epoch_scales())
     except UserError as exc:
         return str(exc)
     ctx.plan = plan

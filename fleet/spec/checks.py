@@ -155,6 +155,39 @@ def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
                         "policy)")
 
 
+GROUPED_POLICIES = ("baseline",)
+"""The policies that may train models of groups (`data.group_by`): each model its own stream
+that its own trainer decodes, so no stream ever holds two groups' samples (``auto`` chooses
+among these)."""
+
+
+def check_groups(data: DataSpec, models: tuple[ModelSpec, ...], entries: tuple[int, ...]) -> None:
+    """A model's `group` (as a resolved spec writes them) needs `data.group_by`, and either
+    every model names its group or none does (the configurations are then expanded over the
+    groups when the data is read)."""
+    grouped = [(model, entry) for model, entry in zip(models, entries) if model.group is not None]
+    if grouped and data.group_by is None:
+        raise SpecError(f"models[{grouped[0][1]}].group: {grouped[0][0].group!r} needs data.group_by")
+    if grouped and len(grouped) < len(models):
+        entry = next(e for m, e in zip(models, entries) if m.group is None)
+        raise SpecError(f"models[{entry}].group: missing; every model names its group or none does (then each "
+                        "configuration is trained on every group of data.group_by)")
+
+
+def check_grouped_policy(data: DataSpec, scheduler: SchedulerSpec, ensemble: bool = False) -> None:
+    """Models of groups run only under a policy that never puts two groups in one stream, and
+    without an `ensemble` section or early stopping (per group, neither is built yet)."""
+    if data.group_by is not None and ensemble:
+        raise SpecError("ensemble: ensembles per group (data.group_by) are not built yet; leave the section out")
+    early = scheduler.early_stop
+    if data.group_by is not None and early is not None and early.method != "none":
+        raise SpecError("scheduler.early_stop: rungs per group (data.group_by) are not built yet; early stopping "
+                        "would compare models of different groups: leave it out")
+    if data.group_by is not None and scheduler.policy not in (*GROUPED_POLICIES, "auto"):
+        raise SpecError(f"scheduler.policy: {scheduler.policy!r} may share a stream between models of different "
+                        f"groups; with data.group_by use {', '.join(GROUPED_POLICIES)} or auto")
+
+
 def _check_one_metric(metric: StopMetric, given: bool, models: tuple[ModelSpec, ...], entries: tuple[int, ...]) -> None:
     """Every model stops on `metric` (`given`: written as `scheduler.early_stop.metric`)."""
     for model, entry in zip(models, entries):

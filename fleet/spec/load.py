@@ -15,6 +15,8 @@ from fleet.spec.checks import (
     check_data,
     check_data_path,
     check_early_stop,
+    check_groups,
+    check_grouped_policy,
     check_hopping,
     check_models,
     check_pipeline,
@@ -123,7 +125,8 @@ class Spec(Section):
         doc = self.model_dump(mode="json", by_alias=True, exclude={"models"})
         doc["models"] = [
             {"name": m.id, "family": m.family, "params": m.params, "train": m.train.model_dump(mode="json"),
-             **({"framework": m.framework} if m.framework != self.framework else {})}
+             **({"framework": m.framework} if m.framework != self.framework else {}),
+             **({"group": m.group} if m.group is not None else {})}
             for m in self.models
         ]
         return doc
@@ -212,6 +215,7 @@ def expand_models(
                     train=_model_train(entry, i, train, train_drawn),
                     seed=model_seed(seed, model_id),
                     framework=entry.framework or framework,
+                    group=entry.group,
                 )
             )
     return tuple(out), tuple(origins)
@@ -235,8 +239,10 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     train = validate(TrainSpec, raw.train, ("train",))
     models, entries = expand_models(raw.models, train, raw.seed, raw.framework)
     check_models(data, train, models, entries)
+    check_groups(data, models, entries)
     scheduler = check_early_stop(validate(SchedulerSpec, raw.scheduler, ("scheduler",)), models, entries)
     check_hopping(data, scheduler)
+    check_grouped_policy(data, scheduler, raw.ensemble is not None)
     return Spec(
         name=raw.name,
         seed=raw.seed,

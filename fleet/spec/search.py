@@ -83,6 +83,7 @@ class ModelEntry(Section):
     search: dict[str, Dimension] = {}
     samples: PositiveInt = 1
     train: dict[str, Any] = {}
+    group: str | None = None  # a resolved spec's model of one group (`data.group_by`)
 
     _framework = field_validator("framework")(lambda cls, v: check_framework(v))
 
@@ -125,6 +126,8 @@ class ModelSpec(Section):
     train: TrainSpec
     seed: int
     framework: str = DEFAULT_FRAMEWORK
+    group: str | None = None
+    """With `data.group_by`: the raw key of the group it trains and validates on (None: all data)."""
 
     _framework = field_validator("framework")(lambda cls, v: check_framework(v))
 

@@ -64,6 +64,16 @@ def _size_pair(value: Any) -> tuple[int, int]:
     return pair
 
 
+MIN_GROUP_SAMPLES = 20
+"""`data.min_group_samples`' default: a smaller group is skipped (too few to split and train)."""
+
+
+class GroupBy(Section):
+    """`data.group_by: {dataset: NAME}`: each sample's group key, from the HDF5 dataset NAME."""
+
+    dataset: str = Field(min_length=1)
+
+
 class DataSpec(Section):
     """Where the samples come from and what the models see (`image_size` x `channels`)."""
 
@@ -78,6 +88,8 @@ class DataSpec(Section):
     test_fraction: float = Field(0.0, ge=0.0, lt=0.5)
     partitioned: bool = False
     validation: Literal["all", "local"] = "all"
+    group_by: GroupBy | Literal["directory"] | None = None
+    min_group_samples: PositiveInt = MIN_GROUP_SAMPLES
 
     @field_validator("image_size", mode="before")
     @classmethod
@@ -100,6 +112,28 @@ class DataSpec(Section):
             raise ValueError(f"source {self.source.value!r} takes no path (got {self.path!r})")
         if self.samples is not None and self.source is not Source.SYNTHETIC:
             raise ValueError("data.samples applies to source 'synthetic' only")
+        return self
+
+    @field_validator("group_by", mode="before")
+    @classmethod
+    def _group_form(cls, value: Any) -> Any:
+        """``directory``, or ``{dataset: NAME}`` with a name."""
+        if value is None or value == "directory":
+            return value
+        name = value.get("dataset") if isinstance(value, dict) and set(value) == {"dataset"} else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"expected directory or {{dataset: NAME}}, got {shown(value)}")
+        return GroupBy(dataset=name)
+
+    @model_validator(mode="after")
+    def _group_source(self) -> "DataSpec":
+        """`group_by: {dataset: NAME}` reads an HDF5 dataset; `directory`, an image folder's top level."""
+        wanted = {None: None, "directory": Source.IMAGEFOLDER}.get(self.group_by, Source.HDF5)  # type: ignore[arg-type]
+        if wanted is not None and self.source is not wanted:
+            form = "directory" if self.group_by == "directory" else "{dataset: NAME}"
+            raise field_error("group_by", f"{form} needs source {wanted.value!r}, got {self.source.value!r}")
+        if self.group_by is not None and self.partitioned:
+            raise field_error("group_by", "not supported with partitioned data (data.partitioned: true) yet")
         return self
 
     def defaults_filled(self) -> "DataSpec":

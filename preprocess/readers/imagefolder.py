@@ -93,6 +93,40 @@ class ImageFolderReader(Reader):
         return RawBatch(items=[_read_bytes(name) for name in names], labels=self._labels[idx], names=names)
 
 
+class GroupedImageFolderReader(ImageFolderReader):
+    """Reads ``root/<group>/<class folder>/<image>`` (`data.group_by: directory`).
+
+    The classes are the sorted union of every group's class-folder names (a group may lack
+    some); samples come group by group in sorted order, each group's as `ImageFolderReader`'s.
+    """
+
+    def __init__(self, root: str | os.PathLike, declared_classes: int | None = None):
+        self.root = Path(root)
+        groups = class_folders(self.root)
+        if not groups:
+            raise UserError(f"{self.root}: no group folders (data.group_by: directory reads root/<group>/<class>/...)")
+        by_group = {group.name: class_folders(group) for group in groups}
+        names = sorted({folder.name for folders in by_group.values() for folder in folders})
+        check_declared_classes(declared_classes, len(names), str(self.root), "class folders over the groups")
+        label_of = {name: label for label, name in enumerate(names)}
+        files, labels, keys = [], [], []
+        for group, folders in by_group.items():
+            before = len(files)
+            for folder in folders:
+                found = image_files(folder)
+                files += found
+                labels += [label_of[folder.name]] * len(found)
+                keys += [group] * len(found)
+            if len(files) == before:
+                raise UserError(f"{self.root / group}: a group folder without images (root/<group>/<class>/*.jpg)")
+        self._names, self._files, self._keys = names, files, keys
+        self._labels = np.asarray(labels, dtype=np.int64)
+
+    def group_keys(self, name: str | None = None, required: bool = True) -> list[str]:
+        """Every sample's group: the folder it lies under (`name` is not read)."""
+        return list(self._keys)
+
+
 def _read_bytes(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -102,8 +136,10 @@ def _read_bytes(path: str) -> bytes:
 
 
 def open_imagefolder(data, seed: int) -> Reader:
-    """The registry's opener: the folder at the spec's ``data.path``."""
-    return ImageFolderReader(data_path(data), data.classes)
+    """The registry's opener: the folder at the spec's ``data.path`` (of group folders with
+    ``data.group_by: directory``)."""
+    kind = GroupedImageFolderReader if data.group_by == "directory" else ImageFolderReader
+    return kind(data_path(data), data.classes)
 
 
 ENTRY = ReaderEntry(open_imagefolder)

@@ -188,17 +188,18 @@ class Coordinator:
                            report.samples_per_s, report.stream_samples_per_s)
         self.log.write("epoch", **report.__dict__)
         self._board_epoch(report)
-        self.driver.rate_measured(report.model, report.samples_per_s)
+        planned_rate = report.samples_per_s * self.ctx.epoch_scale(report.model)  # grouped: epoch-equivalent
+        self.driver.rate_measured(report.model, planned_rate)
         if report.stop_reason is None and self.visits is not None:
             self.epoch_metrics[report.model] = self._stop_metric(report)  # the epoch ends with the hop
             return
         if report.stop_reason is None:
-            self.driver.epoch_completed(report.model, report.epoch, report.samples_per_s, self._stop_metric(report))
+            self.driver.epoch_completed(report.model, report.epoch, planned_rate, self._stop_metric(report))
             return
         self.membership.leave(self.ledger.model(report.model).stream, report.model)
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
-        self.driver.converged(report.model, report.epoch, report.samples_per_s)
+        self.driver.converged(report.model, report.epoch, planned_rate)
 
     def _stop_metric(self, report: EpochReport) -> float | None:
         """The model's stop-rule metric after the epoch, lower is better (for the forecasts)."""

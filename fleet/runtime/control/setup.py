@@ -8,7 +8,7 @@ PAUSED with their epochs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
-from fleet.prediction import costs_of, simulated_early_stop
+from fleet.prediction import candidates_for, costs_of, epoch_equivalent, simulated_early_stop
 from fleet.profiling.document import decode_limit, epochs_estimate, preprocessor_count, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import corrections, representatives
@@ -32,14 +32,14 @@ from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.calibration import Calibration
-from fleet.schedule.choice import (AUTO, CANDIDATES, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
+from fleet.schedule.choice import (AUTO, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
                                    switch_targets)
 from fleet.schedule.cores import SharedCores
 from fleet.schedule.costs import Overheads
 from fleet.schedule.early_stop import EarlyStopping, Verdict
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
-from fleet.schedule.planners import HOPPING_POLICIES, policy_class
+from fleet.schedule.planners import policy_class
 from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForecast, forecast_run
 from fleet.schedule.rates import is_positive_number
 from fleet.schedule_io import load_calibration, load_profile, pilot_calibration
@@ -274,7 +274,7 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
     """The policy to run and, for `policy: auto`, the choice: the candidate predicted to finish
     the models still to train first (from where the checkpointed ones stand); on partitioned
     data, among the hopping policies."""
-    candidates = CANDIDATES if ledger.partitions is None else HOPPING_POLICIES
+    candidates = candidates_for(spec)
     if spec.scheduler.policy != AUTO:
         return policy_for(spec), None
     if not todo.models:
@@ -320,7 +320,7 @@ def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
     change the ranking: its candidates, except those that decode each model in its own trainer
     unless it started with one (those decoders start with the job); none on partitioned data
     (visits are re-planned at every hop anyway) or for a policy the spec named."""
-    if plan.choice is None or plan.ledger.partitions is not None:
+    if plan.choice is None or plan.ledger.partitions is not None or spec.data.group_by is not None:
         return ()
     return switch_targets(plan.policy)
 
@@ -335,16 +335,19 @@ def _resumed_epochs(ledger: Ledger, model: str, epochs_done: dict[str, int]) -> 
 
 
 def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Partitions | None = None,
-             calibrate_from: str | None = None, cores: float | None = None) -> RunPlan:
+             calibrate_from: str | None = None, cores: float | None = None,
+             epoch_scales: Mapping[str, float] | None = None) -> RunPlan:
     """Rates, policy and books for the models still to train (`partitions`: where partitioned
     data lives; each resumed model's checkpoint says which it visited in its epoch), predicted
     and planned with what an earlier run measured (`calibrate_from`, else this run directory's
     own earlier job where it left its measures); `cores`: one node's, where no profile says
-    (default: this process's)."""
+    (default: this process's); `epoch_scales`: grouped data's models' N / n_g, by which their
+    rates become epoch-equivalent (`group_rates`)."""
     rates, source = rate_table(spec, run_dir, samples_per_epoch)
     calibration = run_calibration(spec, run_dir, calibrate_from, rates)
     if calibration is not None:
         rates, source = calibration.rates_for(rates), f"{source}, calibrated by {calibration.source}"
+    rates = epoch_equivalent(rates, epoch_scales or {})
     store = CheckpointStore(run_dir)
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
@@ -370,7 +373,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
                     decode_rate=decode_rate, partitions=partitions, visited=visited,
                     held=rungs.held if rungs else ())
     policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger, basis)
-    candidates = HOPPING_POLICIES if partitions is not None else CANDIDATES
+    candidates = candidates_for(spec)
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
     plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
                    rungs.early if rungs else None, basis=basis)
@@ -471,11 +474,17 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
         prediction=prediction_record(plan, makespan, coordinator.interrupted, account.measured_costs(makespan)),
+        groups=model_groups(spec),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", rounds)
     return result
+
+
+def model_groups(spec: Spec) -> dict[str, str]:
+    """results.json's ``groups``: each model's id and the raw key of its group ({} without groups)."""
+    return {m.id: m.group for m in spec.models if m.group is not None}
 
 
 def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict) -> dict:
@@ -521,6 +530,7 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
             record.stopped_early(event.get("rung"))
     models = [model_result(m.id, records[m.id], m.train.stop.metric.value) for m in spec.models]
     result = RunResult(name=spec.name, policy=policy, gpus=spec.cluster.gpus, makespan_s=0.0,
-                       rounds=0, samples_decoded=0, overhead_s={}, models=models, interrupted=True)
+                       rounds=0, samples_decoded=0, overhead_s={}, models=models, interrupted=True,
+                       groups=model_groups(spec))
     write_results(run_dir, result)
     return result

@@ -23,8 +23,24 @@ from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import StartMember, StartStream, StreamLayout, StreamSource, Tag
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule.ledger import Ledger
+from fleet.spec import Spec
 
 Send = Callable[[Any, int, int], None]  # (command, rank, tag)
+
+
+def stream_group(spec: Spec, models: list[str], expected: str | None = None) -> str | None:
+    """The one group of data `models` train on (None without `data.group_by`); `expected`:
+    the group of the stream they join.
+
+    Raises:
+        RuntimeError: a plan put models of two groups in one stream (the spec lets only
+            policies run grouped models that never do).
+    """
+    groups = {spec.model(m).group for m in models}
+    if len(groups) > 1 or (expected is not None and groups != {expected}):
+        raise RuntimeError(f"models {', '.join(models)} would share a stream across groups "
+                           f"({', '.join(sorted(map(str, groups | {expected} - {None})))})")
+    return groups.pop()
 
 
 class StreamStarter:
@@ -81,6 +97,7 @@ class StreamStarter:
 
     def start_group(self, live: LiveStream, group: Group, first_chunk: int) -> None:
         """`StartMember` to every rank of `group`, which takes stream `live` from `first_chunk`."""
+        stream_group(self.ctx.spec, [group.model], live.source.group)
         live.groups.setdefault(group.model, group)
         resume = self.store.latest_info(group.model) is not None
         limit = self.ctx.epoch_limits.get(group.model)
@@ -104,12 +121,14 @@ class StreamStarter:
         info = self.store.latest_info(model)
         epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)
         limit = self.ctx.epoch_limits.get(model) or self.ctx.spec.model(model).train.max_epochs
-        return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx), source.chunk_samples)
+        return resumed_end_chunk(first_chunk, limit, epochs, done, len(self.ctx.train_idx_of(source.group)),
+                                 source.chunk_samples)
 
     def _source(self, models: list[str], partition: int | None = None) -> StreamSource:
         base = min(self.ledger.model(m).epochs_done for m in models)
         salt = zlib.crc32(",".join(sorted(models)).encode()) & 0x7FFFFFFF
-        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples, partition)
+        return StreamSource(self.ctx.spec.seed, salt, base, self.ctx.chunk_samples, partition,
+                            stream_group(self.ctx.spec, models))
 
     def _nodes_of(self, partition: int) -> list[int]:
         per = self.ctx.partitions.nodes_each

@@ -256,7 +256,7 @@ class PreprocessorLoop:
         if command.source.partition != self.ctx.partition:
             raise RuntimeError(f"stream {command.layout.stream} visits partition {command.source.partition}, and this "
                                f"preprocessor's node holds partition {self.ctx.partition}")
-        order = StreamOrder(self.ctx.train_idx, command.source)
+        order = StreamOrder(self.ctx.train_idx_of(command.source.group), command.source)
         chunks = ChunkLayout(command.source.chunk_samples, self.ctx.input_shape)
         window = max(1, min(self.window_total // max(1, len(self.streams) + 1),  # this rank's Qp, shared
                             -(-self.window_total // len(command.layout.preprocessors))))  # the stream's Qp, shared

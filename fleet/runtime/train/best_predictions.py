@@ -14,8 +14,10 @@ from fleet.runtime.context import RunContext
 
 def keeps_predictions(ctx: RunContext) -> bool:
     """Every model is validated on the same samples, unless partitioned data validates each
-    epoch on its own node's partition (`data.validation: local`): then none are kept."""
-    return not (ctx.spec.data.partitioned and ctx.spec.data.validation == "local")
+    epoch on its own node's partition (`data.validation: local`) or each model of grouped data
+    on its group's (`data.group_by`; ensembles per group are not built yet): then none are kept."""
+    data = ctx.spec.data
+    return not (data.partitioned and data.validation == "local") and data.group_by is None
 
 
 class BestPredictions:
@@ -42,10 +44,10 @@ class BestPredictions:
         if not improves(values[-1], values[:-1], metric):
             return
         run_dir = self.ctx.run_dir
-        val_labels = self.ctx.validation[1]
+        val_labels = self.ctx.validation_of(self.model.group)[1]
         write_labels(run_dir, VALIDATION, val_labels)
         kept = {VALIDATION: probabilities}
-        test = self.ctx.test
+        test = self.ctx.test_of(self.model.group)
         if test is not None:
             kept[TEST] = engine.predict(test[0])
             write_labels(run_dir, TEST, test[1])

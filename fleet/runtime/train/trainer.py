@@ -217,7 +217,8 @@ class GroupTraining:
         qt = SampleQueue(self.ctx.spec.runtime.qt_samples, f"Qt of {self.model.id}")
         share_comm = self.group_comm.Dup()
         if self.is_master:  # a visit passes once over its partition, from its start
-            clock = MemberClock(len(self.ctx.train_idx), 0 if self.visit else self.totals.samples)
+            clock = MemberClock(len(self.ctx.train_idx_of(self.start.source.group)),
+                                0 if self.visit else self.totals.samples)
             stream: StreamThread = MasterStream(self.ctx, self.start, share_comm, qt, clock)
         else:
             stream = WorkerShares(self.ctx, self.start, share_comm, qt)
@@ -268,7 +269,8 @@ class GroupTraining:
         if end is None or self.visit is not None:  # a visit's end is one pass, whatever it resumed from
             return
         need = resumed_end_chunk(self.start.first_chunk, self.tracker.max_epochs, self.tracker.epochs,
-                                 self.totals.samples, len(self.ctx.train_idx), self.start.source.chunk_samples)
+                                 self.totals.samples, len(self.ctx.train_idx_of(self.start.source.group)),
+                                 self.start.source.chunk_samples)
         if need > end:
             self.link.report(EndNeeded(self.model.id, self.start.layout.stream, need), "a stream-end claim")
 
@@ -386,7 +388,7 @@ class GroupTraining:
 
     def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr, cpu) -> StopReason | None:
         compute_rate, consumed = rates  # samples/s computed, and taken from the stream
-        val_x, val_y = self.ctx.validation
+        val_x, val_y = self.ctx.validation_of(self.model.group)
         metrics, probabilities = self.engine.evaluate_with_probabilities(val_x, val_y)
         self.engine.end_epoch()
         reason = self.tracker.update(
@@ -395,7 +397,7 @@ class GroupTraining:
         record = {
             "epoch": self.tracker.epochs, "train_loss": train_loss, "val_loss": metrics["loss"],
             "val_accuracy": metrics["accuracy"], "samples_per_s": compute_rate, "lr": lr, "epoch_s": epoch_s,
-            "samples": samples,
+            "samples": samples, "val_samples": len(val_y),
         }
         self.checkpoints.history.append(record)
         self.totals = EpochTotals()
@@ -405,7 +407,7 @@ class GroupTraining:
         report = EpochReport(
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
-            reason.value if reason else None, samples, self.costs.take_start_s(), cpu,
+            reason.value if reason else None, samples, self.costs.take_start_s(), cpu, len(val_y),
         )
         self.link.report(report, "an epoch report")
         return reason
