@@ -26,7 +26,7 @@ from fleet.schedule import RateTable, lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule.early_stop import rung_epochs
 from fleet.schedule.planners import HOPPING_POLICIES
-from fleet.schedule.rates import ModelProfile
+from fleet.schedule.grouping import with_groups
 from fleet.schedule_io import load_profile, pilot_calibration, plan_document, profile_scenario, write_json
 from fleet.spec.checks import GROUPED_POLICIES
 from preprocess.grouped import epoch_scales
@@ -36,19 +36,21 @@ POLICIES = ("fleet-g", "fleet-l", "baseline", "homogeneous")
 CHECKPOINT_LATENCY_S = PREDICTION_COSTS.latency_s  # modelled: 0.5 s + 3 x parameter bytes at 1 GB/s per checkpoint
 
 
-def epoch_equivalent(table: RateTable, scales: Mapping[str, float]) -> RateTable:
+def epoch_equivalent(table: RateTable, scales: Mapping[str, float], groups: Mapping[str, str] | None = None) -> RateTable:
     """`table` with each model's rates times its epoch scale (`scales`, 1 for a model not in
-    it): models of groups (`data.group_by`) train an epoch of their group's n_g samples, and the
+    it) and each model of `groups` told its group (`fleet.schedule.grouping.with_groups`):
+    models of groups (`data.group_by`) train an epoch of their group's n_g samples, and the
     planners, the ledger and the forecasts count every epoch as `samples_per_epoch` (N), so their
-    rates times N / n_g make an epoch last n_g / r. Profiles and measured rates stay in real
-    samples/s; the coordinator scales each measured rate before the driver hears it."""
-    if not scales:
-        return table
-    models = tuple(
-        ModelProfile(p.id, tuple(r * scales.get(p.id, 1.0) for r in p.rates), p.epochs, p.param_bytes, p.extra)
-        for p in table.models
-    )
-    return RateTable(models, table.gpus_per_node, table.samples_per_epoch, table.extra)
+    rates times N / n_g make an epoch last n_g / r; the grouped policies keep each group's models
+    in streams of their own. Profiles and measured rates stay in real samples/s; the
+    coordinator scales each measured rate before the driver hears it."""
+    return with_groups(table, scales, groups)
+
+
+def model_groups(spec) -> dict[str, str]:
+    """Each model's id and the raw key of its group ({} without `data.group_by`): results.json's
+    ``groups``, and what the planners are told."""
+    return {m.id: m.group for m in spec.models if m.group is not None}
 
 
 def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None):
@@ -56,7 +58,7 @@ def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None)
     limited to what the spec's preprocessors were measured to decode (when the profile measured
     it), partitioned data on its nodes (`gpus` must then fit them), models of groups at their
     epoch-equivalent rates, and what the profile's pilot run measured where it has one."""
-    rates = epoch_equivalent(rates, epoch_scales(spec))
+    rates = epoch_equivalent(rates, epoch_scales(spec), model_groups(spec))
     estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
     per_node = spec.cluster.preprocessors_per_node
     scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node), spec)

@@ -53,6 +53,7 @@ from fleet.schedule._base import (
     PolicyError,
 )
 from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
+from fleet.schedule.grouping import check_one_group
 from fleet.schedule.ledger import Ledger, stream_partition
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.rung_keeper import RungKeeper
@@ -326,6 +327,7 @@ class Driver:
                 raise PolicyError(f"{self.name}: cannot checkpoint {model}, it is {state.value}")
         if decision.launch:
             self.ledger.check_launch(decision.launch, self.name, decision.checkpoint)
+            check_one_group(decision.launch, self.name, self.ledger.rates, self.ledger.streams)  # data.group_by
 
     def _apply(self, decision: Decision, planning_s: float) -> None:
         if decision.end_round:

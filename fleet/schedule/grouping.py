@@ -16,14 +16,29 @@ configuration ``c``, ``n_g * E_c / r_c`` GPU-seconds (``n_g`` samples, ``E_c`` e
   partitions).
 - `group_bound` is the lower bound a grouped plan is measured against: the total work over
   all GPUs, or the longest single (group, configuration) at its best GPU count.
+
+The planners learn each model's group from its rate table: `with_groups` writes it, with the
+model's epoch scale (``N / n_g``, by which its rates are epoch-equivalent), into each model's
+``extra`` (the runtime's plan and the simulator's scenarios both build their tables with it);
+`group_of` and `epoch_scale_of` read them, `check_one_group` holds every launch to one group
+per stream, and `zipf_sizes` splits samples over groups for simulated workloads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from fleet.schedule._base import PolicyError, StreamPlan
+from fleet.schedule.rates import ModelProfile, RateTable
+
 _EPS = 1e-12
+GROUP_KEY = "group"
+"""The key of a model's group in its profile's ``extra`` (a rate table the planners see)."""
+SCALE_KEY = "epoch_scale"
+"""The key of a grouped model's epoch scale (``N / n_g``) in its profile's ``extra``."""
 
 
 @dataclass(frozen=True)
@@ -135,3 +150,73 @@ def group_bound(works: Sequence[float], gpus: int, longest_s: float) -> float:
     if gpus < 1:
         raise ValueError("group_bound needs at least one GPU")
     return max(sum(works) / gpus, longest_s)
+
+
+def with_groups(table: RateTable, scales: Mapping[str, float], groups: Mapping[str, str] | None = None) -> RateTable:
+    """`table` with each model's rates times its epoch scale (`scales`, 1 for a model not in
+    it) and, for a model in `groups`, its group and scale in its profile's ``extra``: a model
+    of a group trains an epoch of its group's n_g samples, the planners count every epoch as
+    ``samples_per_epoch`` (N), so its rates times N / n_g make an epoch last n_g / r.
+    `table` itself where neither is given."""
+    groups = groups or {}
+    if not scales and not groups:
+        return table
+    models = tuple(_grouped_profile(p, scales.get(p.id, 1.0), groups.get(p.id)) for p in table.models)
+    return RateTable(models, table.gpus_per_node, table.samples_per_epoch, table.extra)
+
+
+def _grouped_profile(profile: ModelProfile, scale: float, group: str | None) -> ModelProfile:
+    extra = dict(profile.extra)
+    if group is not None:
+        extra.update({GROUP_KEY: group, SCALE_KEY: float(scale)})
+    return ModelProfile(profile.id, tuple(r * scale for r in profile.rates), profile.epochs, profile.param_bytes,
+                        extra)
+
+
+def group_of(table: RateTable, model_id: str) -> str | None:
+    """The group `model_id` trains on (None: the whole data)."""
+    return table.profile(model_id).extra.get(GROUP_KEY)
+
+
+def epoch_scale_of(profile: ModelProfile) -> float:
+    """A model's epoch scale N / n_g (1 for a model of the whole data): its epoch-equivalent
+    samples per real sample decoded."""
+    return float(profile.extra.get(SCALE_KEY, 1.0))
+
+
+def check_one_group(plans: Iterable[StreamPlan], policy: str, table: RateTable,
+                    stream_members: Mapping[int, Iterable[str]]) -> None:
+    """Every stream launched, or joined (`stream_members`: each running stream's models),
+    holds models of one group only.
+
+    Raises:
+        PolicyError: a stream would mix groups.
+    """
+    for plan in plans:
+        models = [m.model for m in plan.members] + list(stream_members.get(plan.join, ()) if plan.join is not None else ())
+        groups = {group_of(table, model) for model in models}
+        if len(groups) > 1:
+            raise PolicyError(f"{policy}: a stream of {', '.join(models)} mixes groups "
+                              f"({', '.join(sorted(map(str, groups)))})")
+
+
+def zipf_sizes(total: int, groups: int, exponent: float, minimum: int = 1) -> list[int]:
+    """`total` samples over `groups` groups, group ``k`` (from 0) about ``1 / (k + 1) ** exponent``
+    of the others, each at least `minimum`; they sum to `total`, largest first.
+
+    Raises:
+        ValueError: fewer than one group, a negative exponent, or too few samples for the minimum.
+    """
+    if groups < 1:
+        raise ValueError(f"expected at least 1 group, got {groups}")
+    if exponent < 0:
+        raise ValueError(f"expected a skew (Zipf exponent) >= 0, got {exponent}")
+    if total < groups * minimum:
+        raise ValueError(f"{total} samples cannot give {groups} groups {minimum} sample(s) each")
+    weights = 1.0 / np.arange(1, groups + 1) ** exponent
+    spare = total - groups * minimum
+    shares = spare * weights / weights.sum()
+    sizes = np.floor(shares).astype(int)
+    for k in np.argsort(-(shares - sizes), kind="stable")[: spare - int(sizes.sum())]:
+        sizes[k] += 1  # the largest remainders take what flooring left
+    return [int(s) + minimum for s in sizes]

@@ -416,7 +416,7 @@ def _summarize(run: _Run) -> SimResult:
     streams = sorted(physics.finished_streams + list(physics.streams.values()), key=lambda s: s.id)
     records = tuple(
         StreamRecord(s.id, s.round, s.start if s.start is not None else s.end, s.end,
-                     tuple(s.all_members), s.pos)
+                     tuple(s.all_members), s.pos / s.decode_scale)  # grouped: real samples
         for s in streams
     )
     members = tuple(sorted(physics.members, key=lambda r: (r.launched, r.stream, r.model)))

@@ -7,6 +7,11 @@ partition. The simulator's run (`fleet.schedule.simulator`) owns the event loop 
 `Driver`; it keeps the books of state, epochs and visits (the driver's `Ledger`) and asks this
 module only where things are in time: each model's samples, GPUs and stream, each stream's
 position and pace, and the records of who trained where.
+
+Grouped data (`fleet.schedule.grouping`): a model of a group moves in epoch-equivalent samples
+(its rates times N / n_g, its `epoch_scale_of`); a stream holds one group's models, and its
+decoding (the preprocessors' share, a member's own) counts real samples: its pace over the
+scale.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
+from fleet.schedule.grouping import epoch_scale_of
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.scenario import Scenario
 from fleet.schedule.sim_records import MemberRecord, Outcome
@@ -89,7 +95,7 @@ class StreamMotion:
 
     __slots__ = (
         "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
-        "boundaries", "version", "start", "end", "all_members", "partition", "own_decode_rate",
+        "boundaries", "version", "start", "end", "all_members", "partition", "own_decode_rate", "decode_scale",
     )
 
     def __init__(self, stream_id: int, round_index: int, partition: int | None = None,
@@ -108,6 +114,7 @@ class StreamMotion:
         self.start: float | None = None
         self.end = 0.0
         self.all_members: list[str] = []
+        self.decode_scale = 1.0  # grouped data: epoch-equivalent samples per sample decoded (N / n_g)
 
     def sync(self, now: float) -> None:
         dt = now - self.synced_at
@@ -121,7 +128,9 @@ class StreamMotion:
         """The pace its members allow: the slowest running member's rate (its steps and
         its own decoding in turn, for a stream its member decodes)."""
         slowest = min(m.own_rate for m in self.active.values())
-        return slowest if self.own_decode_rate is None else 1 / (1 / slowest + 1 / self.own_decode_rate)
+        if self.own_decode_rate is None:
+            return slowest
+        return 1 / (1 / slowest + 1 / (self.own_decode_rate * self.decode_scale))
 
     def repace(self, decode_share: float = math.inf) -> None:
         if not self.active:
@@ -178,6 +187,7 @@ class StreamPhysics:
         for model, done in zip(self.models, scenario.resumed):
             if done is not None:
                 model.samples, model.has_checkpoint = done * self.n, True
+        self.scales = [epoch_scale_of(p) for p in scenario.rates.models]
         self.streams: dict[int, StreamMotion] = {}
         self.finished_streams: list[StreamMotion] = []
         self.members: list[MemberRecord] = []
@@ -197,6 +207,8 @@ class StreamPhysics:
 
     def wait(self, stream: StreamMotion, ready: list[tuple[ModelMotion, float]], when: float) -> None:
         """`ready`'s models are in `stream` and start training together at `when`."""
+        if ready:
+            stream.decode_scale = self.scales[ready[0][0].index]  # one group per stream
         for model, _ in ready:
             model.stream = stream
             stream.waiting[model.index] = model
@@ -265,9 +277,11 @@ class StreamPhysics:
             return {}
         shares: dict[int, float] = {}
         for partition in {s.partition for s in active if s.own_decode_rate is None}:
-            sharing = {s.id: s.demand for s in active if s.partition == partition and s.own_decode_rate is None}
+            sharing = {s.id: s.demand / s.decode_scale for s in active
+                       if s.partition == partition and s.own_decode_rate is None}
             capacity = self.scenario.decode_rate / (1 if partition is None else self.partitions.count)
-            shares.update(decode_shares(sharing, capacity))
+            shares.update({i: share * self.streams[i].decode_scale
+                           for i, share in decode_shares(sharing, capacity).items()})
         return shares
 
     def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float]) -> dict[int, float]:
@@ -282,12 +296,12 @@ class StreamPhysics:
             for model in stream.active.values():
                 cost = cores.member_core_s(model.own_alone_rate, len(model.gpus))
                 if stream.own_decode_rate is not None:
-                    cost += cores.decode_core_s / len(stream.active)
+                    cost += cores.decode_core_s / stream.decode_scale / len(stream.active)
                 for g in model.gpus:
                     load[g // cluster.gpus_per_node] += pace * cost / len(model.gpus)
             if stream.own_decode_rate is None:
                 for k in load:
-                    load[k] += pace * cores.decode_core_s / cluster.nodes
+                    load[k] += pace * cores.decode_core_s / stream.decode_scale / cluster.nodes
         return {k: cores.slowdown(v) for k, v in load.items()}
 
     def _repace_one(self, stream: StreamMotion, decode_share: float) -> None:

@@ -19,7 +19,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
-from fleet.prediction import candidates_for, costs_of, epoch_equivalent, simulated_early_stop
+from fleet.prediction import candidates_for, costs_of, epoch_equivalent, model_groups, simulated_early_stop
 from fleet.profiling.document import decode_limit, epochs_estimate, preprocessor_count, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import corrections, representatives
@@ -347,7 +347,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     calibration = run_calibration(spec, run_dir, calibrate_from, rates)
     if calibration is not None:
         rates, source = calibration.rates_for(rates), f"{source}, calibrated by {calibration.source}"
-    rates = epoch_equivalent(rates, epoch_scales or {})
+    rates = epoch_equivalent(rates, epoch_scales or {}, model_groups(spec))
     store = CheckpointStore(run_dir)
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
@@ -480,11 +480,6 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", rounds)
     return result
-
-
-def model_groups(spec: Spec) -> dict[str, str]:
-    """results.json's ``groups``: each model's id and the raw key of its group ({} without groups)."""
-    return {m.id: m.group for m in spec.models if m.group is not None}
 
 
 def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict) -> dict:
