@@ -25,10 +25,9 @@ from fleet.report.table import format_duration, format_table
 from fleet.schedule import RateTable, lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule.early_stop import rung_epochs
-from fleet.schedule.planners import HOPPING_POLICIES
+from fleet.schedule.planners import GROUP_POLICIES, HOPPING_POLICIES
 from fleet.schedule.grouping import with_groups
 from fleet.schedule_io import load_profile, pilot_calibration, plan_document, profile_scenario, write_json
-from fleet.spec.checks import GROUPED_POLICIES
 from preprocess.grouped import epoch_scales
 from preprocess.partition import job_partitions
 
@@ -86,7 +85,7 @@ def candidates_for(spec) -> tuple[str, ...]:
     """The policies that can run the spec's data (``auto`` chooses among them): on grouped
     data, those that never share a stream between groups."""
     if spec.data.group_by is not None:
-        return GROUPED_POLICIES
+        return GROUP_POLICIES
     return HOPPING_POLICIES if spec.data.partitioned else CANDIDATES
 
 

@@ -424,7 +424,7 @@ def _summarize(run: _Run) -> SimResult:
     views = [ledger.model(m.id) for m in physics.models]
     return SimResult(
         run.driver.name, run.cluster.total_gpus, makespan, len(run.rounds),
-        float(sum(s.pos for s in streams)), gpu_time_, idle, tuple(run.planning),
+        float(sum(r.samples_decoded for r in records)), gpu_time_, idle, tuple(run.planning),
         run.checkpoints, Timeline(tuple(run.rounds), records, members),
         ledger.unfinished > 0, tuple(m.samples / run.n for m in physics.models), run.hops,
         tuple(() if v.state is ModelState.CONVERGED else v.visited for v in views)

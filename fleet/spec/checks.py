@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from fleet.schedule.early_stop import EarlyStopError
-from fleet.schedule.planners import HOPPING_POLICIES
+from fleet.schedule.planners import GROUP_POLICIES, HOPPING_POLICIES
 from fleet.spec._base import SpecError
 from fleet.spec.search import ModelSpec
 from fleet.spec.sections import (
@@ -155,10 +155,11 @@ def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
                         "policy)")
 
 
-GROUPED_POLICIES = ("baseline",)
-"""The policies that may train models of groups (`data.group_by`): each model its own stream
-that its own trainer decodes, so no stream ever holds two groups' samples (``auto`` chooses
-among these)."""
+GROUPED_POLICIES = (*GROUP_POLICIES, "baseline")
+"""The policies that may train models of groups (`data.group_by`): those of learning over
+groups (`GROUP_POLICIES`: ``grouped`` and its baselines ``group-task``, ``model-task``,
+``group-parallel``; ``auto`` chooses among these) and ``baseline`` (``model-task`` by its other
+name); none ever puts two groups' models in one stream."""
 
 
 def check_groups(data: DataSpec, models: tuple[ModelSpec, ...], entries: tuple[int, ...]) -> None:

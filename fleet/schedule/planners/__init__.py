@@ -11,8 +11,12 @@ from fleet.schedule.planners.adaptive import FleetAdaptive
 from fleet.schedule.planners.baseline import Baseline
 from fleet.schedule.planners.fleet_global import FleetGlobal
 from fleet.schedule.planners.fleet_local import FleetLocal
+from fleet.schedule.planners.group_parallel import GroupParallel
+from fleet.schedule.planners.group_task import GroupTask
+from fleet.schedule.planners.grouped import Grouped
 from fleet.schedule.planners.hopping import FleetHop, ModelHopper
 from fleet.schedule.planners.homogeneous import Homogeneous
+from fleet.schedule.planners.model_task import ModelTask
 
 POLICIES: dict[str, type[Policy]] = {
     "fleet-g": FleetGlobal,
@@ -22,12 +26,20 @@ POLICIES: dict[str, type[Policy]] = {
     "fleet-adaptive": FleetAdaptive,
     "mop": ModelHopper,
     "fleet-hop": FleetHop,
+    "grouped": Grouped,
+    "group-task": GroupTask,
+    "model-task": ModelTask,
+    "group-parallel": GroupParallel,
 }
 """Policy classes by registry name: the one list of valid names (the spec's and the CLI's).
 Every class takes its ``Options`` instance first and ``seed=`` as a keyword."""
 
 PAPER_POLICIES = ("baseline", "homogeneous", "fleet-l", "fleet-g")
 """The four policies of the FLEET paper's evaluation."""
+
+GROUP_POLICIES = ("grouped", "group-task", "model-task", "group-parallel")
+"""The policies of learning over groups (`data.group_by`, issue 47): ours and its three
+baselines; each keeps every stream to one group's models (``auto`` chooses among them)."""
 
 HOPPING_POLICIES = tuple(name for name, policy in POLICIES.items() if policy.hops)
 """The policies that plan visits of partitioned data (model hopping)."""
@@ -72,5 +84,5 @@ def create_policy(name: str, seed: int = 0, **options: Any) -> Policy:
     return policy_class(name)(policy_options(name, options), seed=seed)
 
 
-__all__ = ["POLICIES", "PAPER_POLICIES", "HOPPING_POLICIES", "FleetHop", "ModelHopper", "create_policy", "policy_class", "policy_options", "Baseline",
+__all__ = ["POLICIES", "PAPER_POLICIES", "GROUP_POLICIES", "Grouped", "GroupTask", "GroupParallel", "ModelTask", "HOPPING_POLICIES", "FleetHop", "ModelHopper", "create_policy", "policy_class", "policy_options", "Baseline",
            "FleetAdaptive", "FleetGlobal", "FleetLocal", "Homogeneous"]

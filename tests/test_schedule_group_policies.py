@@ -1,0 +1,112 @@
+"""The policies of learning over groups (issue 47) in the simulator: grouped, group-task,
+model-task, group-parallel; the groups carried to the planners; the driver's one-group rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.schedule import Decision, Member, PolicyError, StreamPlan, create_policy, paper100, simulate
+from fleet.schedule._base import Policy
+from fleet.schedule.group_workload import group_table, grouped_bound, grouped_scenario
+from fleet.schedule.grouping import epoch_scale_of, group_of, with_groups
+from fleet.schedule.planners import GROUP_POLICIES, POLICIES
+from fleet.schedule.planners._groups import matched_counts
+from fleet.schedule.rates import ModelProfile, RateTable
+from fleet.schedule.scenario import Cluster, Scenario
+
+WORKLOAD = paper100(0)
+
+
+def groups_of(result, scenario):
+    """Each stream's groups, from the run's timeline."""
+    return {s.id: {group_of(scenario.rates, m) for m in s.members} for s in result.timeline.streams}
+
+
+def test_with_groups_scales_rates_and_tells_each_model_its_group():
+    table = RateTable((ModelProfile("a", (10.0, 18.0)), ModelProfile("b", (20.0,))), 2, 100)
+    grouped = with_groups(table, {"a": 4.0}, {"a": "berlin", "b": "paris"})
+    assert grouped.profile("a").rates == (40.0, 72.0) and grouped.profile("b").rates == (20.0,)
+    assert group_of(grouped, "a") == "berlin" and group_of(grouped, "b") == "paris"
+    assert epoch_scale_of(grouped.profile("a")) == 4.0 and epoch_scale_of(grouped.profile("b")) == 1.0
+    assert group_of(table, "a") is None and with_groups(table, {}) is table
+
+
+def test_a_grouped_table_is_configurations_times_groups_at_epoch_equivalent_rates():
+    table, epochs = group_table(WORKLOAD, [60, 30, 10], 2)
+    assert len(table.models) == 6 and table.samples_per_epoch == 100
+    first = table.profile(f"{WORKLOAD.rates.ids[0]}-g002")
+    assert first.rates[0] == pytest.approx(WORKLOAD.rates.models[0].rates[0] * 10)
+    assert group_of(table, first.id) == "g002" and epochs[:2] == WORKLOAD.true_epochs[:2]
+
+
+def test_model_task_is_baseline_by_its_grouped_name_and_the_group_policies_are_registered():
+    assert POLICIES["model-task"].own_decoding and create_policy("model-task").name == "model-task"
+    assert set(GROUP_POLICIES) <= set(POLICIES)
+
+
+def test_matched_counts_give_spare_gpus_to_the_slowest():
+    table = RateTable((ModelProfile("fast", (100.0, 190.0)), ModelProfile("slow", (40.0, 78.0, 114.0))), 4, 100)
+    assert matched_counts(table, ["fast", "slow"], 2) == [1, 1]
+    assert matched_counts(table, ["fast", "slow"], 4) == [1, 3]
+
+
+@pytest.mark.parametrize("policy", GROUP_POLICIES)
+def test_every_group_policy_trains_every_model_and_never_mixes_groups(policy):
+    scenario = grouped_scenario(WORKLOAD, 6, 1.0, 8, configurations=3)
+    result = simulate(create_policy(policy), scenario)
+    assert {m.model for m in result.timeline.members} == set(scenario.rates.ids)
+    assert all(len(groups) == 1 for groups in groups_of(result, scenario).values())
+    assert result.makespan >= grouped_bound(scenario) * (1 - 1e-9)
+
+
+def test_grouped_trains_a_whole_group_on_one_stream_decoding_it_once_per_pass():
+    scenario = grouped_scenario(WORKLOAD, 8, 0.0, 8, configurations=4)  # equal groups, 2 nodes of 4
+    result = simulate(create_policy("grouped"), scenario)
+    streams = {}
+    for member in result.timeline.members:
+        streams.setdefault(group_of(scenario.rates, member.model), set()).add(member.stream)
+    assert all(len(ids) == 1 for ids in streams.values())  # each group one stream, its 4 configurations on it
+    per_model = simulate(create_policy("model-task"), scenario)
+    first = result.timeline.streams[0]  # started whole: a pass of its group per epoch of its longest member
+    assert first.samples_decoded == pytest.approx(max(scenario.true_epochs) * scenario.rates.samples_per_epoch / 8,
+                                                  rel=1e-3)
+    assert per_model.samples_decoded > 2 * result.samples_decoded
+
+
+def test_grouped_spreads_a_group_larger_than_a_node_s_share_over_several_nodes():
+    scenario = grouped_scenario(WORKLOAD, 10, 1.5, 16, configurations=4)  # the largest group is ~46% of the data
+    result = simulate(create_policy("grouped"), scenario)
+    largest = [m for m in result.timeline.members if group_of(scenario.rates, m.model) == "g000"]
+    assert len({g // 4 for m in largest for g in m.gpus}) > 1
+    task = simulate(create_policy("group-task"), scenario)
+    on_task = [m for m in task.timeline.members if group_of(scenario.rates, m.model) == "g000"]
+    assert len({g // 4 for m in on_task for g in m.gpus}) == 1  # group-task keeps a group on one node
+    assert result.makespan < task.makespan
+
+
+def test_group_parallel_trains_one_model_at_a_time_over_many_gpus():
+    scenario = grouped_scenario(WORKLOAD, 3, 1.0, 8, configurations=2)
+    members = sorted(simulate(create_policy("group-parallel"), scenario).timeline.members, key=lambda m: m.start)
+    assert all(later.start >= earlier.end - 1e-9 for earlier, later in zip(members, members[1:]))
+    assert all(len(m.gpus) > 1 for m in members)
+
+
+def test_the_driver_refuses_a_stream_that_mixes_groups():
+    class Mixer(Policy):
+        name = "mixer"
+
+        def start(self, view):
+            first, second = view.rates.ids[0], view.rates.ids[-1]
+            return Decision.launching([StreamPlan((Member(first, (0,)), Member(second, (1,))))])
+
+    table, epochs = group_table(WORKLOAD, [50, 50], 1)
+    scenario = Scenario(table, epochs, tuple(map(float, epochs)), Cluster(2, 4))
+    with pytest.raises(PolicyError, match="mixes groups"):
+        simulate(Mixer(), scenario)
+
+
+def test_decoding_of_a_grouped_stream_counts_real_samples():
+    table, epochs = group_table(WORKLOAD, [80, 20], 1)
+    scenario = Scenario(table, epochs, tuple(map(float, epochs)), Cluster(2, 4))
+    result = simulate(create_policy("model-task"), scenario)
+    assert result.samples_decoded == pytest.approx(80 * epochs[0] + 20 * epochs[1], rel=1e-6)
