@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 VAL, SEED = 0.2, 1
 
 
-def grouped_spec(tmp_path: Path, samples: int, models: list, max_epochs: int) -> tuple[Path, Path]:
-    """A synthetic data set of `samples` 16x16 images in 4 Zipf-sized groups and a baseline
-    spec of `models` on it (1 node: 2 CPU trainers, 1 preprocessor)."""
+def grouped_spec(tmp_path: Path, samples: int, models: list, max_epochs: int,
+                 policy: str = "baseline") -> tuple[Path, Path]:
+    """A synthetic data set of `samples` 16x16 images in 4 Zipf-sized groups and a spec of
+    `models` on it under `policy` (1 node: 2 CPU trainers, 1 preprocessor)."""
     data = make_synthetic(tmp_path / "data.h5", "hdf5", classes=4, samples=samples, image_size=16, progress=False,
                           groups=4, seed=SEED)
     doc = {
@@ -29,7 +30,7 @@ def grouped_spec(tmp_path: Path, samples: int, models: list, max_epochs: int) ->
                  "group_by": {"dataset": "groups"}, "min_group_samples": 20},
         "models": models,
         "train": {"batch_size": 16, "max_epochs": max_epochs, "optimizer": "sgd", "lr": 0.05},
-        "scheduler": {"policy": "baseline", "profile": False},
+        "scheduler": {"policy": policy, "profile": False},
         "cluster": {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1, "device": "cpu"},
         "runtime": {"timeout_s": 90, "chunk_samples": 32, "qp_samples": 256, "qt_samples": 256},
     }
@@ -86,3 +87,29 @@ def test_a_grouped_run_stopped_mid_run_resumes_where_it_stood(tmp_path):
         assert [h["samples"] for h in model["history"]] == [len(train_idx)] * 3, model["id"]
         assert {h["val_samples"] for h in model["history"]} == {len(val_idx)}
     assert all(sorted(v) == [1, 2, 3] for v in epochs_by_model(run_dir).values())  # each epoch once in all
+
+
+def test_grouped_trains_each_group_s_configurations_on_one_stream_decoding_it_once(tmp_path):
+    models = [{"family": "mlp", "name": "small", "params": {"hidden": [16]}},
+              {"family": "mlp", "name": "wide", "params": {"hidden": [48]}}]
+    spec, data = grouped_spec(tmp_path, 600, models, max_epochs=2, policy="grouped")
+    run_dir = tmp_path / "run"
+    train(3, spec, run_dir)
+    splits = group_splits(data)
+    done = results(run_dir)
+    log = events(run_dir)
+    streams_of = {}
+    for e in log:
+        if e["event"] == "member_start":
+            streams_of.setdefault(done["groups"][e["model"]], set()).add(e["stream"])
+    assert sorted(streams_of) == sorted(splits)  # a configuration that missed its group's stream starts another
+    assert sum(len(ids) == 1 for ids in streams_of.values()) >= 1 and max(map(len, streams_of.values())) <= 2
+    whole = next(e for e in log if e["event"] == "stream_start" and len(e["members"]) == 2)  # both from the start
+    ended = next(e for e in log if e["event"] == "stream_end" and e["stream"] == whole["stream"])
+    assert ended["decoded"] == 2 * len(splits[done["groups"][whole["members"][0]]][0])  # once per epoch pass for both
+    for model in done["models"]:
+        train_idx, val_idx, _ = splits[done["groups"][model["id"]]]
+        assert [h["samples"] for h in model["history"]] == [len(train_idx)] * 2, model["id"]
+        assert [h["val_samples"] for h in model["history"]] == [len(val_idx)] * 2, model["id"]
+    passes = sum(len(s[0]) for s in splits.values())  # one epoch pass over every group
+    assert 2 * passes <= done["samples_decoded"] < 2 * 2 * passes  # model-task (baseline) decodes 2 x 2 passes

@@ -10,7 +10,8 @@ wrap-around gave it, its configurations with rate-matched GPU counts (multi-GPU 
 later step shards its data instead, each configuration hopping from shard to shard).
 
 Whenever GPUs come free on a node, in this order:
-1. waiting configurations of a group whose stream trains on that node join that stream;
+1. waiting configurations of a group whose stream trains on that node join that stream, and
+   those of a group whose stream ended before they could join start a stream of their own;
 2. the node's next queued groups start, each on one stream: a GPU per configuration, or, for
    the node's last group, every free GPU rate-matched over its configurations;
 3. with its queue empty, the node takes the next group of the node with the most queued work;
@@ -54,6 +55,7 @@ class Grouped(GroupPolicy):
         for node in sorted(free):
             gpus = free[node]
             plans += self.join_running(node, gpus, running, view)
+            plans += self.resume_started(gpus, running, view)
             plans += self._queued(node, gpus, view)
             plans += self._stolen(node, gpus, view)
             plans += [self.launch(g, gpus, view) for g in self.largest_first() if gpus]
