@@ -172,6 +172,11 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
          "--reduction: 1.0000001 is too close to 1"),
         (["simulate", "{profile}", "--gpus", "4", "--early-stop", "asha", "--min-epochs", "100"],
          "--min-epochs: must be below"),
+        (["simulate", "{profile}", "--gpus", "4", "--groups", "5"], "--groups: needs --workload"),
+        (["simulate", "--workload", "paper100", "--gpus", "4", "--groups", "5", "--policies", "fleet-g"],
+         "--policies: fleet-g may mix groups in a stream; with --groups choose from grouped"),
+        (["simulate", "--workload", "paper100", "--gpus", "4", "--groups", "5", "--configurations", "101"],
+         "--groups: configurations must be 1..100"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):
@@ -243,6 +248,16 @@ def test_simulate_builtin_workload(tmp_path, fleet_cli):
     done = fleet_cli("simulate", "--workload", "paper100", "--gpus", "40", "--policies", "fleet-g", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "workload paper100" in done.stdout and "fleet-g" in done.stdout
+
+
+def test_simulate_over_groups_compares_the_four_policies_with_the_grouped_bound(tmp_path, fleet_cli):
+    done = fleet_cli("simulate", "--workload", "paper100", "--gpus", "8", "--groups", "6", "--group-skew", "1.5",
+                     "--configurations", "2", "--own-decode", "100", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = {r["policy"]: r for r in json.loads(done.stdout)["rows"]}
+    assert set(rows) == {"grouped", "group-task", "model-task", "group-parallel"}
+    assert all(r["makespan_lb"] >= 1 - 1e-9 for r in rows.values())
+    assert rows["grouped"]["decoded"] < rows["model-task"]["decoded"]  # a group's stream decodes for both
 
 
 def test_simulate_a_family_instance_on_its_own_gpus_reproducibly(tmp_path, fleet_cli):

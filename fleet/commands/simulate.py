@@ -11,6 +11,9 @@ paper-style charts. ``--workload scale --models 1000`` is a large synthetic ense
 ``--noise-model stop-rule`` takes the true epochs from each model's learning curve
 (:mod:`fleet.schedule.noise`). ``--partitions P`` splits the data into P partitions on the
 nodes (model hopping): the hopping policies are compared with ``mop``, Cerebro's scheduler.
+``--groups G --group-skew S`` learns over groups (issue 47): a built-in workload's first
+``--configurations`` models trained on each of G groups of Zipf(S) sizes
+(`fleet.schedule.group_workload`), the four policies over groups against the grouped lower bound.
 
 ``--true-rates PROFILE`` makes the models train at PROFILE's rates while the policies plan with
 the input's: each run then weighs the rates it measures and adopts them where that pays, and
@@ -38,12 +41,14 @@ from fleet.commands._args import (
 from fleet.errors import UserError
 from fleet.report.schedule_charts import write_schedule_charts
 from fleet.report.table import format_duration, format_table
-from fleet.schedule import POLICIES, WORKLOADS, Overheads, RateTable, Scenario, noisy_estimates, whole_epochs
+from fleet.schedule import (POLICIES, WORKLOADS, Overheads, RateTable, Scenario, create_policy, noisy_estimates, simulate,
+                            whole_epochs)
 from fleet.schedule.choice import AUTO
 from fleet.schedule.early_stop import METHODS as EARLY_STOP_METHODS
 from fleet.schedule.early_stop import EarlyStopError, EarlyStopSettings
 from fleet.schedule.partitions import PartitionError, nodes_per_partition
-from fleet.schedule.planners import HOPPING_POLICIES
+from fleet.schedule.group_workload import grouped_bound, grouped_scenario
+from fleet.schedule.planners import GROUP_POLICIES, HOPPING_POLICIES
 from fleet.schedule.compare import compare, summarize
 from fleet.schedule.noise import NOISE_MODELS, noisy_scenario
 from fleet.schedule.workload_family import DEFAULT_MODELS, REPORTING_SEEDS, FamilyCell, family_instance
@@ -81,6 +86,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="split the data into this many partitions over the nodes (model hopping; the node count of "
              "every --gpus must be a multiple of it)",
     )
+    _add_group_options(parser)
     _add_seed_options(parser)
     add_family_options(parser)
     parser.add_argument(
@@ -114,6 +120,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def _add_group_options(parser: argparse.ArgumentParser) -> None:
+    """Learning over groups: how many groups, their skew, configurations, decoding."""
+    parser.add_argument("--groups", type=positive_int,
+                        help="learn over this many groups (with --workload): each of the first --configurations "
+                             "models trained on every group")
+    parser.add_argument("--group-skew", type=non_negative_float, default=1.0,
+                        help="--groups: the Zipf exponent of the group sizes (default 1.0; 0: equal groups)")
+    parser.add_argument("--configurations", type=positive_int, default=4,
+                        help="--groups: configurations per group (default 4)")
+    parser.add_argument("--decode-per-node", type=positive_float, metavar="SAMPLES_S",
+                        help="--groups: samples/s one node's preprocessors decode (default: decoding is free)")
+    parser.add_argument("--own-decode", type=positive_float, metavar="SAMPLES_S",
+                        help="--groups: samples/s a trainer decodes its own data, as model-task's do (default: free)")
+
+
 def _add_seed_options(parser: argparse.ArgumentParser) -> None:
     """Which seeds: how many, from which (a family's instances are its seeds)."""
     parser.add_argument("--seeds", default=1, type=positive_int, help="number of seeds to average over (default: 1)")
@@ -123,6 +144,8 @@ def _add_seed_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.groups:
+        return _run_groups(args)
     seeds, noise = args.seeds, args.estimate_noise
     policies = _policies(args)
     cell = family_cell(args)
@@ -309,3 +332,40 @@ def _switch_lines(summary: list[dict]) -> list[str]:
 
 def _chart(summary: list[dict], path: str, label: str) -> None:
     write_schedule_charts(summary, path, title=label)
+
+
+def _run_groups(args: argparse.Namespace) -> int:
+    """``--groups``: the policies over groups on a built-in workload, each makespan over the
+    grouped lower bound (`grouped_bound`), averaged over the seeds."""
+    if args.workload not in WORKLOADS or args.gpus is None:
+        raise UserError(f"--groups: needs --workload ({', '.join(WORKLOADS)}) and --gpus")
+    if wrong := [p for p in (args.policies or []) if p not in GROUP_POLICIES]:
+        raise UserError(f"--policies: {', '.join(wrong)} may mix groups in a stream; with --groups choose from "
+                        f"{', '.join(GROUP_POLICIES)}")
+    policies = args.policies or list(GROUP_POLICIES)
+    make, sized = WORKLOADS[args.workload], {} if args.models is None else {"models": args.models}
+    rows = []
+    for gpus in args.gpus:
+        runs = {p: [] for p in policies}
+        for seed in range(args.seed, args.seed + args.seeds):
+            try:
+                scenario = grouped_scenario(make(seed, **sized), args.groups, args.group_skew, gpus,
+                                            args.configurations, args.decode_per_node, args.own_decode)
+            except ValueError as exc:
+                raise UserError(f"--groups: {exc}") from None
+            bound = grouped_bound(scenario)
+            for policy in policies:
+                result = simulate(create_policy(policy, seed=seed), scenario)
+                runs[policy].append((result.makespan, result.makespan / bound, result.samples_decoded))
+        rows += [{"gpus": gpus, "policy": p, **{k: sum(r[i] for r in v) / len(v) for i, k in
+                                               enumerate(("makespan_s", "makespan_lb", "decoded"))}}
+                 for p, v in runs.items()]
+    label = (f"workload {args.workload}: {args.configurations} configurations x {args.groups} groups "
+             f"(Zipf {args.group_skew:g}); mean of {args.seeds} seed(s)")
+    if args.json:
+        print(json.dumps({"input": label, "rows": rows}, indent=1))
+        return 0
+    table = [[r["gpus"], r["policy"], format_duration(r["makespan_s"]), f"{r['makespan_lb']:.2f}",
+              f"{r['decoded']:,.0f}"] for r in rows]
+    print(label + "\n" + format_table(["gpus", "policy", "makespan", "/LB", "decoded"], table))
+    return 0
