@@ -5,11 +5,13 @@ about a thousand frames, and a job of 1,500 models planned with fleet-adaptive d
 recursive placement search.
 """
 
+import numpy as np
 import pytest
 
 from fleet.schedule import ModelState, create_policy, scale
 from fleet.schedule.driver import Driver
 from fleet.schedule.ledger import Ledger
+from fleet.schedule.planners._adaptive_plan import ModelPlan
 
 
 class LaunchesOnly:
@@ -40,3 +42,17 @@ def test_the_first_plan_of_2000_models_on_2000_gpus(policy):
     gpus = [g for m in world.members for g in m.gpus]
     assert world.members and len(gpus) == len(set(gpus)) and set(gpus) <= set(range(2000))
     assert all(ledger.model(m.model).state is ModelState.RUNNING for m in world.members)
+
+
+def test_fleet_adaptive_plans_rates_past_the_counts_it_keeps():
+    """Its plan keeps rates only up to the last count some model gains from; a count past it
+    (a leftover GPU handed to a member) is rated from the profile all the same."""
+    workload = scale(seed=0, models=50)
+    view = Ledger(workload.rates, workload.scenario(400).epochs_estimate, 400, 4).view(0.0)
+    plan = ModelPlan(1.7, 0.5)
+    plan.plan(view)
+    kept = plan.rates.shape[1]
+    assert kept < 400
+    model = workload.rates.ids[3]
+    counts = np.array([[1, kept, kept + 1, 399]])
+    assert plan.rates_at(view, [model], counts).tolist() == [[workload.rates.rate(model, c) for c in counts[0]]]

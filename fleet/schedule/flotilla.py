@@ -101,7 +101,7 @@ def create_flotilla(
     """
     if not candidates or free_gpus < 1:
         return Flotilla((), 0.0, 0.0 if delta is None else float(delta))
-    table = rates.matrix(free_gpus)[[rates.index(c) for c in candidates]]
+    table = rates.useful_matrix(free_gpus)[[rates.index(c) for c in candidates]]
     first = int(np.argmax(table[:, 0]))
     r_fast = float(table[first, 0])
     tolerance = DEFAULT_RELATIVE_DELTA * r_fast if delta is None else float(delta)

@@ -26,7 +26,9 @@ class ModelPlan:
         risk_level: the quantile of the forecast of remaining epochs planned for.
 
     Attributes:
-        rates: ``rates[i, m-1]``: model ``i``'s planned rate on ``m`` GPUs (set by `plan`).
+        rates: ``rates[i, m-1]``: model ``i``'s planned rate on ``m`` GPUs (set by `plan`), up to
+            the last count at which some model is faster than on fewer GPUs (`rate` gives any).
+        factors: ``factors[i]``: the measured / profiled rate model ``i``'s row is rescaled by.
         counts: model -> its planned GPU count.
         queue: the models waiting, longest estimated duration first.
         target: the target makespan, seconds.
@@ -37,6 +39,7 @@ class ModelPlan:
     def __init__(self, target_factor: float, risk_level: float):
         self.target_factor, self.level = target_factor, risk_level
         self.rates: np.ndarray | None = None
+        self.factors: np.ndarray | None = None
         self.counts: dict[str, int] = {}
         self.queue: list[str] = []
         self.target = 0.0
@@ -46,9 +49,10 @@ class ModelPlan:
     def plan(self, view: ClusterView) -> None:
         """Target makespan, GPU count per model and the LPT queue."""
         total = view.total_gpus
-        self.rates = capped(view, view.rates.matrix(total).copy())
+        self.rates = capped(view, view.rates.useful_matrix(total).copy())
+        self.factors = np.ones(len(view.models))
         times = self.work(view)[:, None] / self.rates
-        target = malleable_bound(times) * self.target_factor
+        target = malleable_bound(times, total_gpus=total) * self.target_factor
         self.target = target
         useful = useful_counts(self.rates)
         for i, model in enumerate(view.models):
@@ -65,8 +69,9 @@ class ModelPlan:
         gpus = len(view.model(event.model).gpus)
         if self.rates is not None and event.samples_per_s > 0 and gpus:
             i = view.rates.index(event.model)
-            profiled = view.rates.matrix(view.total_gpus)[i]
-            self.rates[i] = capped(view, profiled * (event.samples_per_s / profiled[gpus - 1]))
+            profiled = view.rates.useful_matrix(view.total_gpus)[i]
+            self.factors[i] = event.samples_per_s / view.rates.rate(event.model, gpus)
+            self.rates[i] = capped(view, profiled * self.factors[i])
 
     def observe_converged(self, event: ModelConverged, view: ClusterView) -> None:
         """A converged model tells how far off its estimate was."""
@@ -88,20 +93,31 @@ class ModelPlan:
     def requeue(self, view: ClusterView, model: str) -> None:
         """Queue `model` again (promoted at a rung) before the first model it outlasts, by the
         time it is estimated to need at its planned GPU count."""
-        i = view.rates.index(model)
         n = view.rates.samples_per_epoch
 
         def duration(m: str) -> float:
-            row = view.rates.index(m)
-            return self.remaining(view.model(m)) * n / self.rates[row, self.counts[m] - 1]
+            return self.remaining(view.model(m)) * n / self.rate(view, m, self.counts[m])
 
-        mine = self.remaining(view.model(model)) * n / self.rates[i, self.counts[model] - 1]
+        mine = self.remaining(view.model(model)) * n / self.rate(view, model, self.counts[model])
         at = next((k for k, m in enumerate(self.queue) if duration(m) < mine), len(self.queue))
         self.queue.insert(at, model)
 
     def rate(self, view: ClusterView, model: str, gpus: int) -> float:
-        """The model's planned rate on `gpus` GPUs."""
-        return float(self.rates[view.rates.index(model), gpus - 1])
+        """The model's planned rate on `gpus` GPUs (past the counts `rates` holds, where no model
+        is faster than on fewer GPUs, from the profile, rescaled and capped as its row)."""
+        i = view.rates.index(model)
+        if gpus <= self.rates.shape[1]:
+            return float(self.rates[i, gpus - 1])
+        return float(capped(view, np.float64(view.rates.rate(model, gpus)) * self.factors[i]))
+
+    def rates_at(self, view: ClusterView, models: list[str], counts: np.ndarray) -> np.ndarray:
+        """``out[k, j]``: the planned rate of ``models[k]`` on ``counts[k, j]`` GPUs (`rate`)."""
+        rows = np.array([view.rates.index(m) for m in models])
+        width = self.rates.shape[1]
+        out = self.rates[rows[:, None], np.minimum(counts, width) - 1]
+        for k, j in zip(*np.nonzero(counts > width)):
+            out[k, j] = self.rate(view, models[k], int(counts[k, j]))
+        return out
 
     def member_rates(self, view: ClusterView, members: tuple[str, ...]) -> list[float]:
         """The planned rates of running `members` on the GPUs they hold."""

@@ -218,7 +218,7 @@ def visit_gpus(view: ClusterView, able: Sequence[str], work: dict[str, float], f
     spare = free - len(counts)
     if not counts or spare <= 0 or most <= 1:
         return counts
-    table = view.rates.matrix(most)
+    table = view.rates.useful_matrix(most)
     useful = useful_counts(table)
     rows = {m: view.rates.index(m) for m in counts}
     while spare > 0:
