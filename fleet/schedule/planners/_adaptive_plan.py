@@ -10,6 +10,8 @@ remaining epochs (`fleet.schedule.forecast.EpochForecast`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fleet.schedule._base import ClusterView, EpochCompleted, ModelConverged, ModelView
@@ -29,6 +31,7 @@ class ModelPlan:
         rates: ``rates[i, m-1]``: model ``i``'s planned rate on ``m`` GPUs (set by `plan`), up to
             the last count at which some model is faster than on fewer GPUs (`rate` gives any).
         factors: ``factors[i]``: the measured / profiled rate model ``i``'s row is rescaled by.
+        fastest: ``fastest[i]``: the count at which model ``i`` is planned fastest (the first).
         counts: model -> its planned GPU count.
         queue: the models waiting, longest estimated duration first.
         target: the target makespan, seconds.
@@ -40,6 +43,7 @@ class ModelPlan:
         self.target_factor, self.level = target_factor, risk_level
         self.rates: np.ndarray | None = None
         self.factors: np.ndarray | None = None
+        self.fastest: np.ndarray | None = None
         self.counts: dict[str, int] = {}
         self.queue: list[str] = []
         self.target = 0.0
@@ -51,6 +55,7 @@ class ModelPlan:
         total = view.total_gpus
         self.rates = capped(view, view.rates.useful_matrix(total).copy())
         self.factors = np.ones(len(view.models))
+        self.fastest = np.argmax(self.rates, axis=1) + 1 if view.models else np.zeros(0, dtype=int)
         times = self.work(view)[:, None] / self.rates
         target = malleable_bound(times, total_gpus=total) * self.target_factor
         self.target = target
@@ -72,6 +77,7 @@ class ModelPlan:
             profiled = view.rates.useful_matrix(view.total_gpus)[i]
             self.factors[i] = event.samples_per_s / view.rates.rate(event.model, gpus)
             self.rates[i] = capped(view, profiled * self.factors[i])
+            self.fastest[i] = np.argmax(self.rates[i]) + 1
 
     def observe_converged(self, event: ModelConverged, view: ClusterView) -> None:
         """A converged model tells how far off its estimate was."""
@@ -79,8 +85,18 @@ class ModelPlan:
 
     def work(self, view: ClusterView) -> np.ndarray:
         """Estimated samples each model still needs (at least one epoch)."""
-        n = view.rates.samples_per_epoch
-        return np.array([self.remaining(m) * n for m in view.models])
+        return self.remaining_of(view.models) * view.rates.samples_per_epoch
+
+    def remaining_of(self, models: Sequence[ModelView]) -> np.ndarray:
+        """`remaining` of each of `models`, at once."""
+        done = np.array([m.epochs_done for m in models], dtype=float)
+        forecast = self.forecast.remaining_of([m.id for m in models], np.array([m.epochs_estimate for m in models],
+                                              dtype=float), done, self.level)
+        stops = [(k, m.next_stop) for k, m in enumerate(models) if m.next_stop is not None]
+        if stops:
+            rows, at = (np.array(column) for column in zip(*stops))
+            forecast[rows] = np.minimum(forecast[rows], np.maximum(1.0, (at - done[rows])))
+        return forecast
 
     def remaining(self, model: ModelView) -> float:
         """Forecast epochs a model still needs (`EpochForecast`, at the plan's risk level), up to

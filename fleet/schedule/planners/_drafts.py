@@ -162,7 +162,8 @@ class StreamMatcher:
         within ``match_tolerance`` (a slower stream would only hold it back), or to a stream of
         its own where none does.
         """
-        work = dict(zip(view.rates.ids, self.plan.work(view)))
+        n = view.rates.samples_per_epoch
+        work = {m: self.plan.remaining(view.model(m)) * n for d in drafts for m, _ in d.members}  # the new ones
         while free > 0:
             finishes = sorted(
                 ((work[m] / d.low, d, k) for d in drafts for k, (m, _) in enumerate(d.members)),

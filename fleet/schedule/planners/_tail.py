@@ -50,16 +50,17 @@ class Running:
 def finish_curves(now: float, running: Sequence[Running], limit: int) -> np.ndarray:
     """``f[i, k-1]``: model ``i``'s finish on ``k = 1..limit`` GPUs, made non-increasing in ``k``
     (a count no faster than a smaller one is never worth taking)."""
-    curves = np.empty((len(running), limit))
+    rates = np.full((len(running), limit), np.nan)
     for i, r in enumerate(running):
-        rates = np.full(limit, np.nan)
-        rates[: min(limit, r.rates.size)] = r.rates[:limit]
-        ends = now + r.switch_s + r.remaining / rates
-        ends[np.isnan(ends)] = np.inf
-        if r.gpus <= limit:
-            ends[r.gpus - 1] = r.finish
-        curves[i] = np.minimum.accumulate(ends)
-    return curves
+        rates[i, : min(limit, r.rates.size)] = r.rates[:limit]
+    started = now + np.array([r.switch_s for r in running], dtype=float)
+    ends = started[:, None] + np.array([r.remaining for r in running], dtype=float)[:, None] / rates
+    ends[np.isnan(ends)] = np.inf
+    held = [(i, r.gpus - 1, r.finish) for i, r in enumerate(running) if r.gpus <= limit]
+    if held:
+        rows, columns, finish = zip(*held)
+        ends[list(rows), list(columns)] = finish
+    return np.minimum.accumulate(ends, axis=1)
 
 
 def common_goal(curves: np.ndarray, gpus: int) -> float:

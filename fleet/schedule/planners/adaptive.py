@@ -66,7 +66,7 @@ tolerance, since another stream would only split the decoding between them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,6 +180,7 @@ class FleetAdaptive(Policy):
         self.rebalance_gain = options.rebalance_gain
         self.resizing: dict[str, int] = {}  # model being resized or moved -> the GPU count it gets
         self.moving: dict[str, int] = {}  # model being moved -> the stream it is to join
+        self.switch_s: tuple[object, dict[str, float]] = (None, {})  # (rate table, model -> resize cost)
 
     # -- protocol --------------------------------------------------------------------
 
@@ -236,7 +237,7 @@ class FleetAdaptive(Policy):
         """Members to checkpoint now and move to a better stream (`on_checkpointed` joins it);
         none that would leave a stream in ``joined`` (one this decision launches into) empty."""
         costs = Costs(lambda m: self.plan.remaining(view.model(m)) * view.rates.samples_per_epoch,
-                      lambda m: _switch_cost(view, self.costs, m))
+                      lambda m: self._switch_s(view, m))
         moves = {m: t for m, t in regroup(_groups(view, self.plan.rate), costs, self.margin, self.move_gain).items()
                  if m not in self.resizing}
         for stream in view.streams:
@@ -255,16 +256,26 @@ class FleetAdaptive(Policy):
         one predicted to finish last finishes earlier (`_tail.rebalance`), where that gains more
         than ``resize_margin`` times the checkpoint + restore a change of GPU count requires."""
         available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
-        finish = _predicted_finish(view, self.plan.remaining)
+        finish = _predicted_finish(view, self.plan.remaining_of)
         running = [self._running(view, m, *finish[m]) for m in sorted(finish) if m not in self.resizing]
         counts = grow_into_free(view.time, running, max(available, 0), self.margin, self.rebalance_gain)
         self.resizing.update(counts)
         return Decision(checkpoint=tuple(counts)) if counts else NO_DECISION
 
     def _running(self, view: ClusterView, model: str, end: float, remaining: float) -> Running:
-        row = self.plan.rates[view.rates.index(model)]
-        best = int(np.argmax(row)) + 1  # more GPUs than the fastest count are never useful
-        return Running(model, len(view.model(model).gpus), end, remaining, _switch_cost(view, self.costs, model), row[:best])
+        i = view.rates.index(model)
+        best = int(self.plan.fastest[i])  # more GPUs than the fastest count are never useful
+        return Running(model, len(view.models[i].gpus), end, remaining, self._switch_s(view, model),
+                       self.plan.rates[i, :best])
+
+    def _switch_s(self, view: ClusterView, model: str) -> float:
+        """`_switch_cost` of ``model``, kept while the view's rate table stays the same."""
+        if self.switch_s[0] is not view.rates:
+            self.switch_s = (view.rates, {})
+        known = self.switch_s[1]
+        if model not in known:
+            known[model] = _switch_cost(view, self.costs, model)
+        return known[model]
 
     def _resizing_now(self, view: ClusterView) -> int:
         """GPUs that models being resized still hold (they come back with the checkpoint)."""
@@ -292,16 +303,12 @@ def _groups(view: ClusterView, rate: Callable[[ClusterView, str, int], float]) -
 
 
 def _predicted_finish(
-    view: ClusterView, remaining_epochs: Callable[[ModelView], float]
+    view: ClusterView, remaining_epochs: Callable[[Sequence[ModelView]], np.ndarray]
 ) -> dict[str, tuple[float, float]]:
     """Per running model: (when it is predicted to finish at its stream's pace, samples left),
-    with ``remaining_epochs`` its forecast epochs left."""
+    with ``remaining_epochs`` the forecast epochs left of each of a list of models."""
     pace = {s.id: s.pace for s in view.streams}
-    n = view.rates.samples_per_epoch
-    out = {}
-    for m in view.models:
-        if m.state is not ModelState.RUNNING or not pace.get(m.stream):
-            continue
-        remaining = remaining_epochs(m) * n
-        out[m.id] = (view.time + remaining / pace[m.stream], remaining)
-    return out
+    running = [m for m in view.models if m.state is ModelState.RUNNING and pace.get(m.stream)]
+    remaining = remaining_epochs(running) * view.rates.samples_per_epoch
+    finish = view.time + remaining / np.array([pace[m.stream] for m in running], dtype=float)
+    return {m.id: (end, left) for m, end, left in zip(running, finish.tolist(), remaining.tolist())}
