@@ -79,13 +79,18 @@ class ModelHopper(_Hopper):
     def fill(self, view: ClusterView) -> Decision:
         idle = view.waiting()
         visited = {m.id: m.visited for m in view.models}
+        able: dict[int, list[str]] = {}  # partition -> the idle models yet to visit it, in order
         plans = []
         for g in view.free_gpus:
             partition = view.partitions.of_gpu(g)
-            able = [m for m in idle if partition not in visited[m]]
-            if able:
-                model = able[int(self.rng.integers(len(able)))]
+            if partition not in able:
+                able[partition] = [m for m in idle if partition not in visited[m]]
+            if able[partition]:
+                model = able[partition][int(self.rng.integers(len(able[partition])))]
                 idle.remove(model)
+                for unvisited, models in able.items():
+                    if unvisited not in visited[model]:
+                        models.remove(model)
                 plans.append(StreamPlan((Member(model, (g,)),)))
         return Decision.launching(plans)
 
