@@ -32,6 +32,8 @@ class ModelPlan:
             the last count at which some model is faster than on fewer GPUs (`rate` gives any).
         factors: ``factors[i]``: the measured / profiled rate model ``i``'s row is rescaled by.
         fastest: ``fastest[i]``: the count at which model ``i`` is planned fastest (the first).
+        version: counts the changes of ``rates`` (what was read from them before still holds
+            while it stays the same).
         counts: model -> its planned GPU count.
         queue: the models waiting, longest estimated duration first.
         target: the target makespan, seconds.
@@ -44,6 +46,7 @@ class ModelPlan:
         self.rates: np.ndarray | None = None
         self.factors: np.ndarray | None = None
         self.fastest: np.ndarray | None = None
+        self.version = 0
         self.counts: dict[str, int] = {}
         self.queue: list[str] = []
         self.target = 0.0
@@ -55,6 +58,7 @@ class ModelPlan:
         total = view.total_gpus
         self.rates = capped(view, view.rates.useful_matrix(total).copy())
         self.factors = np.ones(len(view.models))
+        self.version += 1
         self.fastest = np.argmax(self.rates, axis=1) + 1 if view.models else np.zeros(0, dtype=int)
         times = self.work(view)[:, None] / self.rates
         target = malleable_bound(times, total_gpus=total) * self.target_factor
@@ -74,10 +78,12 @@ class ModelPlan:
         gpus = len(view.model(event.model).gpus)
         if self.rates is not None and event.samples_per_s > 0 and gpus:
             i = view.rates.index(event.model)
-            profiled = view.rates.useful_matrix(view.total_gpus)[i]
-            self.factors[i] = event.samples_per_s / view.rates.rate(event.model, gpus)
-            self.rates[i] = capped(view, profiled * self.factors[i])
-            self.fastest[i] = np.argmax(self.rates[i]) + 1
+            factor = event.samples_per_s / view.rates.rate(event.model, gpus)
+            if factor != self.factors[i]:  # else the row stays as it is
+                self.factors[i] = factor
+                self.rates[i] = capped(view, view.rates.useful_matrix(view.total_gpus)[i] * factor)
+                self.fastest[i] = np.argmax(self.rates[i]) + 1
+                self.version += 1
 
     def observe_converged(self, event: ModelConverged, view: ClusterView) -> None:
         """A converged model tells how far off its estimate was."""
@@ -135,9 +141,6 @@ class ModelPlan:
             out[k, j] = self.rate(view, models[k], int(counts[k, j]))
         return out
 
-    def member_rates(self, view: ClusterView, members: tuple[str, ...]) -> list[float]:
-        """The planned rates of running `members` on the GPUs they hold."""
-        return [self.rate(view, m, len(view.model(m).gpus)) for m in members]
 
 
 def capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:

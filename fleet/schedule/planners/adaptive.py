@@ -84,6 +84,7 @@ from fleet.schedule._base import (
     ModelView,
     Policy,
     StreamPlan,
+    StreamView,
 )
 from fleet.schedule.costs import Overheads
 from fleet.schedule.options import OptionError, PolicyOptions, option
@@ -181,6 +182,8 @@ class FleetAdaptive(Policy):
         self.resizing: dict[str, int] = {}  # model being resized or moved -> the GPU count it gets
         self.moving: dict[str, int] = {}  # model being moved -> the stream it is to join
         self.switch_s: tuple[object, dict[str, float]] = (None, {})  # (rate table, model -> resize cost)
+        self.groups: dict[int, tuple[StreamView, tuple[Seat, ...]]] = {}  # running stream -> (its view, seats)
+        self.groups_version = -1  # the plan's version the seats were read at
 
     # -- protocol --------------------------------------------------------------------
 
@@ -229,7 +232,17 @@ class FleetAdaptive(Policy):
 
     def _running_drafts(self, view: ClusterView) -> list[Draft]:
         """The running streams, as drafts that new members may join."""
-        return [Draft(s.id, self.plan.member_rates(view, s.members)) for s in view.streams if s.pace > 0]
+        return [Draft(group.id, [seat.rate for seat in group.seats]) for group in self._groups(view)]
+
+    def _groups(self, view: ClusterView) -> list[Group]:
+        """The running streams as `_regroup` sees them: each member's GPUs and planned own rate.
+        A stream's seats are kept while its view and the planned rates stay the same: with
+        thousands of members, reading them all again on every call is what planning spent."""
+        kept = self.groups if self.groups_version == self.plan.version else {}
+        self.groups = {s.id: kept[s.id] if s.id in kept and kept[s.id][0] is s else (s, _seats(view, s, self.plan.rate))
+                       for s in view.streams if s.pace > 0}
+        self.groups_version = self.plan.version
+        return [Group(s.id, s.pace, seats) for s, seats in self.groups.values()]
 
     # -- regrouping running members -----------------------------------------------------
 
@@ -238,7 +251,7 @@ class FleetAdaptive(Policy):
         none that would leave a stream in ``joined`` (one this decision launches into) empty."""
         costs = Costs(lambda m: self.plan.remaining(view.model(m)) * view.rates.samples_per_epoch,
                       lambda m: self._switch_s(view, m))
-        moves = {m: t for m, t in regroup(_groups(view, self.plan.rate), costs, self.margin, self.move_gain).items()
+        moves = {m: t for m, t in regroup(self._groups(view), costs, self.margin, self.move_gain).items()
                  if m not in self.resizing}
         for stream in view.streams:
             if stream.id in joined and all(m in moves for m in stream.members):
@@ -293,13 +306,13 @@ def _switch_cost(view: ClusterView, costs: Overheads, model: str) -> float:
     return costs.checkpoint_s(param_bytes) + costs.restore_s(param_bytes)
 
 
-def _groups(view: ClusterView, rate: Callable[[ClusterView, str, int], float]) -> list[Group]:
-    """The running streams as `_regroup` sees them, ``rate`` giving a member's own rate."""
+def _seats(view: ClusterView, stream: StreamView, rate: Callable[[ClusterView, str, int], float]) -> tuple[Seat, ...]:
+    """A stream's members as `_regroup` sees them, ``rate`` giving a member's own rate."""
     def seat(model: str) -> Seat:
         gpus = len(view.model(model).gpus)
         return Seat(model, gpus, rate(view, model, gpus))
 
-    return [Group(s.id, s.pace, tuple(seat(m) for m in s.members)) for s in view.streams if s.pace > 0]
+    return tuple(seat(m) for m in stream.members)
 
 
 def _predicted_finish(
