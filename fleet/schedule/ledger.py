@@ -10,6 +10,8 @@ in every driver.
 
 from __future__ import annotations
 
+import bisect
+
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import replace
 
@@ -114,6 +116,7 @@ class Ledger:
         ]
         self._unfinished = sum(v.state is not ModelState.CONVERGED for v in self.views)
         self.owner = [""] * total_gpus
+        self._free = list(range(total_gpus))  # the GPUs no model owns, ascending (kept as they change)
         self.streams: dict[int, list[str]] = {}
         self.next_stream = 0
         self.round = 0
@@ -144,11 +147,11 @@ class Ledger:
 
     @property
     def drained(self) -> bool:
-        return not any(self.owner)
+        return len(self._free) == self.total_gpus
 
     @property
     def free_gpus(self) -> tuple[int, ...]:
-        return tuple(g for g, owner in enumerate(self.owner) if not owner)
+        return tuple(self._free)
 
     @property
     def unfinished(self) -> int:
@@ -211,6 +214,8 @@ class Ledger:
     def reserve(self, model_id: str, gpus: tuple[int, ...], stream: int) -> None:
         """The model runs on `gpus` in `stream` from now on."""
         for g in gpus:
+            if not self.owner[g]:
+                del self._free[bisect.bisect_left(self._free, g)]
             self.owner[g] = model_id
         self.streams[stream].append(model_id)
         self._stream_views.pop(stream, None)
@@ -275,6 +280,8 @@ class Ledger:
         if view.state is ModelState.RUNNING:
             self._leave_stream(model_id)
         for g in view.gpus:
+            if self.owner[g]:
+                bisect.insort(self._free, g)
             self.owner[g] = ""
         self._set(model_id, state=state, gpus=(), stream=None)
         return view.gpus

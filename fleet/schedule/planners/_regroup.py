@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -67,10 +68,15 @@ class Group:
     pace: float
     seats: tuple[Seat, ...]
 
-    @property
+    @cached_property
     def slowest(self) -> float:
         """The lowest own rate among its members: the pace a joiner at or above it keeps."""
         return min(s.rate for s in self.seats)
+
+    @cached_property
+    def ranked(self) -> list[Seat]:
+        """Its seats, slowest first (ties in seat order)."""
+        return sorted(self.seats, key=lambda s: s.rate)
 
 
 def regroup(groups: Sequence[Group], costs: Costs, margin: float, gain: float) -> dict[str, int]:
@@ -122,7 +128,7 @@ def _pacer_move(group: Group, live: Sequence[Group], sorted_slowest: np.ndarray,
     """{pacer: stream} when moving the stream's unique slowest member out is worth it."""
     if len(group.seats) < 2:
         return {}
-    ranked = sorted(group.seats, key=lambda s: s.rate)
+    ranked = group.ranked
     pacer, second = ranked[0], ranked[1].rate
     if second <= pacer.rate * (1 + gain):
         return {}

@@ -92,7 +92,7 @@ from fleet.schedule.placement import place
 from fleet.schedule.planners._adaptive_plan import ModelPlan
 from fleet.schedule.planners._drafts import Draft, StreamMatcher, place_drafts, stream_to_join
 from fleet.schedule.planners._regroup import Costs, Group, Seat, regroup
-from fleet.schedule.planners._tail import Running, grow_into_free
+from fleet.schedule.planners._tail import RunningSet, grow_into_free
 
 _WAITING = (ModelState.PENDING, ModelState.PAUSED)  # PAUSED: resumed from a checkpoint, or resized
 
@@ -182,7 +182,7 @@ class FleetAdaptive(Policy):
         self.resizing: dict[str, int] = {}  # model being resized or moved -> the GPU count it gets
         self.moving: dict[str, int] = {}  # model being moved -> the stream it is to join
         self.switch_s: tuple[object, dict[str, float]] = (None, {})  # (rate table, model -> resize cost)
-        self.groups: dict[int, tuple[StreamView, tuple[Seat, ...]]] = {}  # running stream -> (its view, seats)
+        self.groups: dict[int, tuple[StreamView, Group]] = {}  # running stream -> (its view, as regrouping sees it)
         self.groups_version = -1  # the plan's version the seats were read at
 
     # -- protocol --------------------------------------------------------------------
@@ -239,10 +239,10 @@ class FleetAdaptive(Policy):
         A stream's seats are kept while its view and the planned rates stay the same: with
         thousands of members, reading them all again on every call is what planning spent."""
         kept = self.groups if self.groups_version == self.plan.version else {}
-        self.groups = {s.id: kept[s.id] if s.id in kept and kept[s.id][0] is s else (s, _seats(view, s, self.plan.rate))
+        self.groups = {s.id: kept[s.id] if s.id in kept and kept[s.id][0] is s else (s, _group(view, s, self.plan.rate))
                        for s in view.streams if s.pace > 0}
         self.groups_version = self.plan.version
-        return [Group(s.id, s.pace, seats) for s, seats in self.groups.values()]
+        return [group for _, group in self.groups.values()]
 
     # -- regrouping running members -----------------------------------------------------
 
@@ -270,16 +270,20 @@ class FleetAdaptive(Policy):
         than ``resize_margin`` times the checkpoint + restore a change of GPU count requires."""
         available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
         finish = _predicted_finish(view, self.plan.remaining_of)
-        running = [self._running(view, m, *finish[m]) for m in sorted(finish) if m not in self.resizing]
+        running = self._running(view, [m for m in sorted(finish) if m not in self.resizing], finish)
         counts = grow_into_free(view.time, running, max(available, 0), self.margin, self.rebalance_gain)
         self.resizing.update(counts)
         return Decision(checkpoint=tuple(counts)) if counts else NO_DECISION
 
-    def _running(self, view: ClusterView, model: str, end: float, remaining: float) -> Running:
-        i = view.rates.index(model)
-        best = int(self.plan.fastest[i])  # more GPUs than the fastest count are never useful
-        return Running(model, len(view.models[i].gpus), end, remaining, self._switch_s(view, model),
-                       self.plan.rates[i, :best])
+    def _running(self, view: ClusterView, models: list[str], finish: dict[str, tuple[float, float]]) -> RunningSet:
+        """`models` as the tail sees them; ``finish``: each one's predicted finish and samples left."""
+        rows = np.array([view.rates.index(m) for m in models], dtype=int)
+        sizes = self.plan.fastest[rows]  # more GPUs than the fastest count are never useful
+        rates = self.plan.rates[rows, : int(sizes.max(initial=0))]
+        rates[np.arange(rates.shape[1]) >= sizes[:, None]] = np.nan
+        ends, left = (np.array([finish[m][k] for m in models], dtype=float) for k in (0, 1))
+        return RunningSet(tuple(models), np.array([len(view.models[i].gpus) for i in rows], dtype=int), ends, left,
+                          np.array([self._switch_s(view, m) for m in models], dtype=float), rates, sizes)
 
     def _switch_s(self, view: ClusterView, model: str) -> float:
         """`_switch_cost` of ``model``, kept while the view's rate table stays the same."""
@@ -306,13 +310,13 @@ def _switch_cost(view: ClusterView, costs: Overheads, model: str) -> float:
     return costs.checkpoint_s(param_bytes) + costs.restore_s(param_bytes)
 
 
-def _seats(view: ClusterView, stream: StreamView, rate: Callable[[ClusterView, str, int], float]) -> tuple[Seat, ...]:
-    """A stream's members as `_regroup` sees them, ``rate`` giving a member's own rate."""
+def _group(view: ClusterView, stream: StreamView, rate: Callable[[ClusterView, str, int], float]) -> Group:
+    """A stream as `_regroup` sees it, ``rate`` giving a member's own rate."""
     def seat(model: str) -> Seat:
         gpus = len(view.model(model).gpus)
         return Seat(model, gpus, rate(view, model, gpus))
 
-    return tuple(seat(m) for m in stream.members)
+    return Group(stream.id, stream.pace, tuple(seat(m) for m in stream.members))
 
 
 def _predicted_finish(
