@@ -123,6 +123,7 @@ class Ledger:
         self.launches = 0
         self._cached: tuple[tuple[StreamView, ...], tuple[int, ...]] | None = None  # (streams, free GPUs)
         self._stream_views: dict[int, StreamView] = {}  # of the streams unchanged since their view was built
+        self._member_rates: dict[str, float] = {}  # running model -> its profiled rate on its GPUs
 
     @property
     def rates(self) -> RateTable:
@@ -133,6 +134,7 @@ class Ledger:
     def rates(self, table: RateTable) -> None:
         self._rates, self._cached = table, None
         self._stream_views.clear()
+        self._member_rates.clear()
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -165,8 +167,16 @@ class Ledger:
         members = self.streams.get(stream, [])
         if not members:
             return 0.0
-        pace = min(self.rates.rate(m, len(self.model(m).gpus)) for m in members)
+        pace = min(self._member_rate(m) for m in members)
         return pace if self.decode_rate is None else min(pace, self.decode_rate)
+
+    def _member_rate(self, model_id: str) -> float:
+        """A running model's profiled rate on its GPUs, kept while it runs there (a stream's pace
+        is asked again whenever a member leaves: thousands of members, thousands of times)."""
+        rate = self._member_rates.get(model_id)
+        if rate is None:
+            rate = self._member_rates[model_id] = self.rates.rate(model_id, len(self.model(model_id).gpus))
+        return rate
 
     def view(self, now: float) -> ClusterView:
         if self._cached is None:
@@ -213,6 +223,7 @@ class Ledger:
 
     def reserve(self, model_id: str, gpus: tuple[int, ...], stream: int) -> None:
         """The model runs on `gpus` in `stream` from now on."""
+        self._member_rates.pop(model_id, None)
         for g in gpus:
             if not self.owner[g]:
                 del self._free[bisect.bisect_left(self._free, g)]
@@ -279,6 +290,7 @@ class Ledger:
         view = self.model(model_id)
         if view.state is ModelState.RUNNING:
             self._leave_stream(model_id)
+        self._member_rates.pop(model_id, None)
         for g in view.gpus:
             if self.owner[g]:
                 bisect.insort(self._free, g)
