@@ -66,7 +66,7 @@ tolerance, since another stream would only split the decoding between them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +81,6 @@ from fleet.schedule._base import (
     ModelConverged,
     ModelPromoted,
     ModelState,
-    ModelView,
     Policy,
     StreamPlan,
     StreamView,
@@ -181,7 +180,8 @@ class FleetAdaptive(Policy):
         self.rebalance_gain = options.rebalance_gain
         self.resizing: dict[str, int] = {}  # model being resized or moved -> the GPU count it gets
         self.moving: dict[str, int] = {}  # model being moved -> the stream it is to join
-        self.switch_s: tuple[object, dict[str, float]] = (None, {})  # (rate table, model -> resize cost)
+        self.table: _TableFacts | None = None  # of the view's rate table
+        self.rows: dict[int, tuple[Group, np.ndarray]] = {}  # running stream -> (its group, its members' rows)
         self.groups: dict[int, tuple[StreamView, Group]] = {}  # running stream -> (its view, as regrouping sees it)
         self.groups_version = -1  # the plan's version the seats were read at
 
@@ -269,30 +269,44 @@ class FleetAdaptive(Policy):
         one predicted to finish last finishes earlier (`_tail.rebalance`), where that gains more
         than ``resize_margin`` times the checkpoint + restore a change of GPU count requires."""
         available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
-        finish = _predicted_finish(view, self.plan.remaining_of)
-        running = self._running(view, [m for m in sorted(finish) if m not in self.resizing], finish)
-        counts = grow_into_free(view.time, running, max(available, 0), self.margin, self.rebalance_gain)
+        counts = grow_into_free(view.time, self._running(view), max(available, 0), self.margin, self.rebalance_gain)
         self.resizing.update(counts)
         return Decision(checkpoint=tuple(counts)) if counts else NO_DECISION
 
-    def _running(self, view: ClusterView, models: list[str], finish: dict[str, tuple[float, float]]) -> RunningSet:
-        """`models` as the tail sees them; ``finish``: each one's predicted finish and samples left."""
-        rows = np.array([view.rates.index(m) for m in models], dtype=int)
+    def _running(self, view: ClusterView) -> RunningSet:
+        """The models running on a moving stream, but those being resized, by model id, as the
+        tail sees them: each one's predicted finish at its stream's pace and samples left."""
+        groups = self._groups(view)
+        table = self._table(view)
+        kept, self.rows = self.rows, {}
+        for group in groups:
+            entry = kept.get(group.id)
+            if entry is None or entry[0] is not group:
+                entry = (group, np.array([view.rates.index(seat.model) for seat in group.seats], dtype=int))
+            self.rows[group.id] = entry
+        rows = np.concatenate([members for _, members in self.rows.values()] or [np.zeros(0, dtype=int)])
+        pace = np.repeat([group.pace for group in groups], [len(group.seats) for group in groups])
+        keep = ~np.isin(rows, [view.rates.index(m) for m in self.resizing])
+        order = np.flatnonzero(keep)[np.argsort(table.rank[rows[keep]])]
+        rows, pace = rows[order], pace[order]
+        remaining = self.plan.remaining_of([view.models[i] for i in rows]) * view.rates.samples_per_epoch
         sizes = self.plan.fastest[rows]  # more GPUs than the fastest count are never useful
         rates = self.plan.rates[rows, : int(sizes.max(initial=0))]
         rates[np.arange(rates.shape[1]) >= sizes[:, None]] = np.nan
-        ends, left = (np.array([finish[m][k] for m in models], dtype=float) for k in (0, 1))
-        return RunningSet(tuple(models), np.array([len(view.models[i].gpus) for i in rows], dtype=int), ends, left,
-                          np.array([self._switch_s(view, m) for m in models], dtype=float), rates, sizes)
+        gpus = np.array([len(view.models[i].gpus) for i in rows], dtype=int)
+        return RunningSet(tuple(view.rates.ids[i] for i in rows), gpus, view.time + remaining / pace, remaining,
+                          table.switch_s[rows], rates, sizes)
+
+    def _table(self, view: ClusterView) -> _TableFacts:
+        """What the policy keeps of the view's rate table (`_TableFacts`)."""
+        if self.table is None or self.table.rates is not view.rates:
+            self.table = _TableFacts.of(view, self.costs)
+            self.rows = {}  # rows of another table
+        return self.table
 
     def _switch_s(self, view: ClusterView, model: str) -> float:
-        """`_switch_cost` of ``model``, kept while the view's rate table stays the same."""
-        if self.switch_s[0] is not view.rates:
-            self.switch_s = (view.rates, {})
-        known = self.switch_s[1]
-        if model not in known:
-            known[model] = _switch_cost(view, self.costs, model)
-        return known[model]
+        """`_switch_cost` of ``model``."""
+        return float(self._table(view).switch_s[view.rates.index(model)])
 
     def _resizing_now(self, view: ClusterView) -> int:
         """GPUs that models being resized still hold (they come back with the checkpoint)."""
@@ -319,13 +333,23 @@ def _group(view: ClusterView, stream: StreamView, rate: Callable[[ClusterView, s
     return Group(stream.id, stream.pace, tuple(seat(m) for m in stream.members))
 
 
-def _predicted_finish(
-    view: ClusterView, remaining_epochs: Callable[[Sequence[ModelView]], np.ndarray]
-) -> dict[str, tuple[float, float]]:
-    """Per running model: (when it is predicted to finish at its stream's pace, samples left),
-    with ``remaining_epochs`` the forecast epochs left of each of a list of models."""
-    pace = {s.id: s.pace for s in view.streams}
-    running = [m for m in view.models if m.state is ModelState.RUNNING and pace.get(m.stream)]
-    remaining = remaining_epochs(running) * view.rates.samples_per_epoch
-    finish = view.time + remaining / np.array([pace[m.stream] for m in running], dtype=float)
-    return {m.id: (end, left) for m, end, left in zip(running, finish.tolist(), remaining.tolist())}
+@dataclass(frozen=True)
+class _TableFacts:
+    """What the policy keeps of a rate table while it plans with it.
+
+    Attributes:
+        rates: the table.
+        rank: ``rank[i]``: where model ``i``'s id comes in the sorted ids.
+        switch_s: ``switch_s[i]``: `_switch_cost` of model ``i``.
+    """
+
+    rates: object
+    rank: np.ndarray
+    switch_s: np.ndarray
+
+    @classmethod
+    def of(cls, view: ClusterView, costs: Overheads) -> _TableFacts:
+        ids = view.rates.ids
+        rank = np.empty(len(ids), dtype=int)
+        rank[np.argsort(np.array(ids, dtype=object), kind="stable")] = np.arange(len(ids))
+        return cls(view.rates, rank, np.array([_switch_cost(view, costs, m) for m in ids], dtype=float))
