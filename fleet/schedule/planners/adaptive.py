@@ -92,6 +92,7 @@ from fleet.schedule.planners._adaptive_plan import ModelPlan
 from fleet.schedule.planners._drafts import Draft, StreamMatcher, place_drafts, stream_to_join
 from fleet.schedule.planners._regroup import Costs, Group, Seat, regroup
 from fleet.schedule.planners._tail import RunningSet, grow_into_free
+from fleet.schedule.rates import RateTable
 
 _WAITING = (ModelState.PENDING, ModelState.PAUSED)  # PAUSED: resumed from a checkpoint, or resized
 
@@ -343,7 +344,7 @@ class _TableFacts:
         switch_s: ``switch_s[i]``: `_switch_cost` of model ``i``.
     """
 
-    rates: object
+    rates: RateTable
     rank: np.ndarray
     switch_s: np.ndarray
 
