@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from fleet.schedule import Cluster, ModelState, RateTable, Scenario, create_policy, paper100, simulate
-from fleet.schedule.choice import CANDIDATES, PREDICTION_COSTS, PolicyChoice, choose_policy, pick, reconsider
+from fleet.schedule import Cluster, ModelState, RateTable, Scenario, create_policy, paper100, scale, simulate
+from fleet.schedule.choice import (
+    CANDIDATES,
+    PREDICTION_BUDGET_S,
+    PREDICTION_COSTS,
+    PolicyChoice,
+    affordable,
+    choose_policy,
+    pick,
+    reconsider,
+    simulation_cost_s,
+)
 from fleet.schedule.ledger import Ledger
 
 
@@ -85,3 +95,22 @@ def test_what_is_left_is_the_estimated_epochs_not_yet_done_of_the_unconverged_mo
     left = equal_rates((1, 1, 3, 2, 1, 1), 4)  # m1 2-1, m2 3, m3 4-3, m5 2, m6 3, m7 4-3, in table order
     rest = choose_policy(make, Scenario(left.rates, (1, 3, 1, 2, 3, 1), (1.0, 3.0, 1.0, 2.0, 3.0, 1.0), left.cluster))
     assert switch is not None and switch.predicted_s == rest.predicted_s
+
+
+def test_candidates_too_large_to_simulate_in_the_budget_are_skipped_and_named():
+    scenario = paper100(0).scenario(40)
+    cost = {name: simulation_cost_s(name, scenario) for name in CANDIDATES}
+    cheapest = sorted(CANDIDATES, key=cost.__getitem__)[:2]
+    choice = choose_policy(make, scenario, budget_s=sum(cost[n] for n in cheapest))
+    assert set(choice.predicted_s) == set(cheapest) and set(choice.skipped) == set(CANDIDATES) - set(cheapest)
+    assert "not predicted, too large to simulate" in choice.describe()
+    assert all(name in choice.describe() for name in choice.skipped)
+    assert affordable(CANDIDATES, scenario, budget_s=0.0) == cheapest[:1]
+    assert affordable(("mop", "fleet-hop"), scenario, budget_s=0.0) == ["mop", "fleet-hop"]  # not priced: kept
+
+
+def test_auto_at_10000_models_on_10000_gpus_predicts_within_its_budget():
+    scenario = scale(0, models=10_000).scenario(10_000)
+    chosen = affordable(CANDIDATES, scenario)
+    assert len(chosen) >= 2 and sum(simulation_cost_s(name, scenario) for name in chosen) <= PREDICTION_BUDGET_S
+    assert "fleet-adaptive" not in chosen  # the dearest to simulate: minutes at this size

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from fleet.schedule.forecast import EpochForecast, fit_curve, stop_epoch
@@ -131,3 +132,16 @@ def test_an_epoch_reported_again_after_a_checkpoint_replaces_the_old_value():
     forecast.observe_epoch("a", 6, None)
     assert len(forecast.curves["a"]) == 5
 
+
+
+def test_remaining_of_many_models_is_remaining_of_each():
+    forecast = EpochForecast()
+    rng = np.random.default_rng(3)
+    for k, (estimate, true) in enumerate(zip(rng.uniform(5, 40, 30), rng.integers(3, 60, 30))):
+        forecast.observe_converged(f"done{k}", float(estimate), int(true))
+    estimates = np.concatenate([rng.uniform(5, 40, 200), [0.0, 2.0]])
+    done = np.concatenate([rng.integers(0, 80, 200), [3, 1]]).astype(float)
+    ids = [f"m{k}" for k in range(done.size)]
+    for level in (0.5, 0.9):
+        expected = [forecast.remaining(m, e, d, level) for m, e, d in zip(ids, estimates.tolist(), done.tolist())]
+        assert forecast.remaining_of(ids, estimates, done, level).tolist() == expected

@@ -2,10 +2,18 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from fleet.errors import UserError
-from fleet.schedule.rates import ModelProfile, ProfileFormatError, RateTable, extrapolate_rate, threshold_gpus
+from fleet.schedule.rates import (
+    ModelProfile,
+    ProfileFormatError,
+    RateTable,
+    extrapolate_rate,
+    threshold_gpus,
+    useful_width,
+)
 from fleet.schedule_io import epochs_from_profile, load_profile, save_profile
 
 
@@ -115,3 +123,20 @@ def test_epochs_from_profile_says_where_they_came_from():
 def test_model_profile_rate_uses_gpus_per_node():
     p = ModelProfile("x", (10.0, 19.0, 27.0, 34.0))
     assert p.rate(5, 2) == pytest.approx(extrapolate_rate(p.rates, 5, 2))
+
+
+@pytest.mark.parametrize("measured, gpn", [
+    ([10, 19, 27, 34], 2),  # decay 0.944: Eq. 5 peaks near m = 17
+    ([100, 198, 294, 388], 2),  # near-linear: it peaks near m = 97
+    ([10, 21, 33, 46], 2),  # super-linear: it never stops rising
+    ([50], 4),  # one count: r(1) everywhere
+    ([10, 19, 27, 34, 40, 45, 49, 52, 54, 55], 4),  # more measured than M_b
+])
+def test_useful_matrix_leaves_out_only_counts_slower_than_a_smaller_one(measured, gpn):
+    table = RateTable((ModelProfile("a", tuple(measured)), ModelProfile("b", (20.0, 30.0))), gpn, 1000)
+    full = table.matrix(400)
+    useful = table.useful_matrix(400)
+    assert np.array_equal(useful, full[:, : useful.shape[1]])  # the same floats
+    best = np.maximum.accumulate(full, axis=1)
+    assert (full[:, useful.shape[1]:] <= best[:, useful.shape[1] - 1 : -1]).all()
+    assert useful.shape[1] < 400 if np.isfinite(useful_width(measured, gpn)) else useful.shape[1] == 400

@@ -34,30 +34,34 @@ class Bounds:
 
 
 def training_times(rates: RateTable, epochs: Sequence[float], total_gpus: int) -> np.ndarray:
-    """``t[i, m-1] = epochs_i * n / r_i(m)`` for ``m = 1..total_gpus``."""
+    """``t[i, m-1] = epochs_i * n / r_i(m)`` for ``m = 1..w``, ``w <= total_gpus`` the last count
+    at which some model is faster than at every smaller count (`RateTable.useful_matrix`): a
+    slower count costs more GPU-seconds too, so it bounds nothing."""
     work = np.asarray(epochs, dtype=float) * rates.samples_per_epoch
-    return work[:, None] / rates.matrix(total_gpus)
+    return work[:, None] / rates.useful_matrix(total_gpus)
 
 
-def simple_bound(times: np.ndarray) -> float:
-    """LB1 from a ``t[i, m-1]`` array (``m = 1..M``); 0 for no model."""
+def simple_bound(times: np.ndarray, total_gpus: int | None = None) -> float:
+    """LB1 from a ``t[i, m-1]`` array (``m = 1..w``) on ``total_gpus`` GPUs (default ``w``; more
+    where `training_times` left out counts no model gains from); 0 for no model."""
     if not times.shape[0]:
         return 0.0
-    total_gpus = times.shape[1]
-    gpu_seconds = times * np.arange(1, total_gpus + 1)
+    total_gpus = total_gpus or times.shape[1]
+    gpu_seconds = times * np.arange(1, times.shape[1] + 1)
     return float(max(gpu_seconds.min(axis=1).sum() / total_gpus, times.min(axis=1).max()))
 
 
-def malleable_bound(times: np.ndarray, rel_tol: float = 1e-10) -> float:
-    """LB2 from a ``t[i, m-1]`` array (``m = 1..M``), by bisection on ``T``; 0 for no model."""
+def malleable_bound(times: np.ndarray, rel_tol: float = 1e-10, total_gpus: int | None = None) -> float:
+    """LB2 from a ``t[i, m-1]`` array (``m = 1..w``) on ``total_gpus`` GPUs (default ``w``), by
+    bisection on ``T``; 0 for no model."""
     if not times.shape[0]:
         return 0.0
-    total_gpus = times.shape[1]
+    total_gpus = total_gpus or times.shape[1]
     envelopes = [_envelope(row) for row in times]
     low = float(times.min(axis=1).max())
     if _excess(envelopes, low, total_gpus) <= 0:
         return low
-    high = max(low, simple_bound(times)) * 2
+    high = max(low, simple_bound(times, total_gpus)) * 2
     while _excess(envelopes, high, total_gpus) > 0:
         high *= 2
     while high - low > rel_tol * high:
@@ -69,7 +73,7 @@ def malleable_bound(times: np.ndarray, rel_tol: float = 1e-10) -> float:
 def lower_bounds(rates: RateTable, epochs: Sequence[float], total_gpus: int) -> Bounds:
     """LB1 and LB2 of an ensemble with the given (true) epochs on ``total_gpus`` GPUs."""
     times = training_times(rates, epochs, total_gpus)
-    return Bounds(simple_bound(times), malleable_bound(times))
+    return Bounds(simple_bound(times, total_gpus), malleable_bound(times, total_gpus=total_gpus))
 
 
 def least_gpu_seconds(times_row: np.ndarray, deadline: float) -> float:

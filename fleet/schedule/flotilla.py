@@ -27,6 +27,7 @@ is deterministic.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,7 +102,7 @@ def create_flotilla(
     """
     if not candidates or free_gpus < 1:
         return Flotilla((), 0.0, 0.0 if delta is None else float(delta))
-    table = rates.matrix(free_gpus)[[rates.index(c) for c in candidates]]
+    table = rates.useful_matrix(free_gpus)[[rates.index(c) for c in candidates]]
     first = int(np.argmax(table[:, 0]))
     r_fast = float(table[first, 0])
     tolerance = DEFAULT_RELATIVE_DELTA * r_fast if delta is None else float(delta)
@@ -150,11 +151,15 @@ def _hand_out_leftovers(table: np.ndarray, counts: dict[int, int], free: int) ->
     at the slowest rate, or none), each to its next useful count (one GPU more unless its
     measured curve dips there first)."""
     useful = {row: useful_counts(table[row : row + 1])[0] for row in counts}
+    slowest = [(table[row, m - 1], row) for row, m in counts.items()]  # a heap: (rate, row) of each member
+    heapq.heapify(slowest)
     while free > 0:
-        rate = {row: table[row, m - 1] for row, m in counts.items()}
-        pace = min(rate.values())
+        pace = slowest[0][0]
+        tied = []
+        while slowest and slowest[0][0] <= pace * (1 + TIE):
+            tied.append(heapq.heappop(slowest)[1])
         lifts, left = {}, free
-        for row in sorted(r for r in counts if rate[r] <= pace * (1 + TIE)):
+        for row in sorted(tied):
             higher = np.flatnonzero(useful[row][counts[row] : counts[row] + left])
             if not higher.size:
                 return
@@ -162,4 +167,5 @@ def _hand_out_leftovers(table: np.ndarray, counts: dict[int, int], free: int) ->
             left -= lifts[row]
         for row, extra in lifts.items():
             counts[row] += extra
+            heapq.heappush(slowest, (table[row, counts[row] - 1], row))
         free = left

@@ -101,6 +101,20 @@ def _quantile(ordered: Sequence[float], first: int, level: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def _forecast_by_ratios(ratios: np.ndarray, estimates: np.ndarray, done: np.ndarray, level: float) -> np.ndarray:
+    """`EpochForecast.remaining` by the ratios seen (sorted), vectorised: the ``level`` quantile of
+    the ratios above each model's ``done / estimate``, times its estimate, less ``done``; 1 past
+    every ratio seen, and at least 1."""
+    first = np.searchsorted(ratios, done / estimates, side="right")
+    beyond = first == ratios.size
+    first = np.minimum(first, ratios.size - 1)
+    position = first + level * (ratios.size - 1 - first)
+    low = np.floor(position).astype(int)
+    high = np.minimum(low + 1, ratios.size - 1)
+    quantile = ratios[low] + (ratios[high] - ratios[low]) * (position - low)
+    return np.where(beyond, 1.0, np.maximum(quantile * estimates - done, 1.0))
+
+
 class EpochForecast:
     """Remaining epochs per model, sharpened by converged models and learning curves.
 
@@ -156,6 +170,20 @@ class EpochForecast:
         if first == len(self.ratios):  # past every ratio seen
             return 1.0
         return max(_quantile(self.ratios, first, level) * estimate - done, 1.0)
+
+    def remaining_of(self, models: Sequence[str], estimates: np.ndarray, done: np.ndarray,
+                     level: float = 0.5) -> np.ndarray:
+        """`remaining` of many models at once (the same floats): the running models of a
+        10,000-GPU job are all forecast after every convergence."""
+        out = np.maximum(estimates - done, 1.0)
+        if len(self.ratios) >= _MIN_RATIOS:
+            judged = estimates > 0
+            out[judged] = _forecast_by_ratios(np.array(self.ratios), estimates[judged], done[judged], level)
+        if self.curve_trusted and self.fits:
+            for k, model in enumerate(models):
+                if model in self.fits:
+                    out[k] = self.remaining(model, float(estimates[k]), float(done[k]), level)
+        return out
 
     def _by_curve(self, model: str, done: float) -> float | None:
         fit = self.fits.get(model)

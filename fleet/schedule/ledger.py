@@ -10,6 +10,8 @@ in every driver.
 
 from __future__ import annotations
 
+import bisect
+
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import replace
 
@@ -114,12 +116,14 @@ class Ledger:
         ]
         self._unfinished = sum(v.state is not ModelState.CONVERGED for v in self.views)
         self.owner = [""] * total_gpus
+        self._free = list(range(total_gpus))  # the GPUs no model owns, ascending (kept as they change)
         self.streams: dict[int, list[str]] = {}
         self.next_stream = 0
         self.round = 0
         self.launches = 0
         self._cached: tuple[tuple[StreamView, ...], tuple[int, ...]] | None = None  # (streams, free GPUs)
         self._stream_views: dict[int, StreamView] = {}  # of the streams unchanged since their view was built
+        self._member_rates: dict[str, float] = {}  # running model -> its profiled rate on its GPUs
 
     @property
     def rates(self) -> RateTable:
@@ -130,6 +134,7 @@ class Ledger:
     def rates(self, table: RateTable) -> None:
         self._rates, self._cached = table, None
         self._stream_views.clear()
+        self._member_rates.clear()
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -144,11 +149,11 @@ class Ledger:
 
     @property
     def drained(self) -> bool:
-        return not any(self.owner)
+        return len(self._free) == self.total_gpus
 
     @property
     def free_gpus(self) -> tuple[int, ...]:
-        return tuple(g for g, owner in enumerate(self.owner) if not owner)
+        return tuple(self._free)
 
     @property
     def unfinished(self) -> int:
@@ -162,8 +167,16 @@ class Ledger:
         members = self.streams.get(stream, [])
         if not members:
             return 0.0
-        pace = min(self.rates.rate(m, len(self.model(m).gpus)) for m in members)
+        pace = min(self._member_rate(m) for m in members)
         return pace if self.decode_rate is None else min(pace, self.decode_rate)
+
+    def _member_rate(self, model_id: str) -> float:
+        """A running model's profiled rate on its GPUs, kept while it runs there (a stream's pace
+        is asked again whenever a member leaves: thousands of members, thousands of times)."""
+        rate = self._member_rates.get(model_id)
+        if rate is None:
+            rate = self._member_rates[model_id] = self.rates.rate(model_id, len(self.model(model_id).gpus))
+        return rate
 
     def view(self, now: float) -> ClusterView:
         if self._cached is None:
@@ -210,7 +223,10 @@ class Ledger:
 
     def reserve(self, model_id: str, gpus: tuple[int, ...], stream: int) -> None:
         """The model runs on `gpus` in `stream` from now on."""
+        self._member_rates.pop(model_id, None)
         for g in gpus:
+            if not self.owner[g]:
+                del self._free[bisect.bisect_left(self._free, g)]
             self.owner[g] = model_id
         self.streams[stream].append(model_id)
         self._stream_views.pop(stream, None)
@@ -274,7 +290,10 @@ class Ledger:
         view = self.model(model_id)
         if view.state is ModelState.RUNNING:
             self._leave_stream(model_id)
+        self._member_rates.pop(model_id, None)
         for g in view.gpus:
+            if self.owner[g]:
+                bisect.insort(self._free, g)
             self.owner[g] = ""
         self._set(model_id, state=state, gpus=(), stream=None)
         return view.gpus

@@ -86,6 +86,31 @@ def extrapolate_rate(measured: Sequence[float], m: int, gpus_per_node: int) -> f
     return m * r_b / anchor * decay ** (m - anchor)
 
 
+FALLING = 1e-9
+"""Eq. 5 counts past which each step loses at least this share of the rate (`useful_width`): far
+above the rounding of the formula's three operations, so the computed rates fall there too."""
+
+
+def useful_width(measured: Sequence[float], gpus_per_node: int) -> float:
+    """A GPU count past which ``extrapolate_rate(measured, m, gpus_per_node)`` never beats its
+    value at a smaller count (``math.inf`` where Eq. 5 keeps rising, at a decay of 1 or more).
+
+    Beyond the measured ``K`` counts Eq. 5 goes from ``r(m)`` to ``r(m+1)`` by the factor
+    ``(m+1)/m * decay``, falling with ``m``: from the count at which it drops below
+    ``1 - FALLING`` on, the rate falls at every step, so no count past ``max(K+1, that count)``
+    beats every smaller one.
+    """
+    known = len(measured)
+    anchor = min(2 * gpus_per_node, known)
+    if anchor < 2:
+        return known  # r(1) on any count beyond: never faster
+    decay = (float(measured[anchor - 1]) / float(measured[anchor - 2])) * (anchor - 1) / anchor
+    margin = 1 - FALLING - decay
+    if margin <= 0:
+        return math.inf
+    return max(known + 1, math.floor(decay / margin) + 2)  # +2: the floor's own rounding
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     """What the profiler knows about one model.
@@ -136,7 +161,10 @@ class RateTable:
     @property
     def ids(self) -> tuple[str, ...]:
         """Model ids in table order."""
-        return tuple(p.id for p in self.models)
+        ids = self._cache.get("ids")
+        if ids is None:
+            ids = self._cache["ids"] = tuple(p.id for p in self.models)
+        return ids
 
     def index(self, model_id: str) -> int:
         """Position of ``model_id`` in :attr:`models`."""
@@ -168,6 +196,19 @@ class RateTable:
             cached.setflags(write=False)
             self._cache[("matrix", max_gpus)] = cached
         return cached
+
+    def useful_matrix(self, max_gpus: int) -> np.ndarray:
+        """The first columns of ``matrix(max_gpus)``: up to the last count at which some model's
+        rate still beats its rate at every smaller count (`useful_width`). A count past it is
+        slower and costlier than a smaller one for every model, so no planner takes it; at 10,000
+        GPUs the full matrix would hold 10^8 rates, this one some 60 per model (read-only)."""
+        widest = self._cache.get("widest")
+        if widest is None:
+            widths = [useful_width(p.rates, self.gpus_per_node) for p in self.models]
+            widest = self._cache["widest"] = max(widths, default=math.inf)
+        if widest >= max_gpus:
+            return self.matrix(max_gpus)
+        return self.matrix(widest)[:, :max_gpus]
 
     def threshold_gpus(self) -> int:
         """``M_t`` for this ensemble (how many GPU counts the profiler should measure)."""

@@ -161,7 +161,6 @@ class _Run:
         self.scenario, self.costs, self.interrupt_at = scenario, overheads, interrupt_at
         self.cluster = scenario.cluster
         self.n = scenario.rates.samples_per_epoch
-        self.rate_matrix = scenario.rates.matrix(self.cluster.total_gpus)
         self.ledger = self._ledger(scenario)
         adapter = adapt(self.ledger, policy, self, overheads) if adapt is not None else None
         early = create_early_stopping(early_stop, self.ledger.rates.ids) if early_stop is not None else None
@@ -315,7 +314,7 @@ class _Run:
         model.generation += 1
         model.launched = self.now()
         model.visit_start = model.samples
-        model.own_alone_rate = model.own_rate = float(self.rate_matrix[model.index, len(gpus) - 1])
+        model.own_alone_rate = model.own_rate = self.scenario.rates.rate(model.id, len(gpus))
         if self.scenario.cores is not None:
             model.own_rate = self.scenario.cores.member_rate(model.own_alone_rate, len(gpus))
         return model, self.now() + delay + restore + self.costs.start_s

@@ -96,6 +96,7 @@ class StreamMotion:
     __slots__ = (
         "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
         "boundaries", "version", "start", "end", "all_members", "partition", "own_decode_rate", "decode_scale",
+        "changes", "paced",
     )
 
     def __init__(self, stream_id: int, round_index: int, partition: int | None = None,
@@ -115,6 +116,8 @@ class StreamMotion:
         self.end = 0.0
         self.all_members: list[str] = []
         self.decode_scale = 1.0  # grouped data: epoch-equivalent samples per sample decoded (N / n_g)
+        self.changes = 0  # counts the changes of `active` (a member joined or left)
+        self.paced: tuple[int, float] | None = None  # (changes, decode share) `pace` was computed for
 
     def sync(self, now: float) -> None:
         dt = now - self.synced_at
@@ -136,6 +139,9 @@ class StreamMotion:
         if not self.active:
             self.pace = self.slack_rate = 0.0
             return
+        if self.paced == (self.changes, decode_share):  # the same members and share: the same pace
+            return
+        self.paced = (self.changes, decode_share)
         self.pace = min(self.demand, decode_share)
         self.slack_rate = sum(len(m.gpus) * (1 - self.pace / m.own_rate) for m in self.active.values())
 
@@ -226,6 +232,7 @@ class StreamPhysics:
                 continue
             del stream.waiting[index]
             stream.active[index] = model
+            stream.changes += 1
             stream.all_members.append(model.id)
             model.join_pos = stream.pos
             model.start = self.now
@@ -329,6 +336,7 @@ class StreamPhysics:
         model.samples = progress
         model.join_pos = None
         del stream.active[model.index]
+        stream.changes += 1
         self.repace(stream)
         self.close_if_empty(stream)
 

@@ -85,6 +85,8 @@ class RunPlan:
         if self.choice is None:
             return {}
         record = {"by": AUTO, "chosen": self.choice.name, "predicted_makespan_s": self.choice.predicted_s}
+        if self.choice.skipped:  # too large to simulate within the prediction budget
+            record["not_predicted"] = list(self.choice.skipped)
         if switches:
             record["switched"] = [{"from": w.current, "to": w.to, "predicted_remaining_s": w.predicted_s,
                                    "cost_s": w.cost_s} for w in switches]

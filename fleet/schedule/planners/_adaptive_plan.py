@@ -10,6 +10,8 @@ remaining epochs (`fleet.schedule.forecast.EpochForecast`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fleet.schedule._base import ClusterView, EpochCompleted, ModelConverged, ModelView
@@ -26,7 +28,12 @@ class ModelPlan:
         risk_level: the quantile of the forecast of remaining epochs planned for.
 
     Attributes:
-        rates: ``rates[i, m-1]``: model ``i``'s planned rate on ``m`` GPUs (set by `plan`).
+        rates: ``rates[i, m-1]``: model ``i``'s planned rate on ``m`` GPUs (set by `plan`), up to
+            the last count at which some model is faster than on fewer GPUs (`rate` gives any).
+        factors: ``factors[i]``: the measured / profiled rate model ``i``'s row is rescaled by.
+        fastest: ``fastest[i]``: the count at which model ``i`` is planned fastest (the first).
+        version: counts the changes of ``rates`` (what was read from them before still holds
+            while it stays the same).
         counts: model -> its planned GPU count.
         queue: the models waiting, longest estimated duration first.
         target: the target makespan, seconds.
@@ -37,6 +44,9 @@ class ModelPlan:
     def __init__(self, target_factor: float, risk_level: float):
         self.target_factor, self.level = target_factor, risk_level
         self.rates: np.ndarray | None = None
+        self.factors: np.ndarray | None = None
+        self.fastest: np.ndarray | None = None
+        self.version = 0
         self.counts: dict[str, int] = {}
         self.queue: list[str] = []
         self.target = 0.0
@@ -46,9 +56,12 @@ class ModelPlan:
     def plan(self, view: ClusterView) -> None:
         """Target makespan, GPU count per model and the LPT queue."""
         total = view.total_gpus
-        self.rates = capped(view, view.rates.matrix(total).copy())
+        self.rates = capped(view, view.rates.useful_matrix(total).copy())
+        self.factors = np.ones(len(view.models))
+        self.version += 1
+        self.fastest = np.argmax(self.rates, axis=1) + 1 if view.models else np.zeros(0, dtype=int)
         times = self.work(view)[:, None] / self.rates
-        target = malleable_bound(times) * self.target_factor
+        target = malleable_bound(times, total_gpus=total) * self.target_factor
         self.target = target
         useful = useful_counts(self.rates)
         for i, model in enumerate(view.models):
@@ -65,8 +78,12 @@ class ModelPlan:
         gpus = len(view.model(event.model).gpus)
         if self.rates is not None and event.samples_per_s > 0 and gpus:
             i = view.rates.index(event.model)
-            profiled = view.rates.matrix(view.total_gpus)[i]
-            self.rates[i] = capped(view, profiled * (event.samples_per_s / profiled[gpus - 1]))
+            factor = event.samples_per_s / view.rates.rate(event.model, gpus)
+            if factor != self.factors[i]:  # else the row stays as it is
+                self.factors[i] = factor
+                self.rates[i] = capped(view, view.rates.useful_matrix(view.total_gpus)[i] * factor)
+                self.fastest[i] = np.argmax(self.rates[i]) + 1
+                self.version += 1
 
     def observe_converged(self, event: ModelConverged, view: ClusterView) -> None:
         """A converged model tells how far off its estimate was."""
@@ -74,8 +91,18 @@ class ModelPlan:
 
     def work(self, view: ClusterView) -> np.ndarray:
         """Estimated samples each model still needs (at least one epoch)."""
-        n = view.rates.samples_per_epoch
-        return np.array([self.remaining(m) * n for m in view.models])
+        return self.remaining_of(view.models) * view.rates.samples_per_epoch
+
+    def remaining_of(self, models: Sequence[ModelView]) -> np.ndarray:
+        """`remaining` of each of `models`, at once."""
+        done = np.array([m.epochs_done for m in models], dtype=float)
+        forecast = self.forecast.remaining_of([m.id for m in models], np.array([m.epochs_estimate for m in models],
+                                              dtype=float), done, self.level)
+        stops = [(k, m.next_stop) for k, m in enumerate(models) if m.next_stop is not None]
+        if stops:
+            rows, at = (np.array(column) for column in zip(*stops))
+            forecast[rows] = np.minimum(forecast[rows], np.maximum(1.0, (at - done[rows])))
+        return forecast
 
     def remaining(self, model: ModelView) -> float:
         """Forecast epochs a model still needs (`EpochForecast`, at the plan's risk level), up to
@@ -88,24 +115,32 @@ class ModelPlan:
     def requeue(self, view: ClusterView, model: str) -> None:
         """Queue `model` again (promoted at a rung) before the first model it outlasts, by the
         time it is estimated to need at its planned GPU count."""
-        i = view.rates.index(model)
         n = view.rates.samples_per_epoch
 
         def duration(m: str) -> float:
-            row = view.rates.index(m)
-            return self.remaining(view.model(m)) * n / self.rates[row, self.counts[m] - 1]
+            return self.remaining(view.model(m)) * n / self.rate(view, m, self.counts[m])
 
-        mine = self.remaining(view.model(model)) * n / self.rates[i, self.counts[model] - 1]
+        mine = self.remaining(view.model(model)) * n / self.rate(view, model, self.counts[model])
         at = next((k for k, m in enumerate(self.queue) if duration(m) < mine), len(self.queue))
         self.queue.insert(at, model)
 
     def rate(self, view: ClusterView, model: str, gpus: int) -> float:
-        """The model's planned rate on `gpus` GPUs."""
-        return float(self.rates[view.rates.index(model), gpus - 1])
+        """The model's planned rate on `gpus` GPUs (past the counts `rates` holds, where no model
+        is faster than on fewer GPUs, from the profile, rescaled and capped as its row)."""
+        i = view.rates.index(model)
+        if gpus <= self.rates.shape[1]:
+            return float(self.rates[i, gpus - 1])
+        return float(capped(view, np.float64(view.rates.rate(model, gpus)) * self.factors[i]))
 
-    def member_rates(self, view: ClusterView, members: tuple[str, ...]) -> list[float]:
-        """The planned rates of running `members` on the GPUs they hold."""
-        return [self.rate(view, m, len(view.model(m).gpus)) for m in members]
+    def rates_at(self, view: ClusterView, models: list[str], counts: np.ndarray) -> np.ndarray:
+        """``out[k, j]``: the planned rate of ``models[k]`` on ``counts[k, j]`` GPUs (`rate`)."""
+        rows = np.array([view.rates.index(m) for m in models])
+        width = self.rates.shape[1]
+        out = self.rates[rows[:, None], np.minimum(counts, width) - 1]
+        for k, j in zip(*np.nonzero(counts > width)):
+            out[k, j] = self.rate(view, models[k], int(counts[k, j]))
+        return out
+
 
 
 def capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:

@@ -25,20 +25,41 @@ _MAX_CANDIDATES = 64  # queued models weighed at once, at most (planning time at
 
 @dataclass
 class Draft:
-    """A stream being put together in one decision (a new one, or a join)."""
+    """A stream being put together in one decision (a new one, or a join).
+
+    Attributes:
+        join: the running stream it is, or None for a new one.
+        rates: own rates of the stream's running members, then of the new ones.
+        members: the new members, (model, gpu count).
+        low, high: the least and the greatest of ``rates`` (``inf`` and 0 while it has none),
+            kept as members come and go: a decision at 10,000 GPUs weighs every draft's for
+            each of thousands of picks.
+    """
 
     join: int | None
-    rates: list[float]  # own rates of the stream's running members, then of the new ones
-    members: list[tuple[str, int]] = field(default_factory=list)  # new (model, gpu count)
+    rates: list[float]
+    members: list[tuple[str, int]] = field(default_factory=list)
+    low: float = field(init=False)
+    high: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.low, self.high = min(self.rates, default=math.inf), max(self.rates, default=0.0)
+
+    def add(self, member: tuple[str, int], rate: float) -> None:
+        """A new member of own ``rate``."""
+        self.members.append(member)
+        self.rates.append(rate)
+        self.low, self.high = min(self.low, rate), max(self.high, rate)
 
     def remove(self, k: int) -> None:
         """Take the ``k``-th new member out again."""
         self.rates.pop(len(self.rates) - len(self.members) + k)
         self.members.pop(k)
+        self.__post_init__()
 
     def spread_with(self, rate: float) -> float:
         """``ln(max/min)`` of the members' own rates if a member of ``rate`` joined."""
-        return math.log(max(*self.rates, rate) / min(*self.rates, rate))
+        return math.log(max(self.high, rate) / min(self.low, rate))
 
 
 class StreamMatcher:
@@ -66,61 +87,72 @@ class StreamMatcher:
             if draft is None:
                 draft = Draft(None, [])
                 drafts.append(draft)
-            draft.members.append((model, gpus))
-            draft.rates.append(plan.rate(view, model, gpus))
+            draft.add((model, gpus), plan.rate(view, model, gpus))
             plan.queue.remove(model)
             free -= gpus
         if not plan.queue and free > 0:
             self._boost(view, drafts, free)
 
     def _pick(self, view: ClusterView, drafts: list[Draft], free: int):
-        """Best (model, gpu count, stream draft or None for a new stream) to start now.
-
-        Candidates are the first ``window`` queued models, or all that fit in the free GPUs
-        if more do (at most ``_MAX_CANDIDATES``). A candidate may take a few more GPUs than planned when that matches a
-        stream's pace better; the score adds the log-rate mismatch, the scaling loss of the
-        extra GPUs and a small penalty for skipping ahead in the queue.
-        """
-        if _decoding_used_up(view, drafts):
-            limit = math.inf
-        else:
-            used = _budget_used(drafts, self.min_members)
-            limit = self.hard_tolerance if used > 1 else max(self.tight_tolerance, self.tolerance * used ** 3)
-        options = [(rank, model, gpus) for rank, model in enumerate(self._candidates(free))
-                   for gpus in self._count_options(view, model, free)]
-        if drafts and options:
-            rate = np.array([self.plan.rate(view, m, g) for _, m, g in options])
-            loss = 1 - rate / np.array([g * self.plan.rate(view, m, 1) for _, m, g in options])
-            low = np.array([min(d.rates) for d in drafts])
-            high = np.array([max(d.rates) for d in drafts])
-            pace = np.minimum(low, rate[:, None])
-            mismatch = np.log(np.maximum(high, rate[:, None]) / pace) * np.maximum(1.0, self.plan.reference / pace)
-            score = mismatch + (loss + 0.01 * np.array([r for r, _, _ in options]))[:, None]
-            score[mismatch > limit] = np.inf
-            best = int(np.argmin(score))
-            if np.isfinite(score.flat[best]):
-                _, model, gpus = options[best // len(drafts)]
-                return model, gpus, drafts[best % len(drafts)]
+        """Best (model, gpu count, stream draft or None for a new stream) to start now: the
+        best match of a queued model with a draft (`_match`), or else the head of the queue."""
+        match = self._match(view, drafts, free, self._limit(view, drafts)) if drafts else None
+        if match is not None:
+            return match
         head = self.plan.queue[0]
         return head, min(self.plan.counts[head], free), None
 
+    def _limit(self, view: ClusterView, drafts: list[Draft]) -> float:
+        """The largest mismatch a pick may have, by the decoding budget in use."""
+        if _decoding_used_up(view, drafts):
+            return math.inf
+        used = _budget_used(drafts, self.min_members)
+        return self.hard_tolerance if used > 1 else max(self.tight_tolerance, self.tolerance * used ** 3)
+
+    def _match(self, view: ClusterView, drafts: list[Draft], free: int, limit: float):
+        """The (model, gpu count, draft) of least score within ``limit``, or None.
+
+        Candidates are the first ``window`` queued models, or all that fit in the free GPUs
+        if more do (at most ``_MAX_CANDIDATES``). A candidate may take a few more GPUs than
+        planned when that matches a stream's pace better; the score adds the log-rate mismatch,
+        the scaling loss of the extra GPUs and a small penalty for skipping ahead in the queue.
+        """
+        candidates = self._candidates(free)
+        ranks, gpus, rate = self._count_options(view, candidates, free)
+        single = self.plan.rates_at(view, candidates, np.ones((len(candidates), 1), dtype=int))[ranks, 0]
+        loss = 1 - rate / (gpus * single)
+        low = np.array([d.low for d in drafts])
+        high = np.array([d.high for d in drafts])
+        pace = np.minimum(low, rate[:, None])
+        mismatch = np.log(np.maximum(high, rate[:, None]) / pace) * np.maximum(1.0, self.plan.reference / pace)
+        score = mismatch + (loss + 0.01 * ranks)[:, None]
+        score[mismatch > limit] = np.inf
+        best = int(np.argmin(score))
+        if not np.isfinite(score.flat[best]):
+            return None
+        option = best // len(drafts)
+        return candidates[ranks[option]], int(gpus[option]), drafts[best % len(drafts)]
+
     def _candidates(self, free: int) -> list[str]:
         fitting, used = 0, 0
-        for model in self.plan.queue:
+        for model in self.plan.queue[:_MAX_CANDIDATES]:  # more would not be weighed
             used += self.plan.counts[model]
             if used > free:
                 break
             fitting += 1
         return self.plan.queue[: max(self.window, min(fitting, _MAX_CANDIDATES))]
 
-    def _count_options(self, view: ClusterView, model: str, free: int) -> list[int]:
-        """Planned count, and up to ``extra_gpus`` more useful counts that still fit."""
-        planned = min(self.plan.counts[model], free)
-        options = [planned]
-        for gpus in range(planned + 1, min(planned + self.extra, free) + 1):
-            if self.plan.rate(view, model, gpus) > self.plan.rate(view, model, options[-1]):
-                options.append(gpus)
-        return options
+    def _count_options(self, view: ClusterView, candidates: list[str], free: int):
+        """Each candidate's planned count (at most ``free``), and up to ``extra_gpus`` more
+        GPUs that fit where each is faster than every smaller count offered: the arrays
+        (candidate's rank, gpu count, planned rate), by rank and then count."""
+        planned = np.minimum([self.plan.counts[m] for m in candidates], free)
+        counts = planned[:, None] + np.arange(self.extra + 1)
+        rates = self.plan.rates_at(view, candidates, counts)
+        faster = np.ones(counts.shape, dtype=bool)
+        faster[:, 1:] = rates[:, 1:] > np.maximum.accumulate(rates, axis=1)[:, :-1]
+        ranks, steps = np.nonzero(faster & (counts <= free))
+        return ranks, counts[ranks, steps], rates[ranks, steps]
 
     def _boost(self, view: ClusterView, drafts: list[Draft], free: int) -> None:
         """Leftover GPUs at launch go to the new members predicted to finish last.
@@ -130,10 +162,11 @@ class StreamMatcher:
         within ``match_tolerance`` (a slower stream would only hold it back), or to a stream of
         its own where none does.
         """
-        work = dict(zip(view.rates.ids, self.plan.work(view)))
+        n = view.rates.samples_per_epoch
+        work = {m: self.plan.remaining(view.model(m)) * n for d in drafts for m, _ in d.members}  # the new ones
         while free > 0:
             finishes = sorted(
-                ((work[m] / min(d.rates), d, k) for d in drafts for k, (m, _) in enumerate(d.members)),
+                ((work[m] / d.low, d, k) for d in drafts for k, (m, _) in enumerate(d.members)),
                 key=lambda f: -f[0],
             )
             if not finishes:
@@ -157,7 +190,7 @@ def _budget_used(drafts: list[Draft], min_members: float) -> float:
     """Share of the decoding budget the drafted streams use: what they decode against
     ``1 / min_members`` of what their members train (each stream decodes once what all its
     members train); above 1 the streams are crowded."""
-    trained = sum(len(d.rates) * min(d.rates) for d in drafts if d.rates)
+    trained = sum(len(d.rates) * d.low for d in drafts if d.rates)
     return _paces(drafts) * min_members / trained if trained > 0 else 0.0
 
 
@@ -168,14 +201,14 @@ def _decoding_used_up(view: ClusterView, drafts: list[Draft]) -> bool:
 
 def _paces(drafts: list[Draft]) -> float:
     """Samples/s the drafted streams decode together (each at its slowest member's rate)."""
-    return sum(min(d.rates) for d in drafts if d.rates)
+    return sum(d.low for d in drafts if d.rates)
 
 
 def stream_to_join(drafts: list[Draft], rate: float, tolerance: float, target: int | None) -> int | None:
     """The running stream a resized or moved member of own ``rate`` joins (None: its own):
     ``target``, the one it was moved for, if it still keeps up there; else the best match
     within ``tolerance``."""
-    if any(d.join == target and min(d.rates) <= rate * (1 + 1e-9) for d in drafts):
+    if any(d.join == target and d.low <= rate * (1 + 1e-9) for d in drafts):
         return target
     best = _best_match(drafts, rate, tolerance)
     return best.join if best else None
@@ -186,8 +219,7 @@ def _add_to_match(drafts: list[Draft], rate: float, member: tuple[str, int], tol
     new draft of its own."""
     best = _best_match(drafts, rate, tolerance)
     if best:
-        best.members.append(member)
-        best.rates.append(rate)
+        best.add(member, rate)
     else:
         drafts.append(Draft(None, [rate], [member]))
 

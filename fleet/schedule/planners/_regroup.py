@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -67,10 +68,15 @@ class Group:
     pace: float
     seats: tuple[Seat, ...]
 
-    @property
+    @cached_property
     def slowest(self) -> float:
         """The lowest own rate among its members: the pace a joiner at or above it keeps."""
         return min(s.rate for s in self.seats)
+
+    @cached_property
+    def ranked(self) -> list[Seat]:
+        """Its seats, slowest first (ties in seat order)."""
+        return sorted(self.seats, key=lambda s: s.rate)
 
 
 def regroup(groups: Sequence[Group], costs: Costs, margin: float, gain: float) -> dict[str, int]:
@@ -80,20 +86,32 @@ def regroup(groups: Sequence[Group], costs: Costs, margin: float, gain: float) -
         return {}
     slowest = np.array([g.slowest for g in live])
     order = np.argsort(slowest, kind="stable")
+    targets = iter(_paced_targets(live, slowest, order, gain))
     moves: dict[str, int] = {}
     for group in live:
         pacer = _pacer_move(group, live, slowest[order], order, costs, margin, gain)
         moves.update(pacer)
-        for seat in group.seats:
-            if seat.model in moves or seat.rate <= group.pace * (1 + 1e-9):
+        for seat, target in zip(group.seats, targets):
+            if target < 0 or seat.model in moves:
                 continue
-            target = _nearest_below(seat.rate, group.id, live, slowest[order], order)
-            if target is None or target.slowest <= group.pace * (1 + gain):
-                continue
-            saved = seat.gpus * costs.remaining(seat.model) * (1 / group.pace - 1 / target.slowest)
+            saved = seat.gpus * costs.remaining(seat.model) * (1 / group.pace - 1 / live[target].slowest)
             if saved > margin * seat.gpus * costs.switch_s(seat.model):
-                moves[seat.model] = target.id
+                moves[seat.model] = live[target].id
     return moves
+
+
+def _paced_targets(live: Sequence[Group], slowest: np.ndarray, order: np.ndarray, gain: float) -> list[int]:
+    """Per seat of ``live`` (group by group), the index in ``live`` of the stream a paced member
+    would move to (`_nearest_below`), where it would go at least ``gain`` faster there; -1 where
+    not. All seats at once: a stream's pace moves every time a member leaves it."""
+    rates = np.array([s.rate for g in live for s in g.seats])
+    owner = np.repeat(np.arange(len(live)), [len(g.seats) for g in live])
+    pace = np.array([g.pace for g in live])[owner]
+    k = np.searchsorted(slowest[order], rates * (1 + 1e-9), side="right") - 1
+    k[(k >= 0) & (order[np.maximum(k, 0)] == owner)] -= 1  # not its own stream
+    target = np.where(k >= 0, order[np.maximum(k, 0)], -1)
+    worth = (rates > pace * (1 + 1e-9)) & (target >= 0) & (slowest[np.maximum(target, 0)] > pace * (1 + gain))
+    return np.where(worth, target, -1).tolist()
 
 
 def _nearest_below(rate: float, own: int, live: Sequence[Group], sorted_slowest: np.ndarray,
@@ -110,7 +128,7 @@ def _pacer_move(group: Group, live: Sequence[Group], sorted_slowest: np.ndarray,
     """{pacer: stream} when moving the stream's unique slowest member out is worth it."""
     if len(group.seats) < 2:
         return {}
-    ranked = sorted(group.seats, key=lambda s: s.rate)
+    ranked = group.ranked
     pacer, second = ranked[0], ranked[1].rate
     if second <= pacer.rate * (1 + gain):
         return {}

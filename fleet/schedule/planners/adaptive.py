@@ -81,9 +81,9 @@ from fleet.schedule._base import (
     ModelConverged,
     ModelPromoted,
     ModelState,
-    ModelView,
     Policy,
     StreamPlan,
+    StreamView,
 )
 from fleet.schedule.costs import Overheads
 from fleet.schedule.options import OptionError, PolicyOptions, option
@@ -91,7 +91,8 @@ from fleet.schedule.placement import place
 from fleet.schedule.planners._adaptive_plan import ModelPlan
 from fleet.schedule.planners._drafts import Draft, StreamMatcher, place_drafts, stream_to_join
 from fleet.schedule.planners._regroup import Costs, Group, Seat, regroup
-from fleet.schedule.planners._tail import Running, grow_into_free
+from fleet.schedule.planners._tail import RunningSet, grow_into_free
+from fleet.schedule.rates import RateTable
 
 _WAITING = (ModelState.PENDING, ModelState.PAUSED)  # PAUSED: resumed from a checkpoint, or resized
 
@@ -180,6 +181,10 @@ class FleetAdaptive(Policy):
         self.rebalance_gain = options.rebalance_gain
         self.resizing: dict[str, int] = {}  # model being resized or moved -> the GPU count it gets
         self.moving: dict[str, int] = {}  # model being moved -> the stream it is to join
+        self.table: _TableFacts | None = None  # of the view's rate table
+        self.rows: dict[int, tuple[Group, np.ndarray]] = {}  # running stream -> (its group, its members' rows)
+        self.groups: dict[int, tuple[StreamView, Group]] = {}  # running stream -> (its view, as regrouping sees it)
+        self.groups_version = -1  # the plan's version the seats were read at
 
     # -- protocol --------------------------------------------------------------------
 
@@ -228,7 +233,17 @@ class FleetAdaptive(Policy):
 
     def _running_drafts(self, view: ClusterView) -> list[Draft]:
         """The running streams, as drafts that new members may join."""
-        return [Draft(s.id, self.plan.member_rates(view, s.members)) for s in view.streams if s.pace > 0]
+        return [Draft(group.id, [seat.rate for seat in group.seats]) for group in self._groups(view)]
+
+    def _groups(self, view: ClusterView) -> list[Group]:
+        """The running streams as `_regroup` sees them: each member's GPUs and planned own rate.
+        A stream's seats are kept while its view and the planned rates stay the same: with
+        thousands of members, reading them all again on every call is what planning spent."""
+        kept = self.groups if self.groups_version == self.plan.version else {}
+        self.groups = {s.id: kept[s.id] if s.id in kept and kept[s.id][0] is s else (s, _group(view, s, self.plan.rate))
+                       for s in view.streams if s.pace > 0}
+        self.groups_version = self.plan.version
+        return [group for _, group in self.groups.values()]
 
     # -- regrouping running members -----------------------------------------------------
 
@@ -236,8 +251,8 @@ class FleetAdaptive(Policy):
         """Members to checkpoint now and move to a better stream (`on_checkpointed` joins it);
         none that would leave a stream in ``joined`` (one this decision launches into) empty."""
         costs = Costs(lambda m: self.plan.remaining(view.model(m)) * view.rates.samples_per_epoch,
-                      lambda m: _switch_cost(view, self.costs, m))
-        moves = {m: t for m, t in regroup(_groups(view, self.plan.rate), costs, self.margin, self.move_gain).items()
+                      lambda m: self._switch_s(view, m))
+        moves = {m: t for m, t in regroup(self._groups(view), costs, self.margin, self.move_gain).items()
                  if m not in self.resizing}
         for stream in view.streams:
             if stream.id in joined and all(m in moves for m in stream.members):
@@ -255,16 +270,44 @@ class FleetAdaptive(Policy):
         one predicted to finish last finishes earlier (`_tail.rebalance`), where that gains more
         than ``resize_margin`` times the checkpoint + restore a change of GPU count requires."""
         available = len(view.free_gpus) - sum(self.resizing.values()) + self._resizing_now(view)
-        finish = _predicted_finish(view, self.plan.remaining)
-        running = [self._running(view, m, *finish[m]) for m in sorted(finish) if m not in self.resizing]
-        counts = grow_into_free(view.time, running, max(available, 0), self.margin, self.rebalance_gain)
+        counts = grow_into_free(view.time, self._running(view), max(available, 0), self.margin, self.rebalance_gain)
         self.resizing.update(counts)
         return Decision(checkpoint=tuple(counts)) if counts else NO_DECISION
 
-    def _running(self, view: ClusterView, model: str, end: float, remaining: float) -> Running:
-        row = self.plan.rates[view.rates.index(model)]
-        best = int(np.argmax(row)) + 1  # more GPUs than the fastest count are never useful
-        return Running(model, len(view.model(model).gpus), end, remaining, _switch_cost(view, self.costs, model), row[:best])
+    def _running(self, view: ClusterView) -> RunningSet:
+        """The models running on a moving stream, but those being resized, by model id, as the
+        tail sees them: each one's predicted finish at its stream's pace and samples left."""
+        groups = self._groups(view)
+        table = self._table(view)
+        kept, self.rows = self.rows, {}
+        for group in groups:
+            entry = kept.get(group.id)
+            if entry is None or entry[0] is not group:
+                entry = (group, np.array([view.rates.index(seat.model) for seat in group.seats], dtype=int))
+            self.rows[group.id] = entry
+        rows = np.concatenate([members for _, members in self.rows.values()] or [np.zeros(0, dtype=int)])
+        pace = np.repeat([group.pace for group in groups], [len(group.seats) for group in groups])
+        keep = ~np.isin(rows, [view.rates.index(m) for m in self.resizing])
+        order = np.flatnonzero(keep)[np.argsort(table.rank[rows[keep]])]
+        rows, pace = rows[order], pace[order]
+        remaining = self.plan.remaining_of([view.models[i] for i in rows]) * view.rates.samples_per_epoch
+        sizes = self.plan.fastest[rows]  # more GPUs than the fastest count are never useful
+        rates = self.plan.rates[rows, : int(sizes.max(initial=0))]
+        rates[np.arange(rates.shape[1]) >= sizes[:, None]] = np.nan
+        gpus = np.array([len(view.models[i].gpus) for i in rows], dtype=int)
+        return RunningSet(tuple(view.rates.ids[i] for i in rows), gpus, view.time + remaining / pace, remaining,
+                          table.switch_s[rows], rates, sizes)
+
+    def _table(self, view: ClusterView) -> _TableFacts:
+        """What the policy keeps of the view's rate table (`_TableFacts`)."""
+        if self.table is None or self.table.rates is not view.rates:
+            self.table = _TableFacts.of(view, self.costs)
+            self.rows = {}  # rows of another table
+        return self.table
+
+    def _switch_s(self, view: ClusterView, model: str) -> float:
+        """`_switch_cost` of ``model``."""
+        return float(self._table(view).switch_s[view.rates.index(model)])
 
     def _resizing_now(self, view: ClusterView) -> int:
         """GPUs that models being resized still hold (they come back with the checkpoint)."""
@@ -282,26 +325,32 @@ def _switch_cost(view: ClusterView, costs: Overheads, model: str) -> float:
     return costs.checkpoint_s(param_bytes) + costs.restore_s(param_bytes)
 
 
-def _groups(view: ClusterView, rate: Callable[[ClusterView, str, int], float]) -> list[Group]:
-    """The running streams as `_regroup` sees them, ``rate`` giving a member's own rate."""
+def _group(view: ClusterView, stream: StreamView, rate: Callable[[ClusterView, str, int], float]) -> Group:
+    """A stream as `_regroup` sees it, ``rate`` giving a member's own rate."""
     def seat(model: str) -> Seat:
         gpus = len(view.model(model).gpus)
         return Seat(model, gpus, rate(view, model, gpus))
 
-    return [Group(s.id, s.pace, tuple(seat(m) for m in s.members)) for s in view.streams if s.pace > 0]
+    return Group(stream.id, stream.pace, tuple(seat(m) for m in stream.members))
 
 
-def _predicted_finish(
-    view: ClusterView, remaining_epochs: Callable[[ModelView], float]
-) -> dict[str, tuple[float, float]]:
-    """Per running model: (when it is predicted to finish at its stream's pace, samples left),
-    with ``remaining_epochs`` its forecast epochs left."""
-    pace = {s.id: s.pace for s in view.streams}
-    n = view.rates.samples_per_epoch
-    out = {}
-    for m in view.models:
-        if m.state is not ModelState.RUNNING or not pace.get(m.stream):
-            continue
-        remaining = remaining_epochs(m) * n
-        out[m.id] = (view.time + remaining / pace[m.stream], remaining)
-    return out
+@dataclass(frozen=True)
+class _TableFacts:
+    """What the policy keeps of a rate table while it plans with it.
+
+    Attributes:
+        rates: the table.
+        rank: ``rank[i]``: where model ``i``'s id comes in the sorted ids.
+        switch_s: ``switch_s[i]``: `_switch_cost` of model ``i``.
+    """
+
+    rates: RateTable
+    rank: np.ndarray
+    switch_s: np.ndarray
+
+    @classmethod
+    def of(cls, view: ClusterView, costs: Overheads) -> _TableFacts:
+        ids = view.rates.ids
+        rank = np.empty(len(ids), dtype=int)
+        rank[np.argsort(np.array(ids, dtype=object), kind="stable")] = np.arange(len(ids))
+        return cls(view.rates, rank, np.array([_switch_cost(view, costs, m) for m in ids], dtype=float))

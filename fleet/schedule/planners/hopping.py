@@ -79,13 +79,18 @@ class ModelHopper(_Hopper):
     def fill(self, view: ClusterView) -> Decision:
         idle = view.waiting()
         visited = {m.id: m.visited for m in view.models}
+        able: dict[int, list[str]] = {}  # partition -> the idle models yet to visit it, in order
         plans = []
         for g in view.free_gpus:
             partition = view.partitions.of_gpu(g)
-            able = [m for m in idle if partition not in visited[m]]
-            if able:
-                model = able[int(self.rng.integers(len(able)))]
+            if partition not in able:
+                able[partition] = [m for m in idle if partition not in visited[m]]
+            if able[partition]:
+                model = able[partition][int(self.rng.integers(len(able[partition])))]
                 idle.remove(model)
+                for unvisited, models in able.items():
+                    if unvisited not in visited[model]:
+                        models.remove(model)
                 plans.append(StreamPlan((Member(model, (g,)),)))
         return Decision.launching(plans)
 
@@ -218,7 +223,7 @@ def visit_gpus(view: ClusterView, able: Sequence[str], work: dict[str, float], f
     spare = free - len(counts)
     if not counts or spare <= 0 or most <= 1:
         return counts
-    table = view.rates.matrix(most)
+    table = view.rates.useful_matrix(most)
     useful = useful_counts(table)
     rows = {m: view.rates.index(m) for m in counts}
     while spare > 0:
