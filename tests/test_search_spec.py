@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from fleet.errors import UserError
+from fleet.prediction import search_lines
+from fleet.schedule.rates import RateTable
 from fleet.spec import SpecError, parse_spec
 from fleet.spec.asked import asked_path, read_asked, with_asked
 
@@ -128,3 +130,14 @@ def test_a_torn_last_asked_line_is_left_out_and_a_bad_one_is_named(tmp_path):
     write_asked(tmp_path, {"model": "ref", "study": "s", "trial": 0, "values": {}})
     with pytest.raises(UserError, match="'ref' is no placeholder"):
         with_asked(parse_spec(doc(), check_paths=False), read_asked(tmp_path))
+
+
+def test_the_dry_run_says_the_budget_and_that_values_are_decided_while_it_runs():
+    spec = parse_spec(doc(), check_paths=False)
+    rates = RateTable.from_dict({"gpus_per_node": 1, "samples_per_epoch": 100, "models": [
+        {"id": m.id, "rates": {"1": 500.0 + k}, "epochs": 3} for k, m in enumerate(spec.models)]})
+    lines = [line for line in search_lines(spec, rates) if line]
+    assert len(lines) == 1
+    assert all(w in lines[0] for w in ("search s", "tpe", "budget 4", "s-000 ... s-003", "501 samples/s",
+                                       "decided while the run trains")), lines
+    assert search_lines(parse_spec(doc({"sampler": "random", "budget": None}), check_paths=False), rates) == []

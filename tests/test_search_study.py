@@ -85,3 +85,11 @@ def test_val_loss_is_minimized(tmp_path):
     book.ended("s-000", history(0.5, 0.9, 0.7))
     study = book.studies["s"].study
     assert study.direction.name == "MINIMIZE" and study.trials[0].value == pytest.approx(0.1)
+
+
+def test_a_resumed_study_draws_new_values_not_the_first_jobs_again(tmp_path):
+    book = SearchBook(tmp_path, spec_of(tmp_path))
+    first = [book.ask(m).params for m in ("s-000", "s-001")]
+    resumed = SearchBook(tmp_path, spec_of(tmp_path))
+    later = [resumed.ask(m).params for m in ("s-002", "s-003")]
+    assert not any(p in first for p in later)

@@ -13,6 +13,7 @@ together as a list (`values_of`).
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,9 @@ class Study:
         self.study = optuna.create_study(
             study_name=name, storage=storage, sampler=SAMPLERS[sampler](seed), load_if_exists=True,
             direction="maximize" if maximize else "minimize")
+        asked = len(self.study.get_trials(deepcopy=False))
+        if asked:  # a resumed study: a sampler seeded as the first job's would repeat its first draws
+            self.study.sampler = SAMPLERS[sampler](zlib.crc32(f"{seed}:{asked}".encode()) & 0x7FFFFFFF)
 
     def ask(self, claimed: Collection[int]) -> tuple[int, dict[str, Any]]:
         """A trial for a new model: the lowest running trial not in `claimed` (asked before a
