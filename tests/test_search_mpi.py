@@ -48,6 +48,7 @@ def test_a_tpe_search_requeued_midway_asks_each_model_once(tmp_path):
     assert sorted(e["model"] for e in logged) == IDS
     trained = {e["model"]: e for e in events(run_dir) if e["event"] == "member_start"}
     assert set(trained) == set(IDS)
-    counted = {r["model"]: (final[r["model"]]["parameters"], r["values"]["hidden"][0]) for r in asked
-               if final[r["model"]]["parameters"]}  # counted by the trainers of the last job
-    assert counted and all(n == 64 * h + h + h * 10 + 10 for n, h in counted.values()), counted
+    hidden = {r["model"]: r["values"]["hidden"][0] for r in asked}
+    built = {(e["model"], e["parameters"]) for e in events(run_dir) if e["event"] == "member_left"}
+    assert {m for m, _ in built} == set(IDS)
+    assert all(n == 64 * hidden[m] + hidden[m] + hidden[m] * 10 + 10 for m, n in built), (built, hidden)
