@@ -12,6 +12,7 @@ from fleet.errors import UserError
 from fleet.prediction import search_lines
 from fleet.schedule.rates import RateTable
 from fleet.spec import SpecError, parse_spec
+from fleet.spec import search as spec_search
 from fleet.spec.asked import asked_path, read_asked, with_asked
 
 from conftest import REPO
@@ -87,9 +88,7 @@ def test_two_searches_of_one_name_are_refused():
 
 
 def test_a_sampler_whose_package_is_missing_is_named(monkeypatch):
-    import fleet.spec.search as search
-
-    monkeypatch.setattr(search.importlib.util, "find_spec", lambda name: None if name == "cmaes" else object())
+    monkeypatch.setattr(spec_search.importlib.util, "find_spec", lambda name: None if name == "cmaes" else object())
     with pytest.raises(SpecError, match=r"^models\[1\]\.sampler: cmaes needs the package cmaes"):
         parse_spec(doc({"sampler": "cmaes"}), check_paths=False)
 
