@@ -62,6 +62,8 @@ def test_measured_costs_enter_the_cores_the_decoding_and_the_overheads():
     ({"rates": {"a": {"one": {"cpu_rate": 1.0}}}}, "prediction.measured.rates.a"),
     ({"rates": {"a": {"1": {"cpu_rate": 0}}}}, "rates.a.1.cpu_rate"),
     ({"rates": {"a": {"1": {"cpu_rate": True}}}}, "rates.a.1.cpu_rate"),
+    ({"core_share": 1.5}, "core_share"),
+    ({"core_share": 0}, "core_share"),
 ])
 def test_a_malformed_record_names_its_field(record, field):
     with pytest.raises(CalibrationError, match=field.replace(".", r"\.")):
@@ -111,10 +113,26 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
     assert record["trainer_overhead_s"] == pytest.approx((0.5 + 0.5 + 0.2 + 1.0) / 3400)
     assert record["decode_core_s"] == pytest.approx((4.5 + 1.5) / 6000)
     assert record["start_s"] == 0.4 and "checkpoint_s" not in record
+    assert "core_share" not in record  # its ranks fitted the cores (none given)
     # and a later run takes it as it wrote it
     calibration = Calibration.from_record(json.loads(json.dumps(record)), "cpu", "x")
     assert calibration.rates == {"a": {1: 500.0}, "b": {2: 500.0}}
     assert calibration.cores(SharedCores(cores=2)).coordinator_cores == 0.25
+    assert calibration.cores(SharedCores(cores=2)).share == 1.0
+
+
+def test_an_oversubscribed_run_keeps_the_part_of_its_cores_its_measured_work_got():
+    costs = MeasuredCosts()
+    costs.epoch(epoch("a", (2.0, 2.5, 1000)), 1)
+    costs.epoch(epoch("b", (4.0, 5.0, 1000), rate=250.0), 2)
+    costs.stream_done(StreamDone(0, rank=0, decoded=2000, cpu_s=1.5))
+    costs.coordinator_cpu_s = 1.0
+    # 2.5 + 5.0 + 1.5 + 1.0 = 10 core-seconds accounted for, on 2 cores for 8 s
+    record = costs.record(start_s=None, checkpoint_s=None, makespan=8.0, cores=2.0)
+    assert record["core_share"] == pytest.approx(10 / 16)
+    cores = Calibration.from_record(record, "cpu", "x").cores(SharedCores(cores=2))
+    assert cores.share == pytest.approx(10 / 16)
+    assert costs.record(None, None, makespan=4.0, cores=2.0)["core_share"] == 1.0  # never over all of them
 
 
 @pytest.mark.parametrize("what, message", [("missing", "no results.json there"),

@@ -74,6 +74,23 @@ def test_steps_that_use_no_core_leave_the_cores_to_decoding():
     assert result.makespan == pytest.approx(60 / (6 / 6.6))
 
 
+def test_a_node_whose_work_gets_part_of_its_cores_moves_slower_only_when_oversubscribed():
+    # 2 trainers on 1 core as above, but the work gets 0.8 of it while both want it: both at
+    # 0.4 of their pace (Y: 60 at 12/s = 5 s; X 12 samples in, then alone wanting 1 core of
+    # 0.8 usable: 48 at 4.8/s).
+    cores = SharedCores(cores=1, share=0.8)
+    assert spans(simulate(create_policy("baseline"), on_cores(cores), FREE)) == pytest.approx({"X": 5 + 48 / 4.8,
+                                                                                              "Y": 5})
+    # two cores for two trainers: 2 x 0.8 = 1.6 usable, so each runs at 0.8 of its pace
+    assert SharedCores(cores=2, share=0.8).slowdown(2.0) == pytest.approx(0.8)
+    assert SharedCores(cores=2, share=0.8).slowdown(1.6) == 1.0
+    assert SharedCores(cores=2).oversubscribed(trainers=2, preprocessors=1)
+    assert not SharedCores(cores=4).oversubscribed(trainers=2, preprocessors=1)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            SharedCores(cores=1, share=bad)
+
+
 def test_shared_cores_need_positive_cores():
     with pytest.raises(ValueError, match="cores"):
         SharedCores(cores=0)

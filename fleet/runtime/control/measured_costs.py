@@ -11,7 +11,11 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
 - ``decode_core_s``: core-seconds the preprocessors' decoding loops spent per sample they
   decoded (their waits and hand-offs included; not their start-up, nor rank 0's coordinator);
 - ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
-- ``start_s`` and ``checkpoint_s``: a member's mean start and a save's mean seconds.
+- ``start_s`` and ``checkpoint_s``: a member's mean start and a save's mean seconds;
+- ``core_share``, on CPU nodes whose ranks want more than their cores: the core-seconds all
+  the above account for over the cores' seconds of the makespan (the part of the cores the
+  work got; the rest went to moments when every rank waited and to what the costs per sample
+  leave out).
 
 `fleet.schedule.calibration` turns such a record into the rates and costs a later run of the
 same spec predicts with (``fleet run --calibrate-from DIR``; a resumed job learns from its own).
@@ -71,9 +75,11 @@ class MeasuredCosts:
         books[0] = max(books[0], report.cpu_s)
         books[1] += report.decoded
 
-    def record(self, start_s: float | None, checkpoint_s: float | None, makespan: float = 0.0) -> dict:
+    def record(self, start_s: float | None, checkpoint_s: float | None, makespan: float = 0.0,
+               cores: float | None = None) -> dict:
         """``prediction.measured`` of results.json (figures it has no measure of are left out);
-        `makespan`: the run's seconds, over which the coordinator's CPU is spread."""
+        `makespan`: the run's seconds, over which the coordinator's CPU is spread; `cores`: all
+        the nodes' cores where its ranks wanted more than those (else no ``core_share``)."""
         rates: dict[str, dict[str, dict[str, float]]] = {}
         for (model, size), group in sorted(self.groups.items()):
             entry = {}
@@ -95,4 +101,12 @@ class MeasuredCosts:
         for key, value in (("start_s", start_s), ("checkpoint_s", checkpoint_s)):
             if value is not None:
                 record[key] = value
+        if cores and makespan > 0 and samples:
+            record["core_share"] = min(1.0, self.accounted_core_s() / (cores * makespan))
         return record
+
+    def accounted_core_s(self) -> float:
+        """Core-seconds the run's measured costs account for: its trainers' (steps and the rest),
+        its preprocessors' decoding loops and its coordinator."""
+        trainers = sum(g.cpu_s for g in self.groups.values())
+        return trainers + sum(cpu for cpu, _ in self.preprocessors.values()) + (self.coordinator_cpu_s or 0.0)

@@ -8,6 +8,7 @@ PAUSED with their epochs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -476,13 +477,28 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
-        prediction=prediction_record(plan, makespan, coordinator.interrupted, account.measured_costs(makespan)),
+        prediction=prediction_record(plan, makespan, coordinator.interrupted,
+                                     account.measured_costs(makespan, oversubscribed_cores(spec, plan))),
         groups=model_groups(spec),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", rounds)
     return result
+
+
+def oversubscribed_cores(spec: Spec, plan: RunPlan) -> float | None:
+    """All the nodes' cores of a CPU run whose trainers and preprocessors want more than a node
+    has (where the part of them its work got is worth measuring), as its predictions count
+    them; None on GPUs or where the ranks fit."""
+    cores = plan.basis.cores
+    if cores is None:
+        return None
+    cluster = spec.cluster
+    preprocessors = preprocessor_count(cluster.preprocessors_per_node, plan.rates.extra, cluster.nodes) / cluster.nodes
+    if not cores.oversubscribed(cluster.gpus_per_node, math.ceil(preprocessors)):
+        return None
+    return cores.cores * cluster.nodes
 
 
 def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict) -> dict:
