@@ -60,7 +60,8 @@ def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None)
     rates = epoch_equivalent(rates, epoch_scales(spec), model_groups(spec))
     estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
     per_node = spec.cluster.preprocessors_per_node
-    scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node), spec)
+    scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node,
+                                                spec.cluster.virtual_nodes), spec)
     calibration = pilot_calibration(rates, spec.cluster.device.value)
     if calibration is None:
         return scenario

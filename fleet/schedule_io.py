@@ -47,17 +47,18 @@ def save_profile(rates: RateTable, path: str | os.PathLike) -> None:
 
 def profile_scenario(
     rates: RateTable, truth: Sequence[int], estimates: Sequence[float], gpus: int,
-    preprocessors_per_node: int | str | None = None,
+    preprocessors_per_node: int | str | None = None, virtual_nodes: bool = False,
 ) -> Scenario:
     """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
     measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled), a
     stream decoded in its own trainer process (Baseline's) to what one of them decodes, and
-    on CPU nodes the cores they all share (as many as the profile's node had)."""
+    on CPU nodes the cores they all share (as many as the profile's node had; `virtual_nodes`:
+    that machine's cores split between the nodes)."""
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
                     own_decode_rate=decode_limit(rates.extra, 1, 1),  # one process's
-                    cores=shared_cores(rates.extra))
+                    cores=shared_cores(rates.extra, nodes_per_host=cluster.nodes if virtual_nodes else 1))
 
 
 PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet profile --pilot`)

@@ -128,11 +128,12 @@ def test_an_oversubscribed_run_keeps_the_part_of_its_cores_its_measured_work_got
     costs.stream_done(StreamDone(0, rank=0, decoded=2000, cpu_s=1.5))
     costs.coordinator_cpu_s = 1.0
     # 2.5 + 5.0 + 1.5 + 1.0 = 10 core-seconds accounted for, on 2 cores for 8 s
-    record = costs.record(start_s=None, checkpoint_s=None, makespan=8.0, cores=2.0)
-    assert record["core_share"] == pytest.approx(10 / 16)
+    assert costs.accounted_core_s() == pytest.approx(10.0)
+    assert costs.core_share_over(2.0, 8.0) == pytest.approx(10 / 16)
+    assert costs.core_share_over(2.0, 4.0) == 1.0  # never over all of them
+    record = costs.record(start_s=None, checkpoint_s=None, makespan=8.0, core_share=0.625)
     cores = Calibration.from_record(record, "cpu", "x").cores(SharedCores(cores=2))
-    assert cores.share == pytest.approx(10 / 16)
-    assert costs.record(None, None, makespan=4.0, cores=2.0)["core_share"] == 1.0  # never over all of them
+    assert cores.share == pytest.approx(0.625)
 
 
 @pytest.mark.parametrize("what, message", [("missing", "no results.json there"),

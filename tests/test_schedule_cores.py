@@ -104,6 +104,9 @@ def test_a_cpu_profile_gives_the_cores_its_node_had():
     assert shared_cores(extra) == SharedCores(cores=2.0, trainer_cores=2.0, decode_core_s=1 / 500)
     # a running job's node wins over the profile's; without either there is nothing to share
     assert shared_cores(extra, cores=64).cores == 64.0
+    # virtual nodes on one machine split its cores (a trainer still takes up to its threads)
+    assert shared_cores(extra, cores=64, nodes_per_host=4) == SharedCores(cores=16.0, trainer_cores=4.0,
+                                                                          decode_core_s=1 / 500)
     assert shared_cores({"hardware": {"device": "cpu"}}) is None
     # an older profile (wall-clock rates, measured beside each other) is taken as it is
     assert shared_cores({"hardware": {"device": "cpu", "threads_per_trainer": 1}}, cores=8) is None

@@ -32,6 +32,7 @@ from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
+from fleet.runtime.control.host_use import HostUse
 from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for,
                                          prepare_run_dir, rates_decision, switch_candidates, write_run)
 from fleet.runtime.data.chunks import ChunkLayout
@@ -221,6 +222,21 @@ def _write_ranks(ctx, run_dir: Path) -> None:
         ranks.append({"rank": placement.rank, "host": host, "pid": int(pid), "role": placement.role.value,
                       "node": placement.node, "gpu": placement.gpu})
     atomic_write_json(run_dir / RANKS_FILE, {"ranks": ranks})
+
+
+def host_use_of(ctx, plan) -> HostUse | None:
+    """Rank 0's sampler of the ranks' CPU (`fleet.runtime.control.host_use`), on a CPU job
+    whose ranks all run on its host; None elsewhere."""
+    cores = plan.basis.cores
+    hosts = {process.rpartition(" ")[0] for process in ctx.processes}
+    if cores is None or len(hosts) != 1:
+        return None
+    pids = [int(process.rpartition(" ")[2]) for process in ctx.processes]
+    cluster, ledger = ctx.spec.cluster, plan.ledger
+    host_cores = cores.cores * (cluster.nodes if cluster.virtual_nodes else 1)  # virtual nodes split the host's
+    preprocessors = len(ctx.topology.preprocessor_ranks())
+    return HostUse(pids, host_cores,
+                   lambda: (cluster.gpus - len(ledger.free_gpus)) * cores.trainer_cores + preprocessors)
 
 
 def _said(line: str) -> None:
@@ -418,7 +434,7 @@ def _coordinate(ctx, options: TrainOptions) -> None:
                                                                  current_s=going_on)) if candidates else None
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
                               make_policy=lambda: named(plan.policy_name), reconsider=rechoose, policy_named=named,
-                              early=plan.early)
+                              early=plan.early, host_use=host_use_of(ctx, plan))
     coordinator.run()
     makespan = time.monotonic() - started
     result = write_run(ctx.spec, run_dir, coordinator, makespan, startup_s, plan)

@@ -98,12 +98,12 @@ class RunAccount:
         start = self.start_s / self.starts if self.starts else 0.0
         return Overheads(latency_s=each, bandwidth=float("inf"), planning_s=0.0, start_s=start)
 
-    def measured_costs(self, makespan: float, cores: float | None = None) -> dict:
+    def measured_costs(self, makespan: float, core_share: float | None = None) -> dict:
         """results.json's ``prediction.measured``: what this run's steps, trainers,
-        preprocessors, coordinator (over `makespan`), starts and saves cost, and on `cores`
-        (its nodes', where its ranks wanted more) the part of them that work got (`MeasuredCosts`)."""
+        preprocessors, coordinator (over `makespan`), starts and saves cost, and the part of an
+        oversubscribed CPU node's cores its work got (`MeasuredCosts`)."""
         return self.costs.record(self.start_s / self.starts if self.starts else None,
-                                 self.checkpoint_s / self.saves if self.saves else None, makespan, cores)
+                                 self.checkpoint_s / self.saves if self.saves else None, makespan, core_share)
 
     # -- plan.json ----------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from fleet.report.tensorboard import ScalarBoard
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
+from fleet.runtime.control.host_use import HostUse
 from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.rungs import RungLog
 from fleet.runtime.control.search import RunSearch
@@ -72,8 +73,10 @@ class Coordinator:
     def __init__(self, ctx: RunContext, policy: Policy, ledger: Ledger, records: dict[str, ModelRecord],
                  log: EventLog, console: Console, make_policy: Callable[[], Policy] | None = None,
                  reconsider: Callable[[str, ClusterView, Overheads, float | None], PolicySwitch | None] | None = None,
-                 policy_named: Callable[[str], Policy] | None = None, early: EarlyStopping | None = None):
+                 policy_named: Callable[[str], Policy] | None = None, early: EarlyStopping | None = None,
+                 host_use: HostUse | None = None):
         self.ctx, self.ledger, self.log, self.console = ctx, ledger, log, console
+        self.host_use = host_use  # samples the ranks' CPU on a CPU job sharing one host
         self.started = time.monotonic()
         self.account = RunAccount(records)
         self.membership = Membership(ctx, ledger, self.account, self._send, log, console)
@@ -120,6 +123,8 @@ class Coordinator:
         self.driver.start()
         while not self.driver.finished or self.membership.busy:
             self._handle(self._next_report())
+        if self.host_use is not None:
+            self.host_use.sample()
         self._broadcast_command(Shutdown("checkpointed" if self.interrupted else "done"))
         self.account.costs.coordinator_cpu_s = time.thread_time() - cpu_started
 
@@ -138,6 +143,8 @@ class Coordinator:
         while True:
             self._check_signal()  # before any report: a steady flow of them must not hold these back
             self._keepalive()
+            if self.host_use is not None:
+                self.host_use.tick()
             if self.membership.local_reports:
                 return self.membership.local_reports.popleft()
             message = self.ctx.ctrl.improbe(tag=Tag.REPORT)

@@ -26,6 +26,7 @@ from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
+from fleet.runtime.control.host_use import core_share
 from fleet.runtime.control.rates_source import (STEPS_FILE, emulated_epochs, estimated_profile, load_run_profile,
                                                 load_timed_steps)
 from fleet.runtime.control.rungs import ResumedRungs, start_early_stopping
@@ -387,9 +388,11 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
 
 def run_cores(spec: Spec, rates: RateTable, calibration: Calibration | None, cores: float | None) -> SharedCores | None:
     """The cores a CPU run's trainers and preprocessors share: the profile's node's (else
-    `cores`, else this process's), at the costs an earlier run measured where there is one."""
+    `cores`, else this process's; virtual nodes split one machine's), at the costs an earlier
+    run measured where there is one."""
     cluster = spec.cluster
-    sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores())
+    sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores(),
+                           cluster.nodes if cluster.virtual_nodes else 1)
     return calibration.cores(sharing) if calibration else sharing
 
 
@@ -478,7 +481,8 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
         prediction=prediction_record(plan, makespan, coordinator.interrupted,
-                                     account.measured_costs(makespan, oversubscribed_cores(spec, plan))),
+                                     account.measured_costs(makespan, measured_core_share(spec, plan, coordinator,
+                                                                                          makespan))),
         groups=model_groups(spec),
     )
     write_results(run_dir, result)
@@ -487,18 +491,25 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
     return result
 
 
-def oversubscribed_cores(spec: Spec, plan: RunPlan) -> float | None:
-    """All the nodes' cores of a CPU run whose trainers and preprocessors want more than a node
-    has (where the part of them its work got is worth measuring), as its predictions count
-    them; None on GPUs or where the ranks fit."""
+def measured_core_share(spec: Spec, plan: RunPlan, coordinator, makespan: float) -> float | None:
+    """The part of its nodes' cores (as the predictions count them) a CPU run's measured work
+    got, where its trainers and preprocessors want more than a node has: from its ranks' CPU
+    as rank 0 sampled it where they share one host (`host_use`), else over the whole makespan;
+    None on GPUs or where the ranks fit."""
     cores = plan.basis.cores
-    if cores is None:
+    if cores is None or not cores.oversubscribed(spec.cluster.gpus_per_node, node_preprocessors(spec, plan.rates)):
         return None
+    simulated = cores.cores * spec.cluster.nodes
+    costs = coordinator.account.costs
+    if coordinator.host_use is not None:
+        return core_share(coordinator.host_use, costs.accounted_core_s(), simulated)
+    return costs.core_share_over(simulated, makespan)
+
+
+def node_preprocessors(spec: Spec, rates: RateTable) -> int:
+    """Preprocessor processes on one node (the most any node has)."""
     cluster = spec.cluster
-    preprocessors = preprocessor_count(cluster.preprocessors_per_node, plan.rates.extra, cluster.nodes) / cluster.nodes
-    if not cores.oversubscribed(cluster.gpus_per_node, math.ceil(preprocessors)):
-        return None
-    return cores.cores * cluster.nodes
+    return math.ceil(preprocessor_count(cluster.preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes)
 
 
 def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict) -> dict:
