@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,9 @@ PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet pro
 def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json") -> Calibration | None:
     """What the profile's pilot run measured of its costs (``fleet profile --pilot``), for
     predictions on `device`; None where the profile has no pilot, or one that ran on another
-    device (an emulated run planned with a CPU profile learns nothing from its CPU pilot).
+    device. An emulated run (its steps sleep for the profile's times) takes a CPU pilot's costs
+    on the host (decoding, the trainers' work outside their steps, starts, saves, the part of
+    the cores the work got) but not its rates.
 
     Raises:
         UserError: the pilot block is malformed (one line naming `where` and the field).
@@ -77,13 +80,17 @@ def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json"
         return None
     if not isinstance(block, dict) or not isinstance(block.get("measured"), dict):
         raise UserError(f"{where}: {PILOT}: expected an object with the pilot run's 'measured' costs")
-    if block.get("device", device) != device:
+    ran_on = block.get("device", device)
+    if ran_on != device and (ran_on, device) != ("cpu", "emulated"):
         return None
     try:
-        return Calibration.from_record(block["measured"], device, f"the profile's pilot run ({block.get('seconds', '?')} s)",
-                                       block.get("overhead_s"))
+        calibration = Calibration.from_record(block["measured"], ran_on,
+                                              f"the profile's pilot run ({block.get('seconds', '?')} s)",
+                                              block.get("overhead_s"))
     except CalibrationError as exc:
         raise UserError(f"{where}: {PILOT}.{exc}") from None
+    # the emulated device's steps take the profile's times: of a CPU pilot, all but its rates
+    return calibration if ran_on == device else replace(calibration, rates={})
 
 
 def load_calibration(run_dir: Path, device: str, required: bool) -> Calibration | None:

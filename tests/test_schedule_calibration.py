@@ -178,7 +178,11 @@ def test_a_profiles_pilot_calibrates_it_and_a_bad_pilot_names_its_field():
     assert calibration.rates_for(with_pilot).models[0].rates[0] == 80.0
     assert pilot_calibration(TABLE, "cpu") is None
     elsewhere = RateTable(TABLE.models, 4, 1000, {"pilot": {**pilot, "device": "cpu"}})
-    assert pilot_calibration(elsewhere, "emulated") is None and pilot_calibration(elsewhere, "cpu") is not None
+    assert pilot_calibration(elsewhere, "cuda") is None and pilot_calibration(elsewhere, "cpu") is not None
+    # the emulated device's steps take the profile's times: a CPU pilot's costs on the host, not its rates
+    emulated = pilot_calibration(elsewhere, "emulated")
+    assert emulated.rates == {} and emulated.rates_for(elsewhere) == elsewhere
+    assert emulated.decode_core_s == 5e-3 and emulated.start_s == 0.5
     for bad, field in (([], "pilot: expected an object"), ({"measured": {"start_s": -1}}, "pilot.prediction.measured.start_s")):
         with pytest.raises(UserError, match=f"profile.json: {field}"):
             pilot_calibration(RateTable(TABLE.models, 4, 1000, {"pilot": bad}), "cpu")
