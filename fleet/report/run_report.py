@@ -83,7 +83,7 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
         figures.append(drawn)
     chosen = read_ensemble(run_dir)
     if chosen is not None:  # `fleet ensemble` (or the spec's ensemble section) wrote ensemble.json
-        sections.insert(2, ("ensemble", ensemble_section(chosen)))
+        sections.insert(3 if groups else 2, ("ensemble", ensemble_section(chosen)))
     judged = _judge_forecast(run_dir, events, spec.cluster.gpus, now, running)
     if judged is not None:  # a job that wrote no forecast.json: the page is as it was
         figure = _drawn(run_dir / FIGURES_DIR, "the job's forecast above what it measured, each model one colour",

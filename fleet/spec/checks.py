@@ -175,12 +175,10 @@ def check_groups(data: DataSpec, models: tuple[ModelSpec, ...], entries: tuple[i
                         "configuration is trained on every group of data.group_by)")
 
 
-def check_grouped_policy(data: DataSpec, scheduler: SchedulerSpec, ensemble: bool = False) -> None:
-    """Models of groups run only under a policy that never puts two groups in one stream, and
-    without an `ensemble` section (ensembles per group are not built yet). Early stopping
-    compares the models of one group at each rung (`fleet.schedule.early_stop`'s cohorts)."""
-    if data.group_by is not None and ensemble:
-        raise SpecError("ensemble: ensembles per group (data.group_by) are not built yet; leave the section out")
+def check_grouped_policy(data: DataSpec, scheduler: SchedulerSpec) -> None:
+    """Models of groups run only under a policy that never puts two groups in one stream (early
+    stopping compares the models of one group at each rung, `fleet.schedule.early_stop`'s
+    cohorts; an `ensemble` section makes one ensemble per group)."""
     if data.group_by is not None and scheduler.policy not in (*GROUPED_POLICIES, "auto"):
         raise SpecError(f"scheduler.policy: {scheduler.policy!r} may share a stream between models of different "
                         f"groups; with data.group_by use {', '.join(GROUPED_POLICIES)} or auto")
