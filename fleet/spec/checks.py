@@ -175,15 +175,10 @@ def check_groups(data: DataSpec, models: tuple[ModelSpec, ...], entries: tuple[i
                         "configuration is trained on every group of data.group_by)")
 
 
-def check_grouped_policy(data: DataSpec, scheduler: SchedulerSpec, ensemble: bool = False) -> None:
-    """Models of groups run only under a policy that never puts two groups in one stream, and
-    without an `ensemble` section or early stopping (per group, neither is built yet)."""
-    if data.group_by is not None and ensemble:
-        raise SpecError("ensemble: ensembles per group (data.group_by) are not built yet; leave the section out")
-    early = scheduler.early_stop
-    if data.group_by is not None and early is not None and early.method != "none":
-        raise SpecError("scheduler.early_stop: rungs per group (data.group_by) are not built yet; early stopping "
-                        "would compare models of different groups: leave it out")
+def check_grouped_policy(data: DataSpec, scheduler: SchedulerSpec) -> None:
+    """Models of groups run only under a policy that never puts two groups in one stream (early
+    stopping compares the models of one group at each rung, `fleet.schedule.early_stop`'s
+    cohorts; an `ensemble` section makes one ensemble per group)."""
     if data.group_by is not None and scheduler.policy not in (*GROUPED_POLICIES, "auto"):
         raise SpecError(f"scheduler.policy: {scheduler.policy!r} may share a stream between models of different "
                         f"groups; with data.group_by use {', '.join(GROUPED_POLICIES)} or auto")

@@ -281,7 +281,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     scheduler = check_early_stop(validate(SchedulerSpec, raw.scheduler, ("scheduler",)), models, entries)
     check_hopping(data, scheduler)
     check_search(data, scheduler, models, entries)
-    check_grouped_policy(data, scheduler, raw.ensemble is not None)
+    check_grouped_policy(data, scheduler)
     return Spec(
         name=raw.name,
         seed=raw.seed,

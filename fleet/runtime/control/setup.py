@@ -428,7 +428,8 @@ def _early_stopping(spec: Spec, run_dir: Path, records: dict[str, ModelRecord],
     metric = spec.models[0].train.stop.metric.value  # one metric for all (the spec's cross-checks)
     curves = {m: r.history for m, r in records.items() if r.history}
     ended = {m: records[m].epochs for m in converged}
-    rungs = start_early_stopping(run_dir, settings, [m.id for m in spec.models], metric, curves, ended)
+    rungs = start_early_stopping(run_dir, settings, [m.id for m in spec.models], metric, curves, ended,
+                                 model_groups(spec))
     for decision in rungs.early.decisions if rungs else ():
         if decision.model in rungs.stopped and decision.verdict is Verdict.STOPPED:
             records[decision.model].stopped_early(rungs.early.rungs(decision.model).index(decision.rung))
