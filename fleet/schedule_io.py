@@ -54,7 +54,7 @@ def profile_scenario(
     measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled), a
     stream decoded in its own trainer process (Baseline's) to what one of them decodes, and
     on CPU nodes the cores they all share (as many as the profile's node had; `virtual_nodes`:
-    that machine's cores split between the nodes)."""
+    one machine's, shared by all the nodes)."""
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,

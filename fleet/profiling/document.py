@@ -171,7 +171,7 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
                  cores: int | None = None, nodes_per_host: int = 1) -> SharedCores | None:
     """The cores a CPU run's trainers and preprocessors share (`fleet.schedule.cores`), from a
     profile's extra fields: `cores` (a running job's node's), else the node's cores it recorded,
-    split between `nodes_per_host` nodes (virtual nodes on one machine share its cores), its
+    shared by `nodes_per_host` nodes (virtual nodes on one machine), its
     threads per trainer (else `threads`) and one preprocessor's measured decoding (else
     decoding costs no core). On the emulated device the steps sleep and use no core, but the
     decoding does. None on GPUs (whose steps use no core of the node, and whose nodes have
@@ -188,8 +188,8 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
     if not cores:
         return None
     threads = threads or _positive(hardware.get("threads_per_trainer")) or 1
-    per_node = float(cores) / max(1, nodes_per_host)
-    return SharedCores(cores=per_node, trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
+    return SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
+                       nodes_per_host=max(1, nodes_per_host),
                        decode_core_s=_decode_core_s(extra.get("preprocessing", {})))
 
 

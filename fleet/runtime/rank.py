@@ -233,9 +233,8 @@ def host_use_of(ctx, plan) -> HostUse | None:
         return None
     pids = [int(process.rpartition(" ")[2]) for process in ctx.processes]
     cluster, ledger = ctx.spec.cluster, plan.ledger
-    host_cores = cores.cores * (cluster.nodes if cluster.virtual_nodes else 1)  # virtual nodes split the host's
     preprocessors = len(ctx.topology.preprocessor_ranks())
-    return HostUse(pids, host_cores,
+    return HostUse(pids, cores.cores,
                    lambda: (cluster.gpus - len(ledger.free_gpus)) * cores.trainer_cores + preprocessors)
 
 

@@ -388,7 +388,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
 
 def run_cores(spec: Spec, rates: RateTable, calibration: Calibration | None, cores: float | None) -> SharedCores | None:
     """The cores a CPU run's trainers and preprocessors share: the profile's node's (else
-    `cores`, else this process's; virtual nodes split one machine's), at the costs an earlier
+    `cores`, else this process's; virtual nodes share one machine's), at the costs an earlier
     run measured where there is one."""
     cluster = spec.cluster
     sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores(),
@@ -500,7 +500,7 @@ def measured_core_share(spec: Spec, plan: RunPlan, coordinator, makespan: float)
     cores = plan.basis.cores
     if cores is None or not cores.oversubscribed(spec.cluster.gpus_per_node, node_preprocessors(spec, plan.rates)):
         return None
-    simulated = cores.cores * spec.cluster.nodes
+    simulated = cores.cores * math.ceil(spec.cluster.nodes / cores.nodes_per_host)  # every machine's cores
     costs = coordinator.account.costs
     if coordinator.host_use is not None:
         return core_share(coordinator.host_use, costs.accounted_core_s(), simulated)
