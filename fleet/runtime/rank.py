@@ -26,7 +26,7 @@ import numpy as np
 from fleet.atomic import atomic_write_json
 from fleet.engines import get_framework
 from fleet.errors import UserError
-from fleet.host import cores_per_node, node_cores
+from fleet.host import node_cores
 from fleet.inspect import describe_ensemble, ensemble_counts, remember
 from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
@@ -341,11 +341,9 @@ def _visible_gpus(spec) -> int | None:
 
 
 def job_cores_per_node(ctx) -> float:
-    """The cores one node of the job has: rank 0's machine's, shared by the job's nodes there
-    (virtual nodes on one machine share its cores)."""
-    hosts = [process.rpartition(" ")[0] for process in ctx.processes]
-    nodes = [placement.node for placement in ctx.topology.placements]
-    return cores_per_node(node_cores(), hosts, nodes, hosts[0] if hosts else "")
+    """The cores of the machine a node of the job runs on (rank 0's); virtual nodes on one
+    machine share them (`SharedCores.nodes_per_host`)."""
+    return float(node_cores())
 
 
 def _rank0_setup(ctx) -> dict | str:
