@@ -128,6 +128,22 @@ def costs_text(spec, rates) -> str:
     return f"checkpoints modelled at {CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s"
 
 
+def unmeasured_share_lines(spec, rates, scenario) -> list[str]:
+    """A note where the nodes' trainers and preprocessors want more than their CPU cores and
+    nothing measured the part of them their work gets (`SharedCores.share`)."""
+    cores, cluster = scenario.cores, spec.cluster
+    if cores is None or not cores.trainer_cores:
+        return []
+    preprocessors = -(-preprocessor_count(cluster.preprocessors_per_node, rates.extra, cluster.nodes) // cluster.nodes)
+    calibration = pilot_calibration(rates, cluster.device.value)
+    if not cores.oversubscribed(cluster.gpus_per_node, preprocessors) or (calibration and calibration.core_share):
+        return []
+    return [f"note: {cluster.gpus_per_node} trainer slot(s) and {preprocessors} preprocessor(s) per node want more "
+            f"than its {cores.cores:g} cores, and the part of them their work gets is not measured: runs on such "
+            "nodes take longer than these predictions (1.3-1.7x in bench/predict.py); "
+            "`fleet profile --pilot 30` measures it"]
+
+
 def simulated_early_stop(spec):
     """The spec's early stopping for the simulator (None without it): runs stop models at
     rungs, so predictions of them (the dry run, `policy: auto`, a run's forecast) do too."""
@@ -158,6 +174,7 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     lines = [render_plan(plan, rates, "max-epochs", run_dir / "plan.json").replace(
         "--max-epochs for every model", "each model's max_epochs")]
     lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs ({costs_text(spec, rates)}):", _policy_table(results)]
+    lines += unmeasured_share_lines(spec, rates, scenario)
     if spec.scheduler.policy == AUTO:
         lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}, candidates_for(spec)).describe())
     lines += early_stop_lines(spec, scenario, chosen, results[chosen])

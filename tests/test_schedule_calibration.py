@@ -210,6 +210,12 @@ def test_the_dry_run_predicts_with_the_profiles_pilot(tmp_path):
     (tmp_path / "run" / "profile.json").write_text(json.dumps({**profile, "pilot": {"seconds": 9, "measured": RECORD}}))
     after = dry_run(loaded, tmp_path / "run")
     assert "calibrated by the profile's pilot run (9 s)" in after and "calibrated" not in before
+    # 4 trainer slots on 2 cores: the part of the cores their work gets is unmeasured, and said so
+    note = "want more than its 2 cores, and the part of them their work gets is not measured"
+    assert note in before and note in after and "fleet profile --pilot 30" in before
+    measured = {**RECORD, "core_share": 0.8}
+    (tmp_path / "run" / "profile.json").write_text(json.dumps({**profile, "pilot": {"seconds": 9, "measured": measured}}))
+    assert note not in dry_run(loaded, tmp_path / "run")
 
     def baseline_s(text: str) -> float:
         return float(next(line.split()[-4].replace(",", "") for line in text.splitlines() if line.startswith("baseline ")))
