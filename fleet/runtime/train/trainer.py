@@ -33,11 +33,13 @@ from fleet.runtime.protocol import (
     KeepAlive,
     MemberLeft,
     Shutdown,
+    StartBundle,
     StartMember,
     Tag,
     VisitEnded,
 )
 from fleet.runtime.train.best_predictions import BestPredictions
+from fleet.runtime.train.bundle import BundleTraining
 from fleet.runtime.train.collectives.factory import create_collective
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.runtime.train.member_checkpoints import MemberCheckpoints
@@ -354,8 +356,9 @@ class GroupTraining:
 
 
 class TrainerLoop:
-    """The main loop of a trainer rank: idle until a `StartMember`, train, report, repeat;
-    where the run's policy has its members decode their own streams, with an `OwnDecoder`."""
+    """The main loop of a trainer rank: idle until a `StartMember` (or a `StartBundle`), train,
+    report, repeat; where the run's policy has its members decode their own streams, with an
+    `OwnDecoder`."""
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -375,6 +378,8 @@ class TrainerLoop:
                 return
             if isinstance(command, StartMember):
                 self._run_member(command)
+            elif isinstance(command, StartBundle):
+                self._run_bundle(command)
 
     def _next_command(self):
         pending = self.ctx.pending
@@ -407,6 +412,18 @@ class TrainerLoop:
                 send_object(self.ctx.ctrl, left, 0, Tag.REPORT, "the coordinator to take a leave report",
                             self.ctx.timeout_s)
             training.collective.close()
+        finally:
+            group_comm.Free()
+        self.ctx.who.role = "trainer"
+
+    def _run_bundle(self, start: StartBundle) -> None:
+        """Train a bundle on this trainer; the last model's leave report releases the slot."""
+        self.ctx.who.role = f"trainer of bundle {', '.join(start.models)}"
+        group_comm = create_group_comm(self.ctx.group_parent, start.ranks, start.group_uid)
+        try:
+            left = BundleTraining(self.ctx, start, group_comm).run()
+            send_object(self.ctx.ctrl, left, 0, Tag.REPORT, "the coordinator to take a leave report",
+                        self.ctx.timeout_s)
         finally:
             group_comm.Free()
         self.ctx.who.role = "trainer"
