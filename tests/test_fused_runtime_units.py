@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from fleet.engines.bundle import SequentialBundle, create_bundle
+from fleet.engines.emulated import EmulatedEngine
 from fleet.engines.options import EngineOptions
-from fleet.runtime.control.fusing import plan_fusion
+from fleet.runtime.control.fusing import Fusion, plan_fusion
 from fleet.runtime.protocol import CheckpointModel, KeepAlive, RungVerdict, StartBundle, StartMember
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.schedule import Member, RateTable
@@ -52,11 +53,14 @@ def test_fuse_always_where_no_bundle_is_built_is_one_line():
 
 def test_auto_fuses_on_cuda_only_and_says_so():
     models = cnns("a", "b", "c", "d")
-    on_cpu = plan_fusion(spec_of(models, "auto"), "abcd", {}, 1)
+    on_cpu = plan_fusion(spec_of(models, "auto"), list("abcd"), {}, 1)
     assert on_cpu.bundles == () and "no bundles on cpu trainers" in on_cpu.note
-    assert plan_fusion(spec_of(models, "auto", "cuda"), "abcd", {}, 1).bundles == (("a", "b", "c", "d"),)
-    assert plan_fusion(spec_of(models, "never", "cuda"), "abcd", {}, 1) == type(on_cpu)()
-    always = plan_fusion(spec_of(models), "abcd", {}, 1)
+    assert plan_fusion(spec_of(models, "auto", "cuda"), list("abcd"), {}, 1).bundles == (("a", "b", "c", "d"),)
+    assert plan_fusion(spec_of(models, "never", "cuda"), list("abcd"), {}, 1) == Fusion()
+    alone = [*cnns("a"), {"family": "lstm", "name": "l"}]
+    assert plan_fusion(spec_of(alone, "auto"), ["a", "l"], {}, 1) == Fusion()  # nothing to fuse: no line
+    assert plan_fusion(spec_of(alone), ["a", "l"], {}, 1).note == "runtime.fuse always: no two models left may fuse"
+    always = plan_fusion(spec_of(models), list("abcd"), {}, 1)
     assert always.bundles == (("a", "b", "c", "d"),) and always.refused == ()
     assert always.lines() == ["runtime.fuse always: 1 bundle(s) of 4 models, each trained as one fused model on "
                               "one cpu trainer; 0 model(s) apart"]
@@ -73,12 +77,12 @@ def test_models_left_apart_are_named_with_the_reason():
 
 
 def test_models_at_different_positions_in_their_epochs_bundle_apart():
-    fusion = plan_fusion(spec_of(cnns("a", "b", "c", "d")), "abcd", {"a": 96, "b": 96, "c": 0}, 1)
+    fusion = plan_fusion(spec_of(cnns("a", "b", "c", "d")), list("abcd"), {"a": 96, "b": 96, "c": 0}, 1)
     assert fusion.bundles == (("a", "b"), ("c", "d"))
 
 
 def test_a_slot_per_model_forms_no_bundle_and_says_why():
-    fusion = plan_fusion(spec_of(cnns("a", "b")), "ab", {}, 2)
+    fusion = plan_fusion(spec_of(cnns("a", "b")), ["a", "b"], {}, 2)
     assert fusion.bundles == () and fusion.refused == ((("a", "b"), "its 2 models of one architecture have a "
                                                         "trainer slot each"),)
 
@@ -91,11 +95,8 @@ def test_an_emulated_bundle_steps_as_long_as_its_models_one_after_another():
     rates = RateTable.from_dict({"gpus_per_node": 1, "samples_per_epoch": 100, "models": [
         {"id": "a", "rates": {"1": 100.0}}, {"id": "b", "rates": {"1": 300.0}}]})
     options = [EngineOptions(m, (1, 8, 8), 10, device="emulated") for m in spec.models]
-    bundle = create_bundle(options, {}, rates=rates, epoch_limits={"a": 2, "b": 2})
-    assert isinstance(bundle, SequentialBundle)
-    waits = []
-    for model_id in bundle.model_ids:  # record the sleeps instead of taking them
-        bundle._engines[model_id]._sleep = waits.append
+    waits = []  # the sleeps, recorded instead of taken
+    bundle = SequentialBundle([EmulatedEngine(o, rates, epochs_to_converge=2, sleep=waits.append) for o in options])
     x, y = np.zeros((30, 1, 8, 8), np.float32), np.arange(30) % 10
     assert set(bundle.train_step(x, y)) == {"a", "b"}
     assert sum(waits) == pytest.approx(30 / 100 + 30 / 300)
@@ -103,7 +104,7 @@ def test_an_emulated_bundle_steps_as_long_as_its_models_one_after_another():
     bundle.leave("a")
     assert bundle.model_ids == ["b"]
     again = create_bundle(options, {"a": state}, rates=rates, epoch_limits={})
-    assert again.member_state_bytes("a") == state
+    assert isinstance(again, SequentialBundle) and again.member_state_bytes("a") == state
 
 
 # -- a bundle master's commands ---------------------------------------------------------------------

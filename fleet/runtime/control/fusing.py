@@ -18,9 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet.engines.fusion import fusable_groups, model_refusal, pair_refusal
-from fleet.spec import Spec
-from fleet.spec.sections import Fuse
 from fleet.schedule.bundling import form_bundles
+from fleet.spec import Fuse, Spec
 
 SHOWN_REFUSALS = 5  # console lines of models left apart (events.jsonl has them all)
 
@@ -54,13 +53,17 @@ def plan_fusion(spec: Spec, models: Sequence[str], positions: Mapping[str, int],
     mode, device = spec.runtime.fuse, spec.cluster.device.value
     if mode is Fuse.NEVER:
         return Fusion()
+    parts, refused = fusable_parts(spec, models, positions)
+    if not parts and mode is Fuse.AUTO:  # nothing to fuse: nothing to say
+        return Fusion()
+    if not parts:
+        return Fusion(refused=tuple(refused), note="runtime.fuse always: no two models left may fuse")
     if mode is Fuse.AUTO and device != "cuda":
         return Fusion(note=f"runtime.fuse auto: no bundles on {device} trainers (a fused bundle pays on CUDA GPUs; "
                            "runtime.fuse: always fuses here too)")
     if spec.data.partitioned or spec.data.group_by is not None:
         what = "partitioned data (model hopping)" if spec.data.partitioned else "learning over groups"
         return Fusion(note=f"runtime.fuse {mode.value}: no bundles for {what}")
-    parts, refused = fusable_parts(spec, models, positions)
     bundles = tuple(form_bundles(parts, len(models), slots))
     bundled = {m for b in bundles for m in b}
     shared = [(tuple(p), f"its {len(p)} models of one architecture have a trainer slot each")
