@@ -68,17 +68,20 @@ def test_auto_fuses_on_cuda_only_and_says_so():
 
 def test_models_left_apart_are_named_with_the_reason():
     models = [*cnns("a", "b"), {**CNN, "name": "w", "params": {"channels": [16], "hidden": 16}},
-              {"family": "lstm", "name": "l"}, *cnns("x", "y", optimizer="adam")]
-    fusion = plan_fusion(spec_of(models), ["a", "b", "w", "l", "x", "y"], {}, 2)
+              {"family": "lstm", "name": "l"}, *cnns("x", "y", optimizer="adam"), {"family": "mlp", "name": "m"}]
+    fusion = plan_fusion(spec_of(models), ["a", "b", "w", "l", "x", "y", "m"], {}, 2)
     assert fusion.bundles == (("a", "b"), ("x", "y"))
     reasons = dict(fusion.refused)
     assert "differ in params: channels" in reasons[("w",)]
     assert "no batching rule for aten::lstm" in reasons[("l",)]
+    assert reasons[("m",)] == "no other model left is a mlp of its params, optimizer and batch size"
 
 
 def test_models_at_different_positions_in_their_epochs_bundle_apart():
-    fusion = plan_fusion(spec_of(cnns("a", "b", "c", "d")), list("abcd"), {"a": 96, "b": 96, "c": 0}, 1)
+    fusion = plan_fusion(spec_of(cnns("a", "b", "c", "d", "e")), list("abcde"), {"a": 96, "b": 96, "c": 0, "e": 32}, 1)
     assert fusion.bundles == (("a", "b"), ("c", "d"))
+    assert [(models, reason.split(" (")[0]) for models, reason in fusion.refused] == [
+        (("e",), "resumed at another position in its epoch than the other models of its architecture")]
 
 
 def test_a_slot_per_model_forms_no_bundle_and_says_why():

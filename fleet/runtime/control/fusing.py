@@ -81,29 +81,31 @@ def fusable_parts(spec: Spec, models: Sequence[str], positions: Mapping[str, int
     specs = [spec.model(m) for m in models]
     refused = [((m.id,), "its values are asked when it starts (adaptive search)") for m in specs if m.search]
     candidates = [m for m in specs if not m.search]
+    first_of: dict[str, object] = {}
+    for m in candidates:
+        first_of.setdefault(m.family, m)
     parts: list[list[str]] = []
     for group in fusable_groups(candidates):
         by_position: dict[int, list[str]] = {}
         for model in group:
             by_position.setdefault(positions.get(model, 0), []).append(model)
-        parts += list(by_position.values())
-    first_of = {}
-    for m in candidates:
-        first_of.setdefault(m.family, m)
-    for part in parts:
-        if len(part) == 1:
-            refused.append(((part[0],), _alone(spec, part[0], first_of)))
-    return [p for p in parts if len(p) > 1], refused
+        for part in by_position.values():
+            if len(part) > 1:
+                parts.append(part)
+            elif len(group) > 1:
+                refused.append(((part[0],), "resumed at another position in its epoch than the other models of its "
+                                            "architecture (a bundle's models end their epochs together)"))
+            else:
+                refused.append(((part[0],), _alone(spec, part[0], first_of)))
+    return parts, refused
 
 
 def _alone(spec: Spec, model: str, first_of: Mapping) -> str:
-    """Why `model` fuses with no other model left."""
+    """Why `model`, alone of its kind, fuses with no other model left."""
     own = spec.model(model)
     reason = model_refusal(own)
     if reason:
         return reason
     other = first_of.get(own.family)
     why = pair_refusal(other, own) if other is not None and other.id != model else None
-    if why:
-        return why
-    return "no other model left shares its architecture, optimizer and batch size at its position in the epoch"
+    return why or f"no other model left is a {own.family} of its params, optimizer and batch size"

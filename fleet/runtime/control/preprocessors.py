@@ -38,5 +38,6 @@ def preprocessors_needed(rates: RateTable, members: Iterable[tuple[tuple[str, ..
     decode = decode_rates(rates.extra.get("preprocessing", {}))
     if not decode:
         return None
-    pace = min(bundle_rate(rates, models) if len(models) > 1 else rates.rate(models[0], gpus) for models, gpus in members)
+    pace = min(bundle_rate(rates, models) if len(models) > 1 else rates.rate(models[0], gpus)
+               for models, gpus in members)
     return needed_preprocessors([pace], decode, nodes=1)
