@@ -425,6 +425,10 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         f"rates {plan.rates_source}; groups reduce with {collective}"
     )
 
+    for line in plan.fusion.lines():
+        console.banner(line)
+    for models, reason in plan.fusion.refused:
+        log.write("bundle_refused", models=list(models), reason=reason)
     named = partial(policy_for, spec)
     candidates = switch_candidates(spec, plan)
     rechoose = (lambda current, view, costs, going_on: reconsider(current, view, named, costs, candidates,

@@ -350,7 +350,8 @@ class Driver:
         for plan in decision.launch:
             stream = self.ledger.open_stream() if plan.join is None else plan.join
             for member in plan.members:
-                self.ledger.reserve(member.model, member.gpus, stream)
+                for model in member.ids:  # a bundle's models hold its GPUs together
+                    self.ledger.reserve(model, member.gpus, stream)
             launches.append(Launch(stream, plan.members, plan.join is not None,
                                    stream_partition(plan, self.ledger.partitions), plan.own_decoding))
         self.world.launch(launches, new_round, planning_s)

@@ -18,10 +18,12 @@ from fleet.spec.search import ModelSpec, missing_package
 from fleet.spec.sections import (
     CenterCropOp,
     DataSpec,
+    Fuse,
     NormalizeOp,
     Op,
     RandomCropOp,
     ResizeOp,
+    RuntimeSpec,
     Source,
     SchedulerSpec,
     StopMetric,
@@ -153,6 +155,19 @@ def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
         raise SpecError(f"scheduler.policy: {scheduler.policy!r} moves models between partitions of the data, and "
                         "data.partitioned is false (split the data with: fleet data partition; or choose another "
                         "policy)")
+
+
+def check_fusion(data: DataSpec, runtime: RuntimeSpec) -> None:
+    """`runtime.fuse: always` where no bundle is built: model hopping (partitioned data) and
+    learning over groups (`data.group_by`)."""
+    if runtime.fuse is not Fuse.ALWAYS:
+        return
+    if data.partitioned:
+        raise SpecError("runtime.fuse: always: bundles are not built for partitioned data (model hopping); use auto "
+                        "or never")
+    if data.group_by is not None:
+        raise SpecError("runtime.fuse: always: bundles are not built for learning over groups (data.group_by); use "
+                        "auto or never")
 
 
 GROUPED_POLICIES = (*GROUP_POLICIES, "baseline")

@@ -60,10 +60,11 @@ class RunAccount:
         """An epoch report of a model training on `group_size` GPUs; returns its record."""
         record = self.records[report.model]
         record.epochs = report.epoch
-        record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason")})
+        record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason", "bundle")})
         self.count_checkpoint(report.checkpoint_s, group_size)
         self._count_start(report.start_s)
-        self.costs.epoch(report, group_size)
+        if not report.bundle:  # a bundle's rates and CPU time are not its models' own
+            self.costs.epoch(report, group_size)
         if report.stop_reason is not None:
             record.converged, record.stop_reason = True, report.stop_reason
         return record

@@ -62,6 +62,14 @@ class EarlyStopped:
     samples_per_s: float
 
 
+def epoch_fields(report: EpochReport) -> dict:
+    """An epoch report as its `epoch` event (`bundle` only where the model trained in one)."""
+    fields = dict(report.__dict__)
+    if not report.bundle:
+        del fields["bundle"]
+    return fields
+
+
 def epochs_text(count: int) -> str:
     return f"{count} epoch" if count == 1 else f"{count} epochs"
 
@@ -142,6 +150,7 @@ class Coordinator:
         sleeps = IDLE.sleeps()
         while True:
             self._check_signal()  # before any report: a steady flow of them must not hold these back
+            self.membership.send_checkpoints()  # what the last decisions asked of bundles
             self._keepalive()
             if self.host_use is not None:
                 self.host_use.tick()
@@ -195,10 +204,11 @@ class Coordinator:
         self.account.epoch(report, group_size)
         self.console.epoch(report.model, report.epoch, report.train_loss, report.val_accuracy,
                            report.samples_per_s, report.stream_samples_per_s)
-        self.log.write("epoch", **report.__dict__)
+        self.log.write("epoch", **epoch_fields(report))
         self._board_epoch(report)
         planned_rate = report.samples_per_s * self.ctx.epoch_scale(report.model)  # grouped: epoch-equivalent
-        self.driver.rate_measured(report.model, planned_rate)
+        if not report.bundle:  # a bundle's rate is not its models' own
+            self.driver.rate_measured(report.model, planned_rate)
         if report.stop_reason is None and self.visits is not None:
             self.epoch_metrics[report.model] = self._stop_metric(report)  # the epoch ends with the hop
             return
@@ -304,13 +314,12 @@ class Coordinator:
             self.console.banner(f"round {self.ledger.round}")
             self.account.new_round(self.ledger.round)
         new_streams = sum(not launch.join for launch in launches)
-        self.search.launching([m.model for launch in launches for m in launch.members])
+        self.search.launching([model for launch in launches for m in launch.members for model in m.ids])
         for launch in launches:
-            members = [(m.model, m.gpus) for m in launch.members]
-            for model, gpus in members if self.visits is not None else ():
-                self.visits.started(model, launch.partition, list(gpus), self.now())
+            for member in launch.members if self.visits is not None else ():
+                self.visits.started(member.model, launch.partition, list(member.gpus), self.now())
             if launch.join:
-                self.membership.join(launch.stream, members)
+                self.membership.join(launch.stream, launch.members)
             else:
-                self.membership.start_stream(launch.stream, members, new_streams, launch.partition,
+                self.membership.start_stream(launch.stream, launch.members, new_streams, launch.partition,
                                              launch.own_decoding)

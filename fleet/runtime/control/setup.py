@@ -26,6 +26,7 @@ from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
+from fleet.runtime.control.fusing import Fusion, plan_fusion
 from fleet.runtime.control.host_use import core_share
 from fleet.runtime.control.rates_source import (STEPS_FILE, emulated_epochs, estimated_profile, load_run_profile,
                                                 load_timed_steps)
@@ -33,6 +34,7 @@ from fleet.runtime.control.rungs import ResumedRungs, start_early_stopping
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
+from fleet.schedule.bundling import Bundled
 from fleet.schedule.calibration import Calibration
 from fleet.schedule.choice import (AUTO, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
                                    switch_targets)
@@ -81,6 +83,7 @@ class RunPlan:
     early: EarlyStopping | None = None  # early stopping across models, restored from the run directory
     forecast: RunForecast | None = None  # what the run expects of itself (results.json's prediction)
     basis: PredictionBasis = PredictionBasis()  # what the predictions take besides the rates
+    fusion: Fusion = Fusion()  # the job's bundles (`runtime.fuse`): `policy` plans each as one unit
 
     def choice_record(self, switches: Sequence[PolicySwitch] = ()) -> dict:
         """What results.json says of `policy: auto`'s choice ({} for a policy the spec named),
@@ -327,6 +330,8 @@ def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
     (visits are re-planned at every hop anyway) or for a policy the spec named."""
     if plan.choice is None or plan.ledger.partitions is not None or spec.data.group_by is not None:
         return ()
+    if plan.fusion.bundles:  # the candidates' predictions know no bundles
+        return ()
     return switch_targets(plan.policy)
 
 
@@ -380,8 +385,12 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger, basis)
     candidates = candidates_for(spec)
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
+    positions = {i: int(infos[i]["epoch_samples"]) for i in resumed}
+    fusion = plan_fusion(spec, [p.id for p in remaining], positions, spec.cluster.gpus)
+    if fusion.bundles:
+        policy = Bundled(policy, fusion.bundles)
     plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
-                   rungs.early if rungs else None, basis=basis)
+                   rungs.early if rungs else None, basis=basis, fusion=fusion)
     plan.forecast = run_forecast(spec, plan, estimates, decode_rate, epochs_done)
     return plan
 
@@ -546,7 +555,7 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
         if record is None:
             continue
         if event["event"] == "epoch" and event["epoch"] <= kept[event["model"]]:
-            entry = {k: v for k, v in event.items() if k not in ("event", "time", "model", "stop_reason")}
+            entry = {k: v for k, v in event.items() if k not in ("event", "time", "model", "stop_reason", "bundle")}
             record.history = [h for h in record.history if h["epoch"] < entry["epoch"]] + [entry]
             record.epochs = entry["epoch"]
             record.converged, record.stop_reason = event["stop_reason"] is not None, event["stop_reason"]
