@@ -297,7 +297,9 @@ class Coordinator:
             self.console.banner(f"round {self.ledger.round}")
             self.account.new_round(self.ledger.round)
         new_streams = sum(not launch.join for launch in launches)
-        self.search.launching([m.model for launch in launches for m in launch.members])
+        factors = self.search.launching([m.model for launch in launches for m in launch.members])
+        if factors:  # asked models: planned at their own architecture's rates from now on
+            self.driver.rates_estimated(factors)
         for launch in launches:
             members = [(m.model, m.gpus) for m in launch.members]
             for model, gpus in members if self.visits is not None else ():
