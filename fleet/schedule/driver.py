@@ -10,6 +10,8 @@ the two is a `World`: it says what time it is and carries the decisions out.
 Calls from the world (one thread; each may call back into the world before it returns)
     ``start()`` once; then, as things happen, ``epoch_completed``, ``converged``,
     ``checkpointed``, ``rate_measured`` (a model's samples/s over an epoch, for the adapter),
+    ``rates_estimated`` (models' rates estimated anew before they report any: an adaptive
+    search's models, once asked),
     and with partitioned data ``visit_completed`` (a visit ended: the world
     hops the model by itself and reports ``checkpointed``, or ``converged`` instead of both
     when the stop rule ended it there); ``interrupt()`` on the checkpoint signal (every running model is
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -56,6 +58,7 @@ from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
 from fleet.schedule.grouping import check_one_group
 from fleet.schedule.ledger import Ledger, stream_partition
 from fleet.schedule.partitions import Partitions
+from fleet.schedule.rates import reestimated
 from fleet.schedule.rung_keeper import RungKeeper
 
 if TYPE_CHECKING:  # annotations only: the adapter's simulations import this module
@@ -208,6 +211,14 @@ class Driver:
         gpus = len(self.ledger.model(model).gpus)
         if gpus:
             self.adapter.observe(model, gpus, samples_per_s)
+
+    def rates_estimated(self, factors: Mapping[str, float]) -> None:
+        """Models of `factors` train at their planned rates times their factor (an adaptive search
+        asked their architecture, `fleet.schedule.rates.reestimated`): the books plan with that
+        from now on, and the adapter measures them on their own."""
+        self.ledger.rates = reestimated(self.ledger.rates, factors)
+        if self.adapter is not None:
+            self.adapter.part(factors)
 
     def checkpointed(self, model: str, epochs: int) -> None:
         """A model's checkpoint is done: it is paused (held at a rung, or stopped, where early

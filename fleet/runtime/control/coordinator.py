@@ -314,7 +314,9 @@ class Coordinator:
             self.console.banner(f"round {self.ledger.round}")
             self.account.new_round(self.ledger.round)
         new_streams = sum(not launch.join for launch in launches)
-        self.search.launching([model for launch in launches for m in launch.members for model in m.ids])
+        factors = self.search.launching([model for launch in launches for m in launch.members for model in m.ids])
+        if factors:  # asked models: planned at their own architecture's rates from now on
+            self.driver.rates_estimated(factors)
         for launch in launches:
             for member in launch.members if self.visits is not None else ():
                 self.visits.started(member.model, launch.partition, list(member.gpus), self.now())

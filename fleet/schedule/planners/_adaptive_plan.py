@@ -52,11 +52,13 @@ class ModelPlan:
         self.target = 0.0
         self.reference = 0.0
         self.forecast = EpochForecast()
+        self.table = None  # the rate table `rates` was read from
 
     def plan(self, view: ClusterView) -> None:
         """Target makespan, GPU count per model and the LPT queue."""
         total = view.total_gpus
         self.rates = capped(view, view.rates.useful_matrix(total).copy())
+        self.table = view.rates
         self.factors = np.ones(len(view.models))
         self.version += 1
         self.fastest = np.argmax(self.rates, axis=1) + 1 if view.models else np.zeros(0, dtype=int)
@@ -70,6 +72,24 @@ class ModelPlan:
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
         self.reference = float(np.median(self.rates[:, 0])) if view.models else 0.0  # none left: a resumed job
+
+    def follow(self, view: ClusterView) -> None:
+        """The view's rate table is another than `rates` was read from (an adaptive search's
+        model estimated anew when asked, `Driver.rates_estimated`): the rows of the models
+        whose rates changed are read again, as planned rates no longer rescaled by a measure."""
+        if self.table is None or view.rates is self.table:
+            return
+        before, self.table = self.table, view.rates
+        changed = [i for i, (old, new) in enumerate(zip(before.models, view.rates.models)) if old.rates != new.rates]
+        if not changed:
+            return
+        width = self.rates.shape[1]
+        for i in changed:
+            profile = view.rates.models[i]
+            self.factors[i] = 1.0
+            self.rates[i] = capped(view, np.array([profile.rate(m, view.gpus_per_node) for m in range(1, width + 1)]))
+            self.fastest[i] = np.argmax(self.rates[i]) + 1
+        self.version += 1
 
     def observe_epoch(self, event: EpochCompleted, view: ClusterView) -> None:
         """Refine the model's rate curve by the ratio of measured to profiled rate, and its

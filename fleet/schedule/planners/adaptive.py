@@ -77,6 +77,7 @@ from fleet.schedule._base import (
     ClusterView,
     Decision,
     EpochCompleted,
+    Event,
     Member,
     ModelConverged,
     ModelPromoted,
@@ -191,6 +192,10 @@ class FleetAdaptive(Policy):
     def start(self, view: ClusterView) -> Decision:
         self.plan.plan(view)
         return self._fill(view)
+
+    def on_event(self, event: Event, view: ClusterView) -> Decision:
+        self.plan.follow(view)  # rates estimated anew since the last call
+        return super().on_event(event, view)
 
     def on_epoch(self, event: EpochCompleted, view: ClusterView) -> Decision:
         self.plan.observe_epoch(event, view)
