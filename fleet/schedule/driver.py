@@ -115,6 +115,23 @@ class World(Protocol):
         """The running model may train on past the rung it has just reached."""
 
 
+def check_decision(decision: object, name: str, ledger: Ledger) -> None:
+    """Raise `PolicyError` where policy `name`'s `decision` cannot be carried out on `ledger`'s books."""
+    if not isinstance(decision, Decision):
+        raise PolicyError(f"{name}: returned {decision!r}, not a Decision")
+    if decision.end_round and (decision.launch or decision.checkpoint):
+        raise PolicyError(f"{name}: end_round cannot be combined with other actions")
+    if ledger.partitions is not None and (decision.end_round or decision.checkpoint):
+        raise PolicyError(f"{name}: visits of partitioned data are not cut short (no checkpoint, no end_round)")
+    for model in decision.checkpoint:
+        state = ledger.model(model).state
+        if state is not ModelState.RUNNING:
+            raise PolicyError(f"{name}: cannot checkpoint {model}, it is {state.value}")
+    if decision.launch:
+        ledger.check_launch(decision.launch, name, decision.checkpoint)
+        check_one_group(decision.launch, name, ledger.rates, ledger.streams)  # data.group_by
+
+
 class Driver:
     """Runs one policy over one `Ledger` in one `World`; see the module docstring.
 
@@ -315,7 +332,7 @@ class Driver:
         decision = call(view)
         elapsed = time.perf_counter() - began
         self.planning_s += elapsed
-        self._check(decision)
+        check_decision(decision, self.name, self.ledger)
         self._apply(decision, elapsed)
         if self._stalled():
             raise PolicyError(f"{self.name}: stalled with {self.ledger.unfinished} models left")
@@ -324,21 +341,6 @@ class Driver:
         """Nothing holds a GPU, nothing is about to be reported, and models are left."""
         idle = self.ledger.drained and not self.ledger.ids_in(ModelState.CHECKPOINTING)
         return idle and not self._later and not self.finished
-
-    def _check(self, decision: object) -> None:
-        if not isinstance(decision, Decision):
-            raise PolicyError(f"{self.name}: returned {decision!r}, not a Decision")
-        if decision.end_round and (decision.launch or decision.checkpoint):
-            raise PolicyError(f"{self.name}: end_round cannot be combined with other actions")
-        if self.ledger.partitions is not None and (decision.end_round or decision.checkpoint):
-            raise PolicyError(f"{self.name}: visits of partitioned data are not cut short (no checkpoint, no end_round)")
-        for model in decision.checkpoint:
-            state = self.ledger.model(model).state
-            if state is not ModelState.RUNNING:
-                raise PolicyError(f"{self.name}: cannot checkpoint {model}, it is {state.value}")
-        if decision.launch:
-            self.ledger.check_launch(decision.launch, self.name, decision.checkpoint)
-            check_one_group(decision.launch, self.name, self.ledger.rates, self.ledger.streams)  # data.group_by
 
     def _apply(self, decision: Decision, planning_s: float) -> None:
         if decision.end_round:

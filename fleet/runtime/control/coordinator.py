@@ -74,6 +74,13 @@ def epochs_text(count: int) -> str:
     return f"{count} epoch" if count == 1 else f"{count} epochs"
 
 
+def stop_metric(spec, report: EpochReport) -> float | None:
+    """The model's stop-rule metric after the epoch, lower is better (for the forecasts)."""
+    loss = spec.model(report.model).train.stop.metric.value == "val_loss"
+    value = report.val_loss if loss else -report.val_accuracy
+    return value if math.isfinite(value) else None
+
+
 class Coordinator:
     """See the module docstring. `run()` returns when every model has converged, or when the
     checkpoint signal's checkpoints are done."""
@@ -210,22 +217,16 @@ class Coordinator:
         if not report.bundle:  # a bundle's rate is not its models' own
             self.driver.rate_measured(report.model, planned_rate)
         if report.stop_reason is None and self.visits is not None:
-            self.epoch_metrics[report.model] = self._stop_metric(report)  # the epoch ends with the hop
+            self.epoch_metrics[report.model] = stop_metric(self.ctx.spec, report)  # the epoch ends with the hop
             return
         if report.stop_reason is None:
-            self.driver.epoch_completed(report.model, report.epoch, planned_rate, self._stop_metric(report))
+            self.driver.epoch_completed(report.model, report.epoch, planned_rate, stop_metric(self.ctx.spec, report))
             return
         self.membership.leave(self.ledger.model(report.model).stream, report.model)
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
         self.search.ended(report.model)
         self.driver.converged(report.model, report.epoch, planned_rate)
-
-    def _stop_metric(self, report: EpochReport) -> float | None:
-        """The model's stop-rule metric after the epoch, lower is better (for the forecasts)."""
-        loss = self.ctx.spec.model(report.model).train.stop.metric.value == "val_loss"
-        value = report.val_loss if loss else -report.val_accuracy
-        return value if math.isfinite(value) else None
 
     def _board_epoch(self, report: EpochReport) -> None:
         """The epoch's TensorBoard scalars; a disk that refuses them stops them, not the run."""
