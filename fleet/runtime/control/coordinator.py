@@ -244,10 +244,8 @@ class Coordinator:
         self.membership.on_left(report)
         self.account.left(report)
         self.log.write("member_left", **report.__dict__)
-        if self.visits is not None and report.visited is not None and report.converged:
-            self.visits.ended(report.model, self._visit_epoch(report), self.now())
-        elif self.visits is not None and report.visited is None:
-            self.visits.dropped(report.model)
+        if self.visits is not None:  # sent after the save: the checkpoint that records its visit is committed
+            self.visits.left(report.model, report.visited, self._visit_epoch(report), self.now())
         if report.converged:
             return
         self.account.count_checkpoint(report.checkpoint_s, len(self.ledger.model(report.model).gpus))
@@ -259,8 +257,8 @@ class Coordinator:
 
     def _visit_ended(self, report: VisitEnded) -> None:
         """A visit of partitioned data ended and the model hops (its checkpoint is being saved):
-        in the visit log, and to the driver, which counts it (a model that converged on its
-        visit only leaves: `_on_left` logs its visit)."""
+        to the driver, which counts it, and to the visit log, which logs it at the leave, once
+        the checkpoint is committed (a model that converged on its visit only leaves)."""
         partition = self.visits.ended(report.model, self._visit_epoch(report), self.now())
         self.membership.leave(report.stream, report.model)  # its stream ends with its pass: out of it
         metric = self.epoch_metrics.pop(report.model, None)
