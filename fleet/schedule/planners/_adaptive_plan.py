@@ -4,7 +4,8 @@ Steps 1 and 2 of `fleet.schedule.planners.adaptive`, and what the run teaches ab
 rate table (no faster than decoding; each model's curve rescaled by the ratio of its measured
 to its profiled rate after every epoch), the target makespan (``target_factor`` times the
 malleable bound on the estimated work), each model's planned GPU count (the fewest useful
-count whose estimated time fits the target), the LPT queue, and the forecast of each model's
+count whose estimated time fits the target, or the bound itself for a model whose fastest time
+is near it: `planned_count`), the LPT queue, and the forecast of each model's
 remaining epochs (`fleet.schedule.forecast.EpochForecast`).
 """
 
@@ -65,8 +66,7 @@ class ModelPlan:
         self.target = target
         useful = useful_counts(self.rates)
         for i, model in enumerate(view.models):
-            fits = np.flatnonzero(useful[i] & (times[i] <= target * (1 + 1e-9)))
-            self.counts[model.id] = int(fits[0]) + 1 if fits.size else int(np.argmin(times[i])) + 1
+            self.counts[model.id] = planned_count(times[i], useful[i], target, self.target_factor)
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
         self.reference = float(np.median(self.rates[:, 0])) if view.models else 0.0  # none left: a resumed job
@@ -141,6 +141,34 @@ class ModelPlan:
             out[k, j] = self.rate(view, models[k], int(counts[k, j]))
         return out
 
+
+def planned_count(times: np.ndarray, useful: np.ndarray, target: float, target_factor: float) -> int:
+    """A model's planned GPU count: the fewest useful count whose time fits ``target``, or, for a
+    model that could not finish by the bound with much room even at its fastest (its fastest time
+    over ``bound / target_factor``, the bound being ``target / target_factor``), the fewest useful
+    count that finishes by the bound itself: planned for the target, such a model starts too
+    narrow and can no longer catch up when the tail lets it grow.
+
+    Args:
+        times: ``times[m-1]``: the model's estimated time on ``m`` GPUs (every useful count).
+        useful: ``useful[m-1]``: whether ``m`` GPUs are faster than every smaller count.
+        target: the target makespan.
+        target_factor: the target over the bound.
+
+    Returns:
+        The count (its fastest where none fits).
+    """
+    count = _fewest_within(times, useful, target)
+    bound = target / target_factor
+    if times[count - 1] > bound and times.min() * target_factor > bound:
+        return _fewest_within(times, useful, bound)
+    return count
+
+
+def _fewest_within(times: np.ndarray, useful: np.ndarray, limit: float) -> int:
+    """The fewest useful count whose time is within ``limit`` (the fastest where none is)."""
+    fits = np.flatnonzero(useful & (times <= limit * (1 + 1e-9)))
+    return int(fits[0]) + 1 if fits.size else int(np.argmin(times)) + 1
 
 
 def capped(view: ClusterView, rates: np.ndarray) -> np.ndarray:

@@ -1,0 +1,40 @@
+"""fleet-adaptive's plan of the models (planners/_adaptive_plan.py) by hand."""
+
+import numpy as np
+import pytest
+
+from fleet.schedule import RateTable
+from fleet.schedule.ledger import Ledger
+from fleet.schedule.planners._adaptive_plan import ModelPlan, planned_count
+
+USEFUL = np.array([True, True, True, True])
+
+
+def linear_table() -> RateTable:
+    """Two models of r(m) = 10 m samples/s on up to 4 GPUs, 100 samples per epoch."""
+    return RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 100, "models": [
+        {"id": m, "rates": {str(g): 10.0 * g for g in range(1, 5)}} for m in ("long", "short")]})
+
+
+def test_a_model_whose_fastest_time_is_near_the_bound_is_planned_wide_from_its_start():
+    # work 50 GPU-s on 4 GPUs: LB2 = 12.5 s, target 1.7 x 12.5 = 21.25 s. "long" (40, 20, 13.3,
+    # 10 s) fits the target on 2 GPUs, but at best it finishes at 0.8 x LB2: it gets the fewest
+    # GPUs that finish by LB2 itself, all 4. "short" (10 s on 1 GPU) stays on 1
+    view = Ledger(linear_table(), (4, 1), total_gpus=4, gpus_per_node=4).view(0.0)
+    plan = ModelPlan(1.7, 0.5)
+    plan.plan(view)
+    assert plan.target == pytest.approx(21.25)
+    assert plan.counts == {"long": 4, "short": 1}
+    assert plan.queue == ["long", "short"]
+
+
+def test_a_count_that_fits_the_target_is_kept_where_the_model_finishes_well_within_the_bound():
+    # target 17 s, bound 10 s: the count fitting the target is 2 (15 s) in both rows
+    assert planned_count(np.array([30.0, 15.0, 10.0, 7.5]), USEFUL, 17.0, 1.7) == 3  # best 7.5 x 1.7 > 10
+    assert planned_count(np.array([30.0, 15.0, 5.0, 4.0]), USEFUL, 17.0, 1.7) == 2  # best 4 x 1.7 < 10
+    assert planned_count(np.array([8.0, 4.0, 3.0, 2.0]), USEFUL, 17.0, 1.7) == 1  # 8 s on 1 GPU: by the bound
+
+
+def test_a_model_that_cannot_finish_by_the_bound_is_planned_at_its_fastest_useful_count():
+    useful = np.array([True, True, True, False])  # 4 GPUs no faster than 3
+    assert planned_count(np.array([60.0, 30.0, 20.0, 20.0]), useful, 17.0, 1.7) == 3
