@@ -29,9 +29,10 @@ def test_a_model_whose_fastest_time_is_near_the_bound_is_planned_wide_from_its_s
 
 
 def test_a_count_that_fits_the_target_is_kept_where_the_model_finishes_well_within_the_bound():
-    # target 17 s, bound 10 s: the count fitting the target is 2 (15 s) in both rows
-    assert planned_count(np.array([30.0, 15.0, 10.0, 7.5]), USEFUL, 17.0, 1.7) == 3  # best 7.5 x 1.7 > 10
-    assert planned_count(np.array([30.0, 15.0, 5.0, 4.0]), USEFUL, 17.0, 1.7) == 2  # best 4 x 1.7 < 10
+    # target 17 s, bound 10 s: the count fitting the target is 2 (15 s) in each row
+    assert planned_count(np.array([30.0, 15.0, 10.0, 7.5]), USEFUL, 17.0, 1.7) == 3  # best 7.5 s: over 10 / 2
+    assert planned_count(np.array([30.0, 15.0, 11.0, 5.5]), USEFUL, 17.0, 1.7) == 4  # best 5.5 s: over 10 / 2
+    assert planned_count(np.array([30.0, 15.0, 5.0, 4.0]), USEFUL, 17.0, 1.7) == 2  # best 4 s: within 10 / 2
     assert planned_count(np.array([8.0, 4.0, 3.0, 2.0]), USEFUL, 17.0, 1.7) == 1  # 8 s on 1 GPU: by the bound
 
 

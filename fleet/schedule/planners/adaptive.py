@@ -56,8 +56,8 @@ improving, to go on). Each model's rate curve is rescaled by the ratio of its me
 profiled rate after every epoch. The counts and the queue are planned once, at the start, for
 ``target_factor`` times the bound: few GPUs per model (the most efficient counts), the GPUs
 that frees up and the forecasts' corrections going to the tail; only a model that could not
-finish well within the bound even at its fastest (its fastest time over the bound /
-``target_factor``) is planned wide from its start, on the fewest GPUs that finish by the bound
+finish well within the bound even at its fastest (its fastest time over half the bound,
+its time at the target's count over the bound) is planned wide from its start, on the fewest GPUs that finish by the bound
 (the tail would widen it too late).
 
 Decoding. Where the view gives the preprocessors' measured throughput (``decode_rate``), no
