@@ -5,7 +5,8 @@ import pytest
 
 from fleet.schedule import RateTable
 from fleet.schedule.ledger import Ledger
-from fleet.schedule.planners._adaptive_plan import ModelPlan, planned_count
+from fleet.schedule.planners._adaptive_plan import ModelPlan, planned_count, planned_counts
+from fleet.schedule.planners._drafts import StreamMatcher
 
 USEFUL = np.array([True, True, True, True])
 
@@ -39,3 +40,31 @@ def test_a_count_that_fits_the_target_is_kept_where_the_model_finishes_well_with
 def test_a_model_that_cannot_finish_by_the_bound_is_planned_at_its_fastest_useful_count():
     useful = np.array([True, True, True, False])  # 4 GPUs no faster than 3
     assert planned_count(np.array([60.0, 30.0, 20.0, 20.0]), useful, 17.0, 1.7) == 3
+
+
+def test_a_slower_model_does_not_join_a_critical_model_s_stream_past_its_floor():
+    # "crit" at its fastest, 4 GPUs (22 samples/s), takes the bound itself (2,000 / 22 s): held
+    # to a slower pace it would finish after it. "slow" (17 samples/s on 1 GPU) is within the
+    # hard tolerance of its pace (ln(22 / 17) = 0.26 < 0.35), but starts a stream of its own
+    table = RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 100, "models": [
+        {"id": "crit", "rates": {"1": 10.0, "2": 20.0, "3": 21.0, "4": 22.0}},
+        {"id": "slow", "rates": {"1": 17.0, "2": 18.0, "3": 18.5, "4": 19.0}}]})
+    view = Ledger(table, (20, 1), total_gpus=5, gpus_per_node=4).view(0.0)
+    plan = ModelPlan(1.7, 0.5)
+    plan.plan(view)
+    assert plan.critical == {"crit"} and plan.counts == {"crit": 4, "slow": 1}
+    drafts = []
+    StreamMatcher(plan, 0.10, 0.02, 0.35, 5.5, 8, 2).fill(view, drafts)
+    assert [(d.members, d.low) for d in drafts] == [([("crit", 4)], 22.0), ([("slow", 1)], 17.0)]
+
+
+def test_models_are_widened_only_while_their_gpu_seconds_fit_the_gpus_until_the_bound():
+    # each 20 s on 1 GPU, 13.3 s on 2; bound 19.74 s, target 1.7 x that. Alone on 2 GPUs, a model
+    # is widened (26.7 GPU-s <= 2 x 19.74); two on 2 GPUs both widened would run one after the
+    # other (53.3 GPU-s), so both are planned for the target again, and neither is critical
+    row = [20.0, 40.0 / 3]
+    target = 1.7 * 19.74
+    counts, critical = planned_counts(np.array([row]), np.array([[True, True]]), target, 1.7, 2)
+    assert counts.tolist() == [2] and critical.tolist() == [True]
+    counts, critical = planned_counts(np.array([row, row]), np.ones((2, 2), dtype=bool), target, 1.7, 2)
+    assert counts.tolist() == [1, 1] and critical.tolist() == [False, False]

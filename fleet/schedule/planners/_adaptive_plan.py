@@ -42,6 +42,8 @@ class ModelPlan:
         version: counts the changes of ``rates`` (what was read from them before still holds
             while it stays the same).
         counts: model -> its planned GPU count.
+        critical: the models whose fastest time is over ``NEAR_BOUND`` times the bound: planned
+            to finish by it (`planned_count`), and never paced below that (`StreamMatcher.floor`).
         queue: the models waiting, longest estimated duration first.
         target: the target makespan, seconds.
         reference: the median model's single-GPU rate (slow streams are matched tighter).
@@ -55,6 +57,7 @@ class ModelPlan:
         self.fastest: np.ndarray | None = None
         self.version = 0
         self.counts: dict[str, int] = {}
+        self.critical: set[str] = set()
         self.queue: list[str] = []
         self.target = 0.0
         self.reference = 0.0
@@ -70,9 +73,9 @@ class ModelPlan:
         times = self.work(view)[:, None] / self.rates
         target = malleable_bound(times, total_gpus=total) * self.target_factor
         self.target = target
-        useful = useful_counts(self.rates)
-        for i, model in enumerate(view.models):
-            self.counts[model.id] = planned_count(times[i], useful[i], target, self.target_factor)
+        counts, critical = planned_counts(times, useful_counts(self.rates), target, self.target_factor, total)
+        self.counts = {m.id: int(counts[i]) for i, m in enumerate(view.models)}
+        self.critical = {view.models[i].id for i in np.flatnonzero(critical)}
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
         self.reference = float(np.median(self.rates[:, 0])) if view.models else 0.0  # none left: a resumed job
@@ -146,6 +149,40 @@ class ModelPlan:
         for k, j in zip(*np.nonzero(counts > width)):
             out[k, j] = self.rate(view, models[k], int(counts[k, j]))
         return out
+
+
+def planned_counts(times: np.ndarray, useful: np.ndarray, target: float, target_factor: float,
+                   total_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every model's `planned_count`, where the GPU-seconds of them all fit ``total_gpus`` GPUs
+    until the bound (``target / target_factor``): past that, the models widened with the least
+    fastest times are planned for the target again (a plan that widens more models than the
+    GPUs hold at once runs them one after the other, later than narrow).
+
+    Args:
+        times: ``times[i, m-1]``: model ``i``'s estimated time on ``m`` GPUs.
+        useful: ``useful[i, m-1]``: whether ``m`` GPUs are faster for model ``i`` than fewer.
+        target, target_factor: as `planned_count`'s.
+        total_gpus: the GPUs of the job.
+
+    Returns:
+        The counts, and per model whether it is critical: its fastest time over ``NEAR_BOUND``
+        times the bound and its count not planned for the target again.
+    """
+    rows = np.arange(times.shape[0])
+    narrow = np.array([_fewest_within(times[i], useful[i], target) for i in rows], dtype=int)
+    counts = np.array([planned_count(times[i], useful[i], target, target_factor) for i in rows], dtype=int)
+    bound = target / target_factor
+    fastest = times.min(axis=1) if rows.size else np.zeros(0)
+    seconds = counts * times[rows, counts - 1]
+    over = float(seconds.sum()) - total_gpus * bound
+    widened = np.flatnonzero(counts != narrow)
+    narrowed = np.zeros(rows.size, dtype=bool)
+    for i in widened[np.argsort(fastest[widened], kind="stable")]:
+        if over <= 0:
+            break
+        over -= seconds[i] - narrow[i] * times[i, narrow[i] - 1]
+        counts[i], narrowed[i] = narrow[i], True
+    return counts, (fastest > NEAR_BOUND * bound) & ~narrowed
 
 
 def planned_count(times: np.ndarray, useful: np.ndarray, target: float, target_factor: float) -> int:
