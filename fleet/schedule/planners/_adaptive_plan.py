@@ -73,12 +73,10 @@ class ModelPlan:
         times = self.work(view)[:, None] / self.rates
         target = malleable_bound(times, total_gpus=total) * self.target_factor
         self.target = target
-        useful = useful_counts(self.rates)
-        counts, critical = planned_counts(times, useful, target, self.target_factor, total)
+        counts, critical = planned_counts(times, useful_counts(self.rates), target, self.target_factor, total)
         self.counts = {m.id: int(counts[i]) for i, m in enumerate(view.models)}
         self.critical = {view.models[i].id for i in np.flatnonzero(critical)}
-        # queued by their time at the count fitting the target: a widened model keeps its place
-        duration = {m.id: times[i, _fewest_within(times[i], useful[i], target) - 1] for i, m in enumerate(view.models)}
+        duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
         self.queue = sorted(duration, key=lambda m: (-duration[m], m))
         self.reference = float(np.median(self.rates[:, 0])) if view.models else 0.0  # none left: a resumed job
 
