@@ -160,6 +160,7 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     if spec.scheduler.policy == AUTO:
         lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}, candidates_for(spec)).describe())
     lines += early_stop_lines(spec, scenario, chosen, results[chosen])
+    lines += search_lines(spec, rates)
     failures = rates.extra.get("failures", [])
     if failures:
         lines += ["", "left out of the plan (profiling failed):"] + [f"  {f}" for f in summarize_failures(failures)]
@@ -175,6 +176,26 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     if what_if:
         lines += ["", "what if (predicted makespan and GPU-hours per allocation size):", _what_if(rates, spec, what_if)]
     return "\n".join(lines)
+
+
+def search_lines(spec, rates) -> list[str]:
+    """The dry run's word on each adaptive search (none without one): its sampler, budget and
+    ids, the one-GPU rate its placeholders are planned at, and that the rest is decided while
+    the run trains."""
+    studies: dict[str, list] = {}
+    for model in spec.models:
+        if model.search is not None:
+            studies.setdefault(model.search.study, []).append(model)
+    lines = []
+    for name, models in studies.items():
+        slot = models[0].search
+        planned = [rates.rate(m.id, 1) for m in models if m.id in rates.ids]
+        rate = f", planned at {min(planned):,.0f} samples/s on one GPU each" if planned else ""
+        lines.append(f"search {name}: sampler {slot.sampler}, budget {slot.budget} models ({models[0].id} ... "
+                     f"{models[-1].id}) over {', '.join(slot.space)}; until asked each is planned with the space's "
+                     f"middle values{rate}: which values they train with (and so their rates and epochs) is "
+                     "decided while the run trains")
+    return ["", *lines] if lines else []
 
 
 def early_stop_lines(spec, scenario, chosen: str, result) -> list[str]:

@@ -62,7 +62,7 @@ class RecordedMembership:
         ctx = SimpleNamespace(
             topology=OneNode(preprocessors, trainer_of_gpu or {g: g + len(preprocessors) for g in range(4)}),
             run_dir=run_dir, epoch_limits={m: epochs for m in "abcd"},
-            spec=SimpleNamespace(seed=1, model=lambda model_id: SimpleNamespace(group=None)),
+            spec=SimpleNamespace(seed=1, model=lambda model_id: SimpleNamespace(group=None, search=None)),
             train_idx_of=lambda group: np.arange(80), chunk_samples=8,
         )
         self.sent, self.log = [], RecordingLog()

@@ -94,7 +94,8 @@ def test_user_family_passes_params_through():
 def test_preprocessors_auto_and_policies():
     spec = parse_spec(doc(cluster={"preprocessors_per_node": "auto"}, scheduler={"policy": "fleet-adaptive"}))
     assert spec.cluster.preprocessors_per_node == "auto"
-    assert set(POLICIES) == {"fleet-g", "fleet-l", "baseline", "homogeneous", "fleet-adaptive", "mop", "fleet-hop"}
+    assert set(POLICIES) == {"fleet-g", "fleet-l", "baseline", "homogeneous", "fleet-adaptive", "mop", "fleet-hop",
+                             "grouped", "group-task", "model-task", "group-parallel"}
 
 
 def test_partitioned_data_needs_a_hopping_policy():

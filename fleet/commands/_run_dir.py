@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fleet.errors import UserError
 from fleet.runlock import RunLock
+from fleet.spec.asked import asked_path, read_asked, with_asked
 from preprocess.grouped import load_run_spec
 
 
@@ -15,7 +16,8 @@ def run_spec(run_dir: Path):
     spec_file = run_dir / "spec.yaml"
     if not spec_file.is_file():
         raise UserError(f"{run_dir}: not a run directory (no spec.yaml): has a job started in it?")
-    return load_run_spec(spec_file, check_paths=False)
+    asked = read_asked(run_dir)  # spec.yaml holds them too, unless a crash came between the two
+    return with_asked(load_run_spec(spec_file, check_paths=False), asked, str(asked_path(run_dir)))
 
 
 

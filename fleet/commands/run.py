@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         if spec.early_stop_settings().method != "none":
             raise SpecError("scheduler.early_stop: fleet run --local trains every model to its end, one after "
                             "another (the reference); early stopping needs the MPI run (leave out --local)")
+        searched = next((i for i, m in enumerate(spec.models) if m.search is not None), None)
+        if searched is not None:
+            raise SpecError(f"{spec.entry(searched)}.sampler: {spec.models[searched].search.sampler} asks models while "
+                            "GPUs free up; an adaptive search needs the MPI run (leave out --local)")
         return run_local(spec, args)
     check_collective(spec, args.device)
     ranks = spec.cluster.nodes * ranks_per_node(spec)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 class Tag(int, Enum):
@@ -89,6 +90,7 @@ class StartMember:
     resume: bool
     epoch_limit: int | None = None  # emulated device: converge after this many epochs
     next_stop: int | None = None  # early stopping: after this epoch the master waits for a `RungVerdict`
+    asked: Any = None  # a search's asked model (a `ModelSpec`): its values, which the ranks' spec may lack
 
 
 @dataclass(frozen=True)

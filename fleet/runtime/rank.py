@@ -57,6 +57,7 @@ from fleet.runtime.waiting import (RankIdentity, abort_job, barrier, bcast_objec
                                    recv_object, send_object, use_busy_polling, wait_requests)
 from fleet.schedule.choice import reconsider
 from fleet.spec import Device
+from fleet.spec.asked import asked_path, read_asked, with_asked
 from preprocess.grouped import load_run_spec
 from preprocess.readers import class_notices
 
@@ -90,6 +91,7 @@ def start(world: Any, who: RankIdentity, options: TrainOptions, started: dict) -
         SpecError, TopologyError, LaunchMismatch, SameOnEveryRank: what every rank meets alike.
     """
     spec = load_run_spec(options.spec_path, run_dir=options.run_dir, say=_said if world.rank == 0 else None)
+    spec = with_asked(spec, read_asked(spec.run_dir), str(asked_path(spec.run_dir)))  # a search's models so far
     partitions = check_partitions(spec)
     if options.device:
         spec = with_device(spec, options.device)
@@ -419,7 +421,7 @@ def _coordinate(ctx, options: TrainOptions) -> None:
                               early=plan.early)
     coordinator.run()
     makespan = time.monotonic() - started
-    result = write_run(spec, run_dir, coordinator, makespan, startup_s, plan)
+    result = write_run(ctx.spec, run_dir, coordinator, makespan, startup_s, plan)
     log.write("run_end", makespan=makespan, rounds=result.rounds, samples_decoded=result.samples_decoded,
               interrupted=result.interrupted)
     log.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 from fleet.schedule.early_stop import EarlyStopError
 from fleet.schedule.planners import GROUP_POLICIES, HOPPING_POLICIES
 from fleet.spec._base import SpecError
-from fleet.spec.search import ModelSpec
+from fleet.spec.search import ModelSpec, missing_package
 from fleet.spec.sections import (
     CenterCropOp,
     DataSpec,
@@ -220,3 +220,29 @@ def check_early_stop(scheduler: SchedulerSpec, models: tuple[ModelSpec, ...], en
     except EarlyStopError as exc:
         raise SpecError(f"scheduler.early_stop.{exc.field}: {exc.problem}") from None
     return scheduler.model_copy(update={"early_stop": section.model_copy(update={"metric": metric})})
+
+
+SEARCH_EARLY_STOP = ("none", "asha", "median")
+"""Early stopping an adaptive search may run with: a rung of ``sha`` or ``hyperband`` would
+never fill while the study keeps adding models."""
+
+
+def check_search(data: DataSpec, scheduler: SchedulerSpec, models: tuple[ModelSpec, ...],
+                 entries: tuple[int, ...]) -> None:
+    """An adaptive search (a model with a `search` slot) runs on whole data, without groups
+    (one study per group is not built yet), and early stopping of asha or median only."""
+    searched = [entry for model, entry in zip(models, entries) if model.search is not None]
+    if not searched:
+        return
+    for model, entry in zip(models, entries):
+        missing = None if model.search is None else missing_package(model.search.sampler)
+        if missing is not None:
+            raise SpecError(f"models[{entry}].sampler: {model.search.sampler} needs the package {missing}, which is "
+                            f"not installed (pip install {missing})")
+    if data.group_by is not None:
+        raise SpecError(f"models[{searched[0]}].sampler: an adaptive search over groups (data.group_by) is not "
+                        "built yet (one study per group); use sampler random")
+    early = scheduler.early_stop
+    if early is not None and early.method not in SEARCH_EARLY_STOP:
+        raise SpecError(f"scheduler.early_stop: {early.method!r} waits for full rungs, which never fill while an "
+                        f"adaptive search adds models; use {', '.join(SEARCH_EARLY_STOP[1:])}")

@@ -21,6 +21,7 @@ from fleet.spec.checks import (
     check_models,
     check_pipeline,
     check_run_dir,
+    check_search,
 )
 from fleet.spec.families import FAMILIES, family_error, is_user_family
 from fleet.engines.registry import DEFAULT_FRAMEWORK
@@ -126,10 +127,15 @@ class Spec(Section):
         doc["models"] = [
             {"name": m.id, "family": m.family, "params": m.params, "train": m.train.model_dump(mode="json"),
              **({"framework": m.framework} if m.framework != self.framework else {}),
-             **({"group": m.group} if m.group is not None else {})}
+             **({"group": m.group} if m.group is not None else {}),
+             **({"slot": m.search.model_dump(mode="json", by_alias=True, exclude_none=True)} if m.search else {})}
             for m in self.models
         ]
         return doc
+
+    def with_models(self, models: dict[str, ModelSpec]) -> "Spec":
+        """This spec with the models of `models`' ids replaced (a search's asked models)."""
+        return self.model_copy(update={"models": tuple(models.get(m.id, m) for m in self.models)})
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.resolved(), sort_keys=False)
@@ -200,8 +206,10 @@ def expand_models(
         raise SpecError(f"models: the search spaces expand to {sum(sizes)} models (at most {MAX_MODELS})")
     seen: dict[str, int] = {}
     out, origins = [], []
-    for i, (entry, ids) in enumerate(zip(entries, model_ids(entries, sizes))):
-        for model_id, drawn in zip(ids, entry.draws(seed, i)):
+    all_ids = model_ids(entries, sizes)
+    studies = _study_names(entries, all_ids)
+    for i, (entry, ids) in enumerate(zip(entries, all_ids)):
+        for k, (model_id, drawn) in enumerate(zip(ids, entry.draws(seed, i))):
             if model_id in seen:
                 raise SpecError(f"models[{i}].name: id {model_id!r} is already used by models[{seen[model_id]}]")
             seen[model_id] = i
@@ -216,9 +224,39 @@ def expand_models(
                     seed=model_seed(seed, model_id),
                     framework=entry.framework or framework,
                     group=entry.group,
+                    search=entry.slot_of(studies[i], k) if entry.adaptive else entry.slot,
                 )
             )
     return tuple(out), tuple(origins)
+
+
+def _study_names(entries: list[ModelEntry], ids: list[list[str]]) -> dict[int, str]:
+    """Each adaptive entry's study: its models' id prefix (``tpe`` of ``tpe-000``), unique."""
+    names: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if entry.adaptive:
+            name = ids[i][0].rsplit("-", 1)[0]
+            if name in names:
+                raise SpecError(f"models[{i}].name: the searches of models[{names[name]}] and models[{i}] would share "
+                                f"study {name!r}; name each entry")
+            names[name] = i
+    return {i: name for name, i in names.items()}
+
+
+def asked_model(model: ModelSpec, values: dict[str, Any]) -> ModelSpec:
+    """Placeholder `model` with the searched `values` its study asked (``train.<field>`` keys
+    set its training); raises `SpecError` where the family refuses them."""
+    params_drawn, train_drawn = split_train_keys(values)
+    params = {**model.params, **params_drawn}
+    if not is_user_family(model.family):
+        try:
+            params = FAMILIES[model.family].model_validate(params).model_dump(mode="json")
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc, (model.id, "search")) + " (asked by its study)") from None
+    train = model.train
+    if train_drawn:
+        train = validate(TrainSpec, {**train.model_dump(mode="json"), **train_drawn}, (model.id, "search"))
+    return model.model_copy(update={"params": params, "train": train})
 
 
 def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True) -> Spec:
@@ -242,6 +280,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     check_groups(data, models, entries)
     scheduler = check_early_stop(validate(SchedulerSpec, raw.scheduler, ("scheduler",)), models, entries)
     check_hopping(data, scheduler)
+    check_search(data, scheduler, models, entries)
     check_grouped_policy(data, scheduler, raw.ensemble is not None)
     return Spec(
         name=raw.name,

@@ -24,6 +24,7 @@ from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.rungs import RungLog
+from fleet.runtime.control.search import RunSearch
 from fleet.runtime.control.tuning import AdaptLog
 from fleet.runtime.control.visits import VisitLog
 from fleet.runtime.events import EventLog
@@ -92,6 +93,7 @@ class Coordinator:
             self.visits.recover(ledger.partitions.count, {m: ledger.model(m).epochs_done for m in paused},
                                 {m: ledger.model(m).visited for m in paused})
         self.epoch_metrics: dict[str, float | None] = {}  # a visit's epoch report waits for its hop
+        self.search = RunSearch(ctx, self.account.records, log, console)
 
     # -- what results.json reports --------------------------------------------------------------
 
@@ -199,6 +201,7 @@ class Coordinator:
         self.membership.leave(self.ledger.model(report.model).stream, report.model)
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
+        self.search.ended(report.model)
         self.driver.converged(report.model, report.epoch, planned_rate)
 
     def _stop_metric(self, report: EpochReport) -> float | None:
@@ -271,6 +274,7 @@ class Coordinator:
             self.console.left(record["model"], f"{rung}: {record['verdict']}")
             if record["verdict"] == Verdict.STOPPED.value:
                 self.account.records[record["model"]].stopped_early(record["index"])
+                self.search.stopped(record["model"], record["rung"])
                 self.log.write("converged", model=record["model"], epochs=record["rung"], reason=EARLY_STOP_REASON,
                                rung=record["index"])
                 self.console.left(record["model"], f"stopped at {rung} (early stopping)")
@@ -293,6 +297,7 @@ class Coordinator:
             self.console.banner(f"round {self.ledger.round}")
             self.account.new_round(self.ledger.round)
         new_streams = sum(not launch.join for launch in launches)
+        self.search.launching([m.model for launch in launches for m in launch.members])
         for launch in launches:
             members = [(m.model, m.gpus) for m in launch.members]
             for model, gpus in members if self.visits is not None else ():

@@ -44,6 +44,7 @@ from fleet.schedule.predicted import ESTIMATED_SPREAD, MEASURED_SPREAD, RunForec
 from fleet.schedule.rates import is_positive_number
 from fleet.schedule_io import load_calibration, load_profile, pilot_calibration
 from fleet.spec import Spec, parse_spec
+from fleet.spec.asked import read_asked, with_asked
 from preprocess.partition import job_partitions
 
 
@@ -104,7 +105,7 @@ def check_same_ensemble(run_dir: Path, spec: Spec) -> None:
             # only the models and the data must match; a scheduler section written by an older
             # fleet (alpha and delta beside every policy) need not parse today
             document.pop("scheduler", None)
-        previous = parse_spec(document, check_paths=False)
+        previous = with_asked(parse_spec(document, check_paths=False), read_asked(run_dir))
     except UserError as exc:
         raise UserError(f"{saved}: cannot read the spec of the earlier run: {exc}") from None
     if previous.models != spec.models or previous.data.model_copy(update={"path": None}) != spec.data.model_copy(

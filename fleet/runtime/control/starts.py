@@ -101,8 +101,10 @@ class StreamStarter:
         live.groups.setdefault(group.model, group)
         resume = self.store.latest_info(group.model) is not None
         limit = self.ctx.epoch_limits.get(group.model)
+        model = self.ctx.spec.model(group.model)
         command = StartMember(group.model, group.uid, group.ranks, live.layout, live.source, first_chunk,
-                              self.ledger.round, resume, limit, self.ledger.model(group.model).next_stop)
+                              self.ledger.round, resume, limit, self.ledger.model(group.model).next_stop,
+                              model if model.search is not None else None)
         self.books.groups_open += 1
         for rank in group.ranks:
             self.send(command, rank, Tag.TRAINER)

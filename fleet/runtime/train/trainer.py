@@ -193,6 +193,8 @@ class GroupTraining:
     def __init__(self, ctx: RunContext, start: StartMember, group_comm: Any):
         self.costs = MemberCosts()
         self.ctx, self.start, self.group_comm = ctx, start, group_comm
+        if start.asked is not None:  # a search's model, asked after this rank read the spec
+            ctx.spec = ctx.spec.with_models({start.model: start.asked})
         self.model = ctx.spec.model(start.model)
         self.is_master = group_comm.rank == 0
         self.size = group_comm.size
