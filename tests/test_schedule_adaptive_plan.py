@@ -58,13 +58,30 @@ def test_a_slower_model_does_not_join_a_critical_model_s_stream_past_its_floor()
     assert [(d.members, d.low) for d in drafts] == [([("crit", 4)], 22.0), ([("slow", 1)], 17.0)]
 
 
-def test_models_are_widened_only_while_their_gpu_seconds_fit_the_gpus_until_the_bound():
-    # each 20 s on 1 GPU, 13.3 s on 2; bound 19.74 s, target 1.7 x that. Alone on 2 GPUs, a model
-    # is widened (26.7 GPU-s <= 2 x 19.74); two on 2 GPUs both widened would run one after the
-    # other (53.3 GPU-s), so both are planned for the target again, and neither is critical
+def test_models_are_widened_only_while_they_start_in_the_first_wave():
+    # each 20 s on 1 GPU, 13.3 s on 2; bound 18 s, target 1.7 x that. Alone on 2
+    # GPUs, a model is widened; two on 2 GPUs both widened would run one after the other (26.7 s),
+    # so the second in the queue is planned for the target again, moves up the queue (20 s) and
+    # leaves the first 1 GPU: both are planned for the target, and neither is critical
     row = [20.0, 40.0 / 3]
-    target = 1.7 * 19.74
+    target = 1.7 * 18.0
     counts, critical = planned_counts(np.array([row]), np.array([[True, True]]), target, 1.7, 2)
     assert counts.tolist() == [2] and critical.tolist() == [True]
     counts, critical = planned_counts(np.array([row, row]), np.ones((2, 2), dtype=bool), target, 1.7, 2)
     assert counts.tolist() == [1, 1] and critical.tolist() == [False, False]
+
+
+def test_a_widened_model_starting_in_the_first_wave_stays_wide_whatever_the_gpu_seconds():
+    # 4 GPUs, bound 15 s, target 25.5 s. "long" fits the target on 2 GPUs (16 s) but not the
+    # bound: widened to 3 (11 s, 33 GPU-s). Three short models (10 s on 1 GPU)
+    # queue after it and fit beside it: it stays wide, though the GPU-seconds (63) exceed the
+    # GPUs' until the bound (60); planned for the target it would start as narrow and grow late
+    useful = np.ones((4, 3), dtype=bool)
+    long, short = [30.0, 16.0, 11.0], [10.0, 6.0, 5.0]
+    counts, critical = planned_counts(np.array([long, short, short, short]), useful, 25.5, 1.7, 4)
+    assert counts.tolist() == [3, 1, 1, 1] and critical.tolist() == [True, False, False, False]
+    # short models of 12 s queue before it (11 s wide): it would start after them, once one
+    # finishes, so it is planned for the target (2 GPUs, 16 s) and queues first
+    short = [12.0, 7.0, 6.0]
+    counts, critical = planned_counts(np.array([long, short, short, short]), useful, 25.5, 1.7, 4)
+    assert counts.tolist() == [2, 1, 1, 1] and critical.tolist() == [False, False, False, False]

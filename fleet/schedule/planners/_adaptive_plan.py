@@ -73,7 +73,10 @@ class ModelPlan:
         times = self.work(view)[:, None] / self.rates
         target = malleable_bound(times, total_gpus=total) * self.target_factor
         self.target = target
-        counts, critical = planned_counts(times, useful_counts(self.rates), target, self.target_factor, total)
+        ids = np.array([m.id for m in view.models], dtype=object)
+        ties = np.empty(len(ids), dtype=int)
+        ties[np.argsort(ids, kind="stable")] = np.arange(len(ids))
+        counts, critical = planned_counts(times, useful_counts(self.rates), target, self.target_factor, total, ties)
         self.counts = {m.id: int(counts[i]) for i, m in enumerate(view.models)}
         self.critical = {view.models[i].id for i in np.flatnonzero(critical)}
         duration = {m.id: times[i, self.counts[m.id] - 1] for i, m in enumerate(view.models)}
@@ -152,37 +155,41 @@ class ModelPlan:
 
 
 def planned_counts(times: np.ndarray, useful: np.ndarray, target: float, target_factor: float,
-                   total_gpus: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every model's `planned_count`, where the GPU-seconds of them all fit ``total_gpus`` GPUs
-    until the bound (``target / target_factor``): past that, the models widened with the least
-    fastest times are planned for the target again (a plan that widens more models than the
-    GPUs hold at once runs them one after the other, later than narrow).
+                   total_gpus: int, ties: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Every model's `planned_count`, where the models widened start in the first wave: in the
+    queue's order (longest planned duration first), a widened model whose count does not fit
+    ``total_gpus`` beside the counts of the models before it is planned for the target again (it
+    would start only once others finish, too late to finish by the bound wide: a plan that widens
+    more models than the GPUs hold at once runs them one after the other, later than narrow).
+    One at a time, the first in the queue first: planned narrow, it moves up the queue.
 
     Args:
         times: ``times[i, m-1]``: model ``i``'s estimated time on ``m`` GPUs.
         useful: ``useful[i, m-1]``: whether ``m`` GPUs are faster for model ``i`` than fewer.
         target, target_factor: as `planned_count`'s.
         total_gpus: the GPUs of the job.
+        ties: ``ties[i]``: model ``i``'s place among models of equal duration in the queue (its
+            id's rank; default its row).
 
     Returns:
         The counts, and per model whether it is critical: its fastest time over ``NEAR_BOUND``
         times the bound and its count not planned for the target again.
     """
     rows = np.arange(times.shape[0])
+    ties = rows if ties is None else ties
     narrow = np.array([_fewest_within(times[i], useful[i], target) for i in rows], dtype=int)
     counts = np.array([planned_count(times[i], useful[i], target, target_factor) for i in rows], dtype=int)
-    bound = target / target_factor
-    fastest = times.min(axis=1) if rows.size else np.zeros(0)
-    seconds = counts * times[rows, counts - 1]
-    over = float(seconds.sum()) - total_gpus * bound
-    widened = np.flatnonzero(counts != narrow)
+    widened = counts != narrow
     narrowed = np.zeros(rows.size, dtype=bool)
-    for i in widened[np.argsort(fastest[widened], kind="stable")]:
-        if over <= 0:
+    while widened.any():
+        order = np.lexsort((ties, -times[rows, counts - 1]))
+        late = widened[order] & (np.cumsum(counts[order]) > total_gpus)
+        if not late.any():
             break
-        over -= seconds[i] - narrow[i] * times[i, narrow[i] - 1]
-        counts[i], narrowed[i] = narrow[i], True
-    return counts, (fastest > NEAR_BOUND * bound) & ~narrowed
+        i = order[np.argmax(late)]
+        counts[i], widened[i], narrowed[i] = narrow[i], False, True
+    fastest = times.min(axis=1) if rows.size else np.zeros(0)
+    return counts, (fastest > NEAR_BOUND * target / target_factor) & ~narrowed
 
 
 def planned_count(times: np.ndarray, useful: np.ndarray, target: float, target_factor: float) -> int:
