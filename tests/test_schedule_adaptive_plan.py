@@ -85,3 +85,25 @@ def test_a_widened_model_starting_in_the_first_wave_stays_wide_whatever_the_gpu_
     short = [12.0, 7.0, 6.0]
     counts, critical = planned_counts(np.array([long, short, short, short]), useful, 25.5, 1.7, 4)
     assert counts.tolist() == [2, 1, 1, 1] and critical.tolist() == [False, False, False, False]
+
+
+def test_a_critical_model_starts_on_its_planned_count_though_others_match_the_drafts_better():
+    # 6 GPUs, bound 98.75 s. "crit" (2,000 samples; 95 s on 3 GPUs, 87 s at best) is critical and
+    # queues third, after "a" and "b" (110 s on 1 GPU; linear scalers); "c", "d", "e" (50 s on 1
+    # GPU) match "a"'s pace (10 samples/s) and would join its stream first, leaving "crit" one GPU
+    # in that stream (paced at 10, 200 s). Its planned 3 GPUs are kept for it: "a" to "c" share a
+    # stream on the other 3, "crit" runs in a stream of its own, "d" and "e" wait
+    crit = {"1": 10.0, "2": 20.0, "3": 21.0, "4": 22.0, "5": 22.5, "6": 23.0}
+    linear = {str(m): 10.0 * m for m in range(1, 7)}
+    poor = {"1": 10.0, "2": 11.0, "3": 11.5, "4": 12.0, "5": 12.2, "6": 12.4}
+    table = RateTable.from_dict({"schema": 1, "gpus_per_node": 6, "samples_per_epoch": 100, "models": [
+        {"id": "crit", "rates": crit}, {"id": "a", "rates": linear}, {"id": "b", "rates": linear},
+        *({"id": m, "rates": poor} for m in "cde")]})
+    view = Ledger(table, (20, 11, 11, 5, 5, 5), total_gpus=6, gpus_per_node=6).view(0.0)
+    plan = ModelPlan(1.7, 0.5)
+    plan.plan(view)
+    assert plan.critical == {"crit"} and plan.queue == ["a", "b", "crit", "c", "d", "e"]
+    drafts = []
+    StreamMatcher(plan, 0.10, 0.02, 0.35, 5.5, 8, 2).fill(view, drafts)
+    assert [(d.members, d.low) for d in drafts] == [([("a", 1), ("b", 1), ("c", 1)], 10.0), ([("crit", 3)], 21.0)]
+    assert plan.queue == ["d", "e"]

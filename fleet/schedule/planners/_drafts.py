@@ -92,22 +92,60 @@ class StreamMatcher:
 
     def fill(self, view: ClusterView, drafts: list[Draft]) -> None:
         """Put queued models into `drafts` (new ones appended) while GPUs are free; leftover
-        GPUs, once the queue is empty, to the new members predicted to finish last."""
+        GPUs, once the queue is empty, to the new members predicted to finish last. The planned
+        GPUs of the critical models waiting are kept for them (`_reserve`)."""
         plan = self.plan
-        free = len(view.free_gpus)
-        while free > 0 and plan.queue:
+        reserved, place = self._reserve(len(view.free_gpus))
+        free = len(view.free_gpus) - sum(plan.counts[m] for m in reserved)
+        while True:
+            while reserved and (free <= 0 or not plan.queue or place[reserved[0]] < place[plan.queue[0]]):
+                self._draft_reserved(view, drafts, reserved.pop(0))
+            if free <= 0 or not plan.queue:
+                break
             model, gpus, draft = self._pick(view, drafts, free)
-            if draft is None:
-                draft = Draft(None, [])
-                drafts.append(draft)
-            rate = plan.rate(view, model, gpus)
-            floor = self.floor(view, [model], np.array([rate]))[0]
-            self._keep_floor(model, floor)
-            draft.add((model, gpus), rate, floor)
+            self._draft(view, drafts, model, gpus, draft)
             plan.queue.remove(model)
             free -= gpus
         if not plan.queue and free > 0:
             self._boost(view, drafts, free)
+
+    def _reserve(self, free: int) -> tuple[list[str], dict[str, int]]:
+        """The critical models waiting (`ModelPlan.critical`) whose planned counts fit in ``free``
+        GPUs, the first in the queue first, taken out of the queue, and every queued model's
+        place in it (none where no model is reserved). The others are drafted on the GPUs left;
+        a reserved model is drafted once the head of the queue is past its place, or once no
+        GPU is left to the others (`_draft_reserved`). Planned to finish by the bound from its
+        start, a critical model left to the matching waits while models behind it match the
+        drafts better, and starts late on whatever GPUs are left."""
+        plan = self.plan
+        reserved = []
+        for model in (m for m in plan.queue if m in plan.critical) if plan.critical else ():
+            if plan.counts[model] <= free:
+                reserved.append(model)
+                free -= plan.counts[model]
+        if not reserved:
+            return [], {}
+        place = {m: k for k, m in enumerate(plan.queue)}
+        taken = set(reserved)
+        plan.queue = [m for m in plan.queue if m not in taken]
+        return reserved, place
+
+    def _draft_reserved(self, view: ClusterView, drafts: list[Draft], model: str) -> None:
+        """A reserved model on its planned count, into the draft it matches best (`_match`) or
+        a new one."""
+        gpus = self.plan.counts[model]
+        match = self._match(view, drafts, gpus, self._limit(view, drafts), [model]) if drafts else None
+        self._draft(view, drafts, model, gpus, match[2] if match else None)
+
+    def _draft(self, view: ClusterView, drafts: list[Draft], model: str, gpus: int, draft: Draft | None) -> None:
+        """Add ``model`` on ``gpus`` GPUs to ``draft`` (None: a new one), with its floor."""
+        if draft is None:
+            draft = Draft(None, [])
+            drafts.append(draft)
+        rate = self.plan.rate(view, model, gpus)
+        floor = self.floor(view, [model], np.array([rate]))[0]
+        self._keep_floor(model, floor)
+        draft.add((model, gpus), rate, floor)
 
     def floor(self, view: ClusterView, models: list[str], rates: np.ndarray) -> np.ndarray:
         """The least pace each of ``models``, on its own ``rates``, may be held to in a stream:
@@ -145,7 +183,7 @@ class StreamMatcher:
     def _pick(self, view: ClusterView, drafts: list[Draft], free: int):
         """Best (model, gpu count, stream draft or None for a new stream) to start now: the
         best match of a queued model with a draft (`_match`), or else the head of the queue."""
-        match = self._match(view, drafts, free, self._limit(view, drafts)) if drafts else None
+        match = self._match(view, drafts, free, self._limit(view, drafts), self._candidates(free)) if drafts else None
         if match is not None:
             return match
         head = self.plan.queue[0]
@@ -158,15 +196,14 @@ class StreamMatcher:
         used = _budget_used(drafts, self.min_members)
         return self.hard_tolerance if used > 1 else max(self.tight_tolerance, self.tolerance * used ** 3)
 
-    def _match(self, view: ClusterView, drafts: list[Draft], free: int, limit: float):
-        """The (model, gpu count, draft) of least score within ``limit``, or None.
+    def _match(self, view: ClusterView, drafts: list[Draft], free: int, limit: float, candidates: list[str]):
+        """The (model, gpu count, draft) of least score within ``limit`` among ``candidates``
+        (queued models, in the queue's order), or None.
 
-        Candidates are the first ``window`` queued models, or all that fit in the free GPUs
-        if more do (at most ``_MAX_CANDIDATES``). A candidate may take a few more GPUs than
-        planned when that matches a stream's pace better; the score adds the log-rate mismatch,
-        the scaling loss of the extra GPUs and a small penalty for skipping ahead in the queue.
+        A candidate may take a few more GPUs than planned when that matches a stream's pace
+        better; the score adds the log-rate mismatch, the scaling loss of the extra GPUs and a
+        small penalty for skipping ahead in the queue.
         """
-        candidates = self._candidates(free)
         ranks, gpus, rate = self._count_options(view, candidates, free)
         single = self.plan.rates_at(view, candidates, np.ones((len(candidates), 1), dtype=int))[ranks, 0]
         loss = 1 - rate / (gpus * single)
@@ -185,6 +222,8 @@ class StreamMatcher:
         return candidates[ranks[option]], int(gpus[option]), drafts[best % len(drafts)]
 
     def _candidates(self, free: int) -> list[str]:
+        """The queued models weighed for a pick: the first ``window``, or all that fit in the
+        ``free`` GPUs at their planned counts if more do (at most ``_MAX_CANDIDATES``)."""
         fitting, used = 0, 0
         for model in self.plan.queue[:_MAX_CANDIDATES]:  # more would not be weighed
             used += self.plan.counts[model]

@@ -58,8 +58,10 @@ profiled rate after every epoch. The counts and the queue are planned once, at t
 that frees up and the forecasts' corrections going to the tail; only a critical model, one
 that could not finish well within the bound even at its fastest (its fastest time over half
 the bound), is planned wide from its start, on the fewest GPUs that finish by the bound (the
-tail would widen it too late), and no slower member joins its stream past the pace that
-still finishes it by the bound.
+tail would widen it too late), where it starts in the first wave (its count fits the GPUs
+beside those of the models queued before it); its GPUs are kept for it at a launch (models
+behind it that match the drafted streams better do not take them), and no slower member
+joins its stream past the pace that still finishes it by the bound.
 
 Decoding. Where the view gives the preprocessors' measured throughput (``decode_rate``), no
 model is planned faster than it (its rates are capped there: more GPUs than reach it are not
