@@ -13,7 +13,9 @@ longest (group, configuration) at its fastest GPU count), the best baseline and 
 (2) ``--runtime``: real runs on virtual nodes (2 nodes x 2 trainer slots + 1 preprocessor each,
 CPU), a synthetic HDF5 data set of 24 Zipf(1.0) groups, 2 MLP configurations per group, one
 `fleet run` per policy in one invocation: wall time, makespan, samples decoded and the mean of
-each group's best validation accuracy.
+each group's best validation accuracy; beside them the outside peer, a plain per-group job array
+(each (group, configuration) of grouped's resolved spec a `plain_loop.py` process with its own
+DataLoader, 4 at a time).
 
 Usage:
     python bench/groups.py [--groups 100,1000] [--skews 0.5,1,1.5] [--nodes 4,8,16,32,64] [--jobs 2]
@@ -23,21 +25,28 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import Pool
 from pathlib import Path
 
 import yaml
 
-from _harness import fleet, fleet_run
+from _harness import fleet, fleet_run, run_to_end
 from fleet.schedule import create_policy, paper100, simulate
 from fleet.schedule.group_workload import grouped_bound, grouped_scenario
 from fleet.schedule.planners import GROUP_POLICIES
+from fleet.spec import load_spec
 
 CONFIGURATIONS = 4
 BASELINES = ("group-task", "model-task", "group-parallel")
 FLEET_TIMEOUT_S = 1800  # seconds one `fleet` command of --runtime may take
+PLAIN_LOOP = Path(__file__).resolve().parent / "plain_loop.py"
+ARRAY_SLOTS = 4  # the job array's tasks at a time (the issue's outside peer)
 
 
 def cell(task: tuple[int, float, int]) -> tuple[tuple[int, float, int], dict[str, float]]:
@@ -93,6 +102,32 @@ def best_per_group(results: dict) -> float:
     return statistics.mean(best.values())
 
 
+def job_array(resolved_spec: Path, work: Path) -> tuple[float, int, float]:
+    """The outside peer: each (group, configuration) of a grouped run's resolved spec trained
+    by `plain_loop.py` in a process of its own (its own DataLoader decoding its group's
+    samples), ARRAY_SLOTS at a time; wall seconds, samples decoded, mean best val accuracy per
+    group."""
+    models = load_spec(str(resolved_spec)).models
+    work.mkdir(parents=True, exist_ok=True)
+
+    def one(index: int) -> None:
+        out = work / f"{index}.json"
+        run_to_end([sys.executable, str(PLAIN_LOOP), str(resolved_spec), "--model", str(index), "--seed",
+                    str(models[index].seed), "--threads", "1", "--json", str(out)], f"job array task {index}",
+                   FLEET_TIMEOUT_S)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(ARRAY_SLOTS) as pool:
+        list(pool.map(one, range(len(models))))
+    wall = time.perf_counter() - started
+    trained = [json.loads((work / f"{i}.json").read_text()) for i in range(len(models))]
+    groups = {m.id: m.group for m in models}
+    best: dict[str, float] = {}
+    for model in trained:
+        best[groups[model["id"]]] = max(best.get(groups[model["id"]], 0.0), model["best_val_accuracy"])
+    return wall, sum(m["samples_decoded"] for m in trained), statistics.mean(best.values())
+
+
 def runtime_table(work: Path, samples: int) -> str:
     work.mkdir(parents=True, exist_ok=True)
     data = work / "groups.h5"
@@ -107,6 +142,8 @@ def runtime_table(work: Path, samples: int) -> str:
         res = run.results
         lines.append(f"| {policy} | {run.wall_s:.1f} s | {res['makespan_s']:.1f} s | {res['samples_decoded']:,} "
                      f"| {best_per_group(res):.3f} |")
+    wall, decoded, accuracy = job_array(work / "grouped" / "spec.yaml", work / "job-array")
+    lines.append(f"| job array, plain PyTorch, {ARRAY_SLOTS} at a time | {wall:.1f} s | - | {decoded:,} | {accuracy:.3f} |")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ from fleet.engines.torch.zoo import build_model
 from fleet.runtime.train.stop import StopTracker
 from fleet.spec import ModelSpec, Optimizer, ScheduleKind, Spec, load_spec
 from fleet.spec.sections import CenterCropOp, DecodeOp, FlipOp, NormalizeOp, RandomCropOp, ResizeOp, TrainSpec
+from preprocess.grouped import sample_groups, split_members
 from preprocess.readers import open_reader
 from preprocess.split import split_three
 
@@ -165,11 +166,17 @@ class PlainData:
     test_y: torch.Tensor | None = None
 
     @classmethod
-    def open(cls, spec: Spec) -> "PlainData":
+    def open(cls, spec: Spec, group: str | None = None) -> "PlainData":
+        """The spec's data, or with `group` (a resolved spec's `model.group`) that group's
+        samples only, split as fleet splits a group (`preprocess.grouped.split_members`)."""
         reader = open_reader(spec.data, seed=spec.seed)
-        # a test fraction of 0 splits train and validation as split_indices does
-        train_idx, val_idx, test_idx = split_three(reader.labels, spec.data.val_fraction, spec.data.test_fraction,
-                                                   spec.seed)
+        if group is None:  # a test fraction of 0 splits train and validation as split_indices does
+            train_idx, val_idx, test_idx = split_three(reader.labels, spec.data.val_fraction,
+                                                       spec.data.test_fraction, spec.seed)
+        else:
+            members = np.flatnonzero(sample_groups(reader, spec.data) == group)
+            train_idx, val_idx, test_idx = split_members(reader.labels, members, group, spec.data.val_fraction,
+                                                         spec.data.test_fraction, spec.seed)
         train_raw = reader.read(train_idx)
         train = SpecDataset(list(train_raw.items), train_raw.labels, SpecTransform(spec, train=True))
         val_x, val_y = _held_out(reader, val_idx, spec)
@@ -314,11 +321,11 @@ def samples_decoded(data: PlainData, epochs: int, validation: bool = True) -> in
 
 
 def train_one(spec_path: str, index: int, seed: int, threads: int, on_epoch: EpochHook | None = None) -> dict:
-    """Open the spec's data in this process and train its model `index` (`on_epoch` as for
-    `train_model`); the result of `train_model` with the samples this process decoded."""
+    """Open the spec's data (the model's group's, for a resolved spec's model of a group) in
+    this process and train its model `index` (`on_epoch` as for `train_model`); the result of `train_model` with the samples this process decoded."""
     torch.set_num_threads(threads)
     spec = load_spec(spec_path)
-    data = PlainData.open(spec)
+    data = PlainData.open(spec, spec.models[index].group)
     result = train_model(spec.models[index], data, seed, on_epoch)
     return {**result, "samples_decoded": samples_decoded(data, result["epochs"])}
 
