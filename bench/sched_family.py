@@ -43,7 +43,7 @@ from sched_paper import MEASURED, NOISE, NOISE_MODELS
 import numpy as np
 
 from fleet.schedule import lower_bounds, noisy_scenario, simulate
-from fleet.schedule.bounds import training_times
+from fleet.schedule.bounds import least_gpu_seconds, training_times
 from fleet.schedule.planners import create_policy
 from fleet.schedule.workload_family import REPORTING_SEEDS, SHAPES, TUNING_SEEDS, FamilyCell, family_instance
 
@@ -54,6 +54,7 @@ ESTIMATES = {label: NOISE_MODELS[label] for label in ("exact", f"x U({1 - NOISE:
 NOISY = f"x U({1 - NOISE:g},{1 + NOISE:g})"
 TARGETS = {"exact": (1.10, 1.15), NOISY: (1.15, None)}
 ORACLE = " longest {:g} % exact"
+GAP_PARTS = ("least by LB2", "training", "pacing", "overhead", "idle")
 SPOT_MODELS = 1000
 QUICK_INSTANCES = 2
 
@@ -72,6 +73,8 @@ class Outcome:
         plan_median_ms: its median planning call, milliseconds.
         calls: planning calls that launched something.
         failure: the error the policy raised ("" when it ran).
+        parts: the GPU-seconds of the run by what they did, over M x LB2 (they add up to
+            ``ratio``; ``GAP_PARTS``), and first the least GPU-seconds the models need to end by LB2.
     """
 
     cell: FamilyCell
@@ -83,6 +86,7 @@ class Outcome:
     plan_median_ms: float = float("nan")
     calls: int = 0
     failure: str = ""
+    parts: tuple[float, ...] = ()
 
 
 def run_instance(task: tuple[FamilyCell, str, int, int]) -> list[Outcome]:
@@ -94,9 +98,11 @@ def run_instance(task: tuple[FamilyCell, str, int, int]) -> list[Outcome]:
     scenario = noisy_scenario(instance.workload, instance.parameters.gpus, seed, spread, model)
     if oracle:
         scenario = longest_told_exactly(scenario, instance.parameters.gpus, float(oracle.split()[0]) / 100)
-    lb2 = lower_bounds(scenario.rates, scenario.true_epochs, instance.parameters.gpus).lb2
+    gpus = instance.parameters.gpus
+    lb2 = lower_bounds(scenario.rates, scenario.true_epochs, gpus).lb2
+    least = sum(least_gpu_seconds(row, lb2) for row in training_times(scenario.rates, scenario.true_epochs, gpus))
     names = POLICIES[:1] if oracle else POLICIES
-    return [_run_policy(name, scenario, lb2, (cell, estimates, seed)) for name in names]
+    return [_run_policy(name, scenario, (lb2, least / (gpus * lb2)), (cell, estimates, seed)) for name in names]
 
 
 def longest_told_exactly(scenario, gpus: int, share: float):
@@ -109,13 +115,18 @@ def longest_told_exactly(scenario, gpus: int, share: float):
     return dataclasses.replace(scenario, epochs_estimate=told)
 
 
-def _run_policy(name: str, scenario, lb2: float, where: tuple) -> Outcome:
+def _run_policy(name: str, scenario, bound: tuple[float, float], where: tuple) -> Outcome:
+    """``bound``: LB2 and the least GPU-seconds by it over M x LB2."""
+    lb2, least = bound
     try:
         result = simulate(create_policy(name, seed=where[2]), scenario, MEASURED)
     except RecursionError as exc:  # issue 46's crash at scale: reported in the table, not hidden
         return Outcome(*where, name, float("nan"), failure=f"RecursionError: {exc}")
     calls = [1000 * s for s in result.planning_s] or [0.0]
-    return Outcome(*where, name, result.makespan / lb2, calls[0], statistics.median(calls), len(result.planning_s))
+    spent = result.gpu_time
+    parts = (least, *(x / (result.total_gpus * lb2) for x in (spent.training, spent.pacing, spent.overhead, spent.idle)))
+    return Outcome(*where, name, result.makespan / lb2, calls[0], statistics.median(calls), len(result.planning_s),
+                   parts=parts)
 
 
 def cells(shapes=SHAPES, ratios=RATIOS, gpus_per_node=GPUS_PER_NODE) -> list[FamilyCell]:
@@ -187,6 +198,23 @@ def oracle_table(outcomes: list[Outcome], labels: list[str]) -> str:
     return "\n".join(lines)
 
 
+def gap_table(outcomes: list[Outcome]) -> str:
+    """Where fleet-adaptive's GPU-seconds went in the cells that miss the exact target, over
+    M x LB2 (means over the instances): what the ratio is made of beyond the least GPU-seconds
+    that end every model by LB2."""
+    groups = _by(outcomes)
+    lines = [f"| shape | GPUs/node | GPUs/models | ratio | {' | '.join(GAP_PARTS)} |",
+             f"|---|---:|---:|---:|{'---:|' * len(GAP_PARTS)}"]
+    for cell in dict.fromkeys(o.cell for o in outcomes):
+        runs = groups.get((cell, "exact", "fleet-adaptive"))
+        if not runs or _verdict(runs, "exact") == "met":
+            continue
+        means = [statistics.mean(o.parts[k] for o in runs) for k in range(len(GAP_PARTS))]
+        lines.append(f"| {cell.shape} | {cell.gpus_per_node} | {cell.gpus_ratio:g} "
+                     f"| {statistics.mean(o.ratio for o in runs):.3f} | {' | '.join(f'{m:.3f}' for m in means)} |")
+    return "\n".join(lines)
+
+
 def planning_table(outcomes: list[Outcome]) -> str:
     """fleet-adaptive's planning per call, by GPUs/models ratio (all shapes and GPUs per node)."""
     runs = [o for o in outcomes if o.policy == "fleet-adaptive" and not o.failure]
@@ -255,6 +283,9 @@ def main(argv=None) -> int:
           f"of {args.models} models, seeds {seeds.start}-{seeds.stop - 1}\n")
     print(ratio_table(outcomes))
     print(f"\n{summary_line(outcomes)}")
+    if not args.noisy_only:
+        print("\n### Where fleet-adaptive's GPU-seconds went in the exact cells that miss, over M x LB2\n")
+        print(gap_table(outcomes))
     if oracles:
         print(f"\n### What fleet-adaptive lacked where {NOISY} misses: the longest models' epochs told exactly\n")
         print(oracle_table(outcomes, oracles))
