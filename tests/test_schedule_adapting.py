@@ -6,7 +6,9 @@ import pytest
 import switch_case
 from fleet.runtime.control.rates_source import estimated_profile
 from fleet.schedule import Cluster, ModelState, Overheads, RateTable, Scenario, create_policy, simulate
+from fleet.schedule._base import ModelConverged
 from fleet.schedule.adapting import RateTuner, simulate_auto, simulation_adapter
+from fleet.schedule.early_stop import EarlyStopSettings
 from fleet.schedule.sim_records import Outcome, SwitchRecord
 from fleet.schedule.ledger import Ledger
 from fleet.spec import parse_spec
@@ -177,3 +179,53 @@ def test_a_simulated_run_adopts_the_rates_it_measures_where_the_weighing_says_it
     adapting = simulate(create_policy("fleet-g"), scenario, cheap, adapt=simulation_adapter(create_policy))
     assert blind.rates_adopted == 0 and adapting.rates_adopted >= 1 and adapting.switches == ()
     assert [r.members for r in adapting.timeline.streams] != [r.members for r in blind.timeline.streams]
+
+
+class SwitchAtConvergence:
+    """An adapter that hands the run to `to` at its `k`-th convergence, as ``policy: auto``
+    may on measured rates (what it weighs does not matter here: the hand-over does)."""
+
+    seconds, switches = 0.0, []
+
+    def __init__(self, k: int, to: str):
+        self.k, self.to, self.seen = k, to, 0
+
+    def observe(self, *args):
+        pass
+
+    def part(self, *args):
+        pass
+
+    def before_policy(self, event, driver):
+        if isinstance(event, ModelConverged):
+            self.seen += 1
+            if self.seen == self.k:
+                driver.switch_policy(create_policy(self.to, seed=0))
+
+
+def twelve_models_on_two_nodes() -> Scenario:
+    """12 models of mixed rates, 6 epochs each, with metric curves for early stopping."""
+    rates = [700, 1500, 900, 2600, 1100, 480, 3000, 820, 1900, 640, 1300, 2200]
+    table = RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 2000, "models": [
+        {"id": f"m{i:02d}", "rates": {str(m): r * m * 0.85 ** (m - 1) for m in range(1, 5)}}
+        for i, r in enumerate(rates)]})
+    curves = tuple(tuple(1.0 / (e + 1) + 0.07 * ((3 * i + 5 * e) % 7) for e in range(6)) for i in range(12))
+    return Scenario(table, (6,) * 12, (6.0,) * 12, Cluster(2, 4), curves=curves)
+
+
+@pytest.mark.parametrize("start", ["fleet-adaptive", "fleet-l", "homogeneous", "baseline"])
+@pytest.mark.parametrize("to", ["baseline", "homogeneous"])
+@pytest.mark.parametrize("method", ["asha", "sha", None])
+def test_a_run_handed_to_a_queueing_policy_launches_only_the_models_still_waiting(start, to, method):
+    """Baseline and homogeneous queue the models at their start. Handed a run mid-way, that
+    start sees converged models, paused ones that early stopping may then stop, hold or
+    promote (queuing them again): none of those may be launched, and every model still ends."""
+    early = EarlyStopSettings(method, 6, reduction=2) if method else None
+    for k in (1, 3, 6):
+        adapter = SwitchAtConvergence(k, to)
+        result = simulate(create_policy(start, seed=0), twelve_models_on_two_nodes(),
+                          Overheads(latency_s=0.02, bandwidth=float("inf")),
+                          adapt=lambda *args: adapter, early_stop=early)
+        assert adapter.seen >= k
+        assert all(epochs >= 1 - 1e-9 for epochs in result.epochs_trained)
+        assert not result.interrupted

@@ -6,11 +6,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fleet.schedule._base import CheckpointCompleted, ClusterView, Decision, Member, ModelPromoted, Policy, StreamPlan
+from fleet.schedule._base import (
+    CheckpointCompleted,
+    ClusterView,
+    Decision,
+    Member,
+    ModelPromoted,
+    ModelState,
+    Policy,
+    StreamPlan,
+)
 from fleet.schedule.flotilla import Flotilla, create_flotilla
 from fleet.schedule.options import NoOptions
 from fleet.schedule.placement import place
 from fleet.schedule.rates import RateTable
+
+WAITING = (ModelState.PENDING, ModelState.PAUSED)  # states a model may be launched from
 
 
 def placed_stream(flotilla: Flotilla, free_gpus: Sequence[int], gpus_per_node: int) -> StreamPlan:
@@ -53,7 +64,11 @@ class RandomOrder(Policy):
         self.queue: list[str] = []
 
     def start(self, view: ClusterView) -> Decision:
-        self.queue = [view.rates.ids[i] for i in self.rng.permutation(len(view.models))]
+        """The queue: the models waiting to run, in a random order. A run handed over by
+        ``policy: auto`` starts with some converged, running or held at a rung: those are not
+        queued (a held model joins the queue when it is promoted)."""
+        ids = view.rates.ids
+        self.queue = [ids[i] for i in self.rng.permutation(len(view.models)) if view.models[i].state in WAITING]
         return self.on_free(view)
 
     def on_free(self, view: ClusterView) -> Decision:
@@ -70,7 +85,12 @@ class RandomOrder(Policy):
         return self.on_converged(event, view)
 
     def take(self, view: ClusterView) -> list[str]:
-        """The next models, one per free GPU (as many as are left)."""
-        count = min(len(self.queue), len(view.free_gpus))
-        models, self.queue = self.queue[:count], self.queue[count:]
+        """The next models, one per free GPU (as many as are left). A queued model that no
+        longer waits is dropped: after a hand-over a paused model may be stopped or held at its
+        rung, or promoted (queued again) while still queued."""
+        models: list[str] = []
+        while self.queue and len(models) < len(view.free_gpus):
+            model = self.queue.pop(0)
+            if view.model(model).state in WAITING and model not in models:
+                models.append(model)
         return models
