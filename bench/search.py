@@ -298,7 +298,7 @@ def table(rows: dict[tuple[str, str], list[dict]]) -> str:
 def verdict(rows: dict[tuple[str, str], list[dict]]) -> list[str]:
     """Issue 48's targets where both of fleet's samplers ran; fleet's tpe against the peers."""
     out = []
-    for early in EARLY_STOPS:
+    for early in dict.fromkeys(e for _, e in rows):
         if ("random", early) not in rows or ("tpe", early) not in rows:
             continue
         random_best = statistics.mean(r["val"] for r in rows[("random", early)])
@@ -334,16 +334,20 @@ def main() -> None:
     parser.add_argument("--ensemble", type=at_least(1), default=10, help="fleet ensemble --size")
     parser.add_argument("--contenders", type=name_list(CONTENDERS, "contender"), default=list(CONTENDERS),
                         help=f"comma-separated, from {', '.join(CONTENDERS)} (default: all)")
-    parser.add_argument("--work", help="working directory (kept; default: a temporary one)")
+    parser.add_argument("--early-stops", type=name_list(EARLY_STOPS, "early stop"), default=list(EARLY_STOPS),
+                        help=f"comma-separated, from {', '.join(EARLY_STOPS)} (default: both)")
+    parser.add_argument("--first-seed", type=int, default=11, help="the first seed (default 11)")
+    parser.add_argument("--work", help="working directory (kept: a run directory there is resumed, a finished "
+                                         "one only read; default: a temporary one)")
     args = parser.parse_args()
     if args.budget % len(ARCHITECTURES):
         parser.error(f"--budget: a multiple of {len(ARCHITECTURES)} (random search crosses the architectures)")
     contenders = runnable(args.contenders)
     with work_dir(args.work) as work:
         data = jpeg_folder(work / "jpeg", args.samples, args.image_size)
-        rows: dict[tuple[str, str], list[dict]] = {(c, e): [] for e in EARLY_STOPS for c in contenders}
-        for seed in range(11, 11 + args.seeds):
-            for early in EARLY_STOPS:
+        rows: dict[tuple[str, str], list[dict]] = {(c, e): [] for e in args.early_stops for c in contenders}
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for early in args.early_stops:
                 for contender in contenders:  # alternating within a seed: drift in the load falls on all
                     started = time.perf_counter()
                     rows[(contender, early)].append(one_run(args, work, data, contender, early, seed))

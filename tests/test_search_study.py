@@ -5,7 +5,7 @@ import pytest
 from optuna.trial import TrialState
 
 from fleet.runtime.control.search import SearchBook
-from fleet.runtime.control.study import Study, distributions, values_of
+from fleet.runtime.control.study import Study, distributions, drawn_at_random, random_params, values_of
 from fleet.spec import parse_spec
 from fleet.spec.asked import read_asked
 from fleet.spec.search import Dimension
@@ -93,3 +93,38 @@ def test_a_resumed_study_draws_new_values_not_the_first_jobs_again(tmp_path):
     resumed = SearchBook(tmp_path, spec_of(tmp_path))
     later = [resumed.ask(m).params for m in ("s-002", "s-003")]
     assert not any(p in first for p in later)
+
+
+def test_under_early_stopping_a_share_of_trials_is_drawn_at_random_and_a_crash_keeps_the_draw(tmp_path):
+    """With `random_share`, the trials `drawn_at_random` picks take `random_params` (not the
+    sampler's), the others the sampler's; a draw enqueued before a crash is the next trial's."""
+    slot = spec_of(tmp_path).model("s-000").search
+    fixed = distributions(slot.space)
+    study = Study(tmp_path / "search", "s", "tpe", slot.space, maximize=True, seed=5, random_share=0.5)
+    picked = [drawn_at_random(5, n, 0.5) for n in range(12)]
+    assert 3 <= sum(picked) <= 9  # about half
+    for number in range(12):
+        asked, values = study.ask(claimed=range(number))
+        assert asked == number
+        trial = study.study.get_trials()[number]
+        assert (trial.params == random_params(fixed, 5, number)) is picked[number]
+        study.tell(number, 0.1 * (number % 4))
+    study.study.enqueue_trial(random_params(fixed, 5, 99))  # the job died between the draw and the ask
+    again = Study(tmp_path / "search", "s", "tpe", slot.space, maximize=True, seed=5, random_share=0.5)
+    number, _ = again.ask(claimed=range(12))
+    assert number == 12 and again.study.get_trials()[12].params == random_params(fixed, 5, 99)
+    assert len(again.study.get_trials()) == 13
+    assert not any(drawn_at_random(5, n, 0.0) for n in range(12))
+
+
+def test_a_search_book_draws_at_random_only_where_early_stopping_prunes(tmp_path):
+    plain = SearchBook(tmp_path / "a", spec_of(tmp_path / "a"))
+    plain.ask("s-000")
+    assert plain.studies["s"].random_share == 0
+    pruned = parse_spec({"name": "t", "data": {"source": "digits"}, "run_dir": str(tmp_path / "b"),
+                         "scheduler": {"early_stop": "asha"},
+                         "models": [{"family": "mlp", "name": "s", "sampler": "tpe", "budget": 4, "search": SPACE}]},
+                        check_paths=False)
+    book = SearchBook(tmp_path / "b", pruned)
+    book.ask("s-000")
+    assert book.studies["s"].random_share == pytest.approx(1 / 3)

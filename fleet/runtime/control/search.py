@@ -27,7 +27,7 @@ from fleet.atomic import atomic_write_text
 from fleet.errors import UserError
 from fleet.inspect import describe_model
 from fleet.runtime.control.rungs import lower_is_better
-from fleet.runtime.control.study import Study
+from fleet.runtime.control.study import RANDOM_SHARE, Study
 from fleet.spec import ModelSpec, Spec
 from fleet.spec.asked import SEARCH_DIR, asked_path, read_asked, with_asked
 from fleet.spec.load import asked_model
@@ -146,8 +146,9 @@ class SearchBook:
     def _study(self, slot: SearchSlot, model: ModelSpec) -> Study:
         if slot.study not in self.studies:
             maximize = model.train.stop.metric.value == "val_accuracy"
+            pruning = self.spec.scheduler.early_stop is not None  # rungs stop some models: explore too
             self.studies[slot.study] = Study(self.run_dir / SEARCH_DIR, slot.study, slot.sampler, slot.space,
-                                             maximize, self.spec.seed)
+                                             maximize, self.spec.seed, RANDOM_SHARE if pruning else 0.0)
         return self.studies[slot.study]
 
 

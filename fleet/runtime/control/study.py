@@ -8,6 +8,12 @@ becomes in Optuna (`distributions`): a ``choice`` a categorical (items that are 
 values, such as lists, by their JSON text), ``uniform`` / ``loguniform`` a float (log-scaled),
 ``int`` an int, and ``int`` with ``size: k`` k ints ``key[0]`` ... ``key[k-1]``, put back
 together as a list (`values_of`).
+
+Under early stopping a model-based sampler sees the models that looked best at the first rungs
+complete and the rest pruned, and a sampler that trusts those verdicts keeps asking for what
+learns fastest early, not what ends best. As BOHB does, a fixed share of the trials
+(`RANDOM_SHARE`, BOHB's rho) is then drawn at random over the space, decided per trial number
+from the seed, so the search keeps exploring what the rungs cut short.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from fleet.errors import UserError
 from fleet.spec.search import Dimension, missing_package
 
 PLAIN = (str, int, float, bool, type(None))
+RANDOM_SHARE = 1 / 3
+"""The share of trials drawn at random where early stopping prunes models (BOHB's default rho)."""
 
 
 def _tpe(seed: int) -> optuna.samplers.BaseSampler:
@@ -79,6 +87,17 @@ def values_of(space: dict[str, Dimension], params: dict[str, Any]) -> dict[str, 
     return out
 
 
+def drawn_at_random(seed: int, number: int, share: float) -> bool:
+    """Whether trial `number` of a study seeded `seed` is drawn at random (`share` of them)."""
+    return share > 0 and zlib.crc32(f"{seed}:random:{number}".encode()) / 2**32 < share
+
+
+def random_params(fixed: dict[str, BaseDistribution], seed: int, number: int) -> dict[str, Any]:
+    """Trial `number`'s params drawn uniformly over `fixed` (log-uniform where log-scaled)."""
+    sampler = optuna.samplers.RandomSampler(seed=zlib.crc32(f"{seed}:params:{number}".encode()) & 0x7FFFFFFF)
+    return {name: sampler.sample_independent(None, None, name, dist) for name, dist in fixed.items()}  # type: ignore[arg-type]
+
+
 class Study:
     """One adaptive search's study (see the module docstring).
 
@@ -89,13 +108,15 @@ class Study:
         space: the searched dimensions.
         maximize: whether a larger metric is better (``val_accuracy``).
         seed: the sampler's seed.
+        random_share: the share of trials drawn at random instead of by the sampler (see
+            the module docstring), in [0, 1).
 
     Raises:
         UserError: the sampler needs a package that is not installed.
     """
 
     def __init__(self, folder: str | Path, name: str, sampler: str, space: dict[str, Dimension], maximize: bool,
-                 seed: int):
+                 seed: int, random_share: float = 0.0):
         missing = missing_package(sampler)
         if missing is not None:
             raise UserError(f"sampler {sampler}: needs the package {missing} (pip install {missing})")
@@ -103,7 +124,7 @@ class Study:
         self.path = Path(folder) / f"{name}.journal"
         storage = JournalStorage(JournalFileBackend(str(self.path)))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.space = space
+        self.space, self.seed, self.random_share = space, seed, random_share
         self.study = optuna.create_study(
             study_name=name, storage=storage, sampler=SAMPLERS[sampler](seed), load_if_exists=True,
             direction="maximize" if maximize else "minimize")
@@ -114,10 +135,15 @@ class Study:
     def ask(self, claimed: Collection[int]) -> tuple[int, dict[str, Any]]:
         """A trial for a new model: the lowest running trial not in `claimed` (asked before a
         crash, never recorded), else a new one; its number and the model's searched values."""
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if trial.number not in claimed:
+        trials = self.study.get_trials(deepcopy=False)
+        for trial in trials:
+            if trial.state is TrialState.RUNNING and trial.number not in claimed:
                 return trial.number, values_of(self.space, trial.params)
-        trial = self.study.ask(fixed_distributions=distributions(self.space))
+        fixed = distributions(self.space)
+        waiting = any(t.state is TrialState.WAITING for t in trials)  # drawn at random before a crash
+        if not waiting and drawn_at_random(self.seed, len(trials), self.random_share):
+            self.study.enqueue_trial(random_params(fixed, self.seed, len(trials)))
+        trial = self.study.ask(fixed_distributions=fixed)
         return trial.number, values_of(self.space, trial.params)
 
     def tell(self, number: int, value: float | None) -> None:
