@@ -230,14 +230,18 @@ class Ledger:
             if not self.holders[g]:
                 del self._free[bisect.bisect_left(self._free, g)]
             self.holders[g] += 1
-        self.streams[stream].append(model_id)
-        self._stream_views.pop(stream, None)
+        self._enter_stream(model_id, stream)
         self._set(model_id, state=ModelState.RUNNING, gpus=tuple(gpus), stream=stream)
 
     def move(self, model_id: str, stream: int) -> None:
-        """A running model (reserved to join a stream) runs in `stream` instead, on the same GPUs."""
+        """A running model (reserved to join a stream) runs in `stream` instead, on the GPUs it
+        holds already (they are not reserved again: each would stay held after it left them)."""
+        view = self.model(model_id)
+        if view.state is not ModelState.RUNNING:
+            raise PolicyError(f"cannot move {model_id} to stream {stream}, it is {view.state.value}")
         self._leave_stream(model_id)
-        self.reserve(model_id, self.model(model_id).gpus, stream)
+        self._enter_stream(model_id, stream)
+        self._set(model_id, stream=stream)
 
     # -- state changes ----------------------------------------------------------------------
 
@@ -303,6 +307,10 @@ class Ledger:
                     freed.append(g)
         self._set(model_id, state=state, gpus=(), stream=None)
         return tuple(freed)
+
+    def _enter_stream(self, model_id: str, stream: int) -> None:
+        self.streams[stream].append(model_id)
+        self._stream_views.pop(stream, None)
 
     def _leave_stream(self, model_id: str) -> None:
         stream = self.model(model_id).stream
