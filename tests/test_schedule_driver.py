@@ -34,7 +34,7 @@ from fleet.schedule import (
     simulate,
 )
 from fleet.schedule.driver import Driver, Launch
-from fleet.schedule.ledger import Ledger
+from fleet.schedule.ledger import Ledger, describe_books
 
 
 class Recorded(Policy):
@@ -307,7 +307,7 @@ def run_restreamed(driver: Driver) -> None:
         ledger.move(model, stream)
     while not driver.finished:
         saving, running = ledger.ids_in(ModelState.CHECKPOINTING), ledger.ids_in(ModelState.RUNNING)
-        assert saving or running, f"stalled: {ledger.free_gpus} free, {ledger.holders} holders"
+        assert saving or running, describe_books(ledger)  # else the driver would have said it stalled
         if saving:
             driver.checkpointed(saving[0], 0)
         else:
@@ -323,3 +323,33 @@ def test_models_moved_to_a_stream_of_their_own_free_their_gpus_for_the_policy_ha
     run_restreamed(driver)
     assert driver.name == "fleet-g" and driver.ledger.unfinished == 0 and driver.ledger.drained
     assert any(told[0] == "launch" and told[2] for told in world.told[1:])  # fleet-g's rounds start drained
+
+
+def test_a_gpu_held_by_no_model_does_not_hide_a_stall(monkeypatch):
+    """Were the books to keep a GPU for no model again (here the old double-counting move),
+    the run fails at the policy call that launched nothing, naming the policy, the models left
+    and the books, instead of waiting for a report that never comes."""
+
+    moved = Ledger.move
+
+    def double_counting_move(ledger: Ledger, model: str, stream: int) -> None:
+        moved(ledger, model, stream)
+        for gpu in ledger.model(model).gpus:
+            ledger.holders[gpu] += 1  # the old move reserved them again
+
+    monkeypatch.setattr(Ledger, "move", double_counting_move)
+    driver = Driver(create_policy("fleet-adaptive"), Ledger(TEN, [1.0] * 10, 4, 4), ReplayWorld(), SwitchAt(3))
+    with pytest.raises(PolicyError, match=r"^fleet-g: stalled with \d+ models left \(m\d.*\): nothing runs or "
+                                          r"checkpoints and it launched nothing; the books: \d+ waiting, .*"
+                                          r"GPUs? [\d, ]+ held by no model\)$"):
+        run_restreamed(driver)
+
+
+def test_a_stall_names_the_first_models_left_and_counts_the_rest():
+    driver = Driver(Scripted(NO_DECISION), Ledger(TEN, [1.0] * 10, 4, 4), ReplayWorld())
+    with pytest.raises(PolicyError) as stalled:
+        driver.start()
+    assert str(stalled.value) == (
+        "scripted: stalled with 10 models left (m0, m1, m2, m3, m4, m5, m6, m7 and 2 more): nothing runs or "
+        "checkpoints and it launched nothing; the books: 10 waiting, 0 held at a rung, 0 running, 0 checkpointing, "
+        "0 converged; 0 of 4 GPUs in use")
