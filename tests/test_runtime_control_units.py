@@ -10,7 +10,7 @@ from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.streams import Group, LiveStream
 from fleet.runtime.protocol import Paused, StartMember, StreamLayout, StreamSource
-from fleet.schedule import RateTable
+from fleet.schedule import ModelState, RateTable
 from fleet.schedule.ledger import Ledger
 
 
@@ -122,6 +122,7 @@ def test_a_deferred_join_that_would_leave_its_stream_without_a_master_starts_a_s
     (start,) = [c for c, _ in recorded.sent if isinstance(c, StartMember)]
     assert (start.model, start.layout.stream, start.first_chunk) == ("c", 1, 0)
     assert ledger.model("c").stream == 1 and old not in ledger.streams
+    assert ledger.release("c", ModelState.CONVERGED) == (2,)  # its GPU held once: free when it ends
 
 
 def test_checkpointing_a_model_whose_join_is_pending_drops_the_join(tmp_path):

@@ -40,8 +40,8 @@ from fleet.runtime.protocol import (
     StreamDone,
     VisitEnded,
 )
-from fleet.runtime.waiting import RankIdentity
-from fleet.schedule import RateTable, create_policy
+from fleet.runtime.waiting import RankIdentity, WaitTimeout
+from fleet.schedule import ModelState, PolicyError, RateTable, create_policy
 from fleet.schedule.adapting import simulate_auto
 from fleet.schedule.choice import reconsider, switch_targets
 from fleet.schedule.ledger import Ledger
@@ -194,11 +194,11 @@ class FakeRanks:
         return next(m for m in self.training if m.model == model)
 
 
-def spec_of(models, gpus: int, data: dict | None = None):
+def spec_of(models, gpus: int, data: dict | None = None, timeout_s: float = 20):
     return parse_spec({"name": "c", "data": data or {"source": "digits"}, "seed": 1,
                        "models": [{"family": "mlp", "name": m} for m in models],
                        "cluster": {"nodes": 1, "gpus_per_node": gpus, "preprocessors_per_node": 1},
-                       "runtime": {"timeout_s": 20}})
+                       "runtime": {"timeout_s": timeout_s}})
 
 
 def coordinator(tmp_path: Path, spec, ranks: FakeRanks, ledger: Ledger, policy: str, signal=None,
@@ -363,3 +363,52 @@ def test_policy_auto_hands_over_in_the_coordinator_as_the_simulator_predicts(tmp
 
 def _reconsider(current, view, costs, going_on, named):
     return reconsider(current, view, named, costs, switch_targets(named("fleet-l")), current_s=going_on)
+
+
+@dataclass
+class Ghost(FakeRanks):
+    """Once training started, the driver's books hold a waiting model running on GPU 0, which
+    no rank trains (books that disagree with the ranks, as a GPU counted twice once made them)."""
+
+    ledger: Ledger | None = None
+
+    def improbe(self, tag: int) -> _Message | None:
+        waiting = self.ledger.ids_in(ModelState.PENDING)
+        if self.training and waiting and not self.ledger.ids_in(ModelState.CHECKPOINTING):
+            self.ledger.reserve(waiting[0], (0,), self.ledger.open_stream())
+        return super().improbe(tag)
+
+
+def test_a_run_that_nothing_can_move_on_fails_at_once_naming_the_policy_and_the_models_left(tmp_path):
+    """No stream runs and no rank has a report to make, yet the driver's run is not over: the
+    coordinator fails at once with the policy, the models left and the books, not after
+    `runtime.timeout_s` (20 s here) with a wait's timeout."""
+    epochs = dict(zip("abc", (1, 1, 1)))
+    rates = {m: 100.0 for m in epochs}
+    ledger = Ledger(profile(rates, 1000, 2), [1.0] * 3, 2, 2)
+    ranks = Ghost(epochs, rates, ledger=ledger)
+    coord = coordinator(tmp_path, spec_of(epochs, gpus=2), ranks, ledger, "fleet-g")
+    with pytest.raises(PolicyError, match=r"^fleet-g: stalled with 1 model left \(c\): no stream runs and no rank "
+                                          r"has a report to make; the books: 0 waiting, .* 1 checkpointing, "
+                                          r"2 converged; 1 of 2 GPUs in use$"):
+        coord.run()
+    assert not coord.membership.busy and ranks.done == {"a": 1, "b": 1}
+
+
+@dataclass
+class Silent(FakeRanks):
+    """The ranks train but never report."""
+
+    def improbe(self, tag: int) -> _Message | None:
+        return None
+
+
+def test_a_wait_that_times_out_names_the_driver_s_books(tmp_path):
+    epochs = dict(zip("ab", (1, 1)))
+    rates = {m: 100.0 for m in epochs}
+    ledger = Ledger(profile(rates, 1000, 2), [1.0] * 2, 2, 2)
+    coord = coordinator(tmp_path, spec_of(epochs, gpus=2, timeout_s=0.2), Silent(epochs, rates), ledger, "fleet-g")
+    with pytest.raises(WaitTimeout, match=r"waiting for any report \(running: \['a', 'b'\]; the books: 0 waiting, "
+                                          r"0 held at a rung, 2 running, 0 checkpointing, 0 converged; "
+                                          r"2 of 2 GPUs in use\)$"):
+        coord.run()

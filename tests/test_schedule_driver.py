@@ -15,7 +15,6 @@ from fleet.schedule import (
     END_ROUND,
     NO_DECISION,
     POLICIES,
-    CheckpointCompleted,
     Cluster,
     ClusterView,
     Decision,
@@ -35,7 +34,7 @@ from fleet.schedule import (
     simulate,
 )
 from fleet.schedule.driver import Driver, Launch
-from fleet.schedule.ledger import Ledger
+from fleet.schedule.ledger import Ledger, describe_books
 
 
 class Recorded(Policy):
@@ -269,3 +268,88 @@ def test_a_switch_waits_for_the_models_still_checkpointing():
     assert new.calls == 0 and ("round_ending", 0) not in world.told  # nothing ran: no round to end
     driver.checkpointed("b", 0)
     assert (old.calls, new.calls) == (2, 1) and len(world.told[-1][1]) == 2  # both resumed by the new one
+
+
+# ------------------------------------------------------------------ a restream, then a switch
+
+TEN = RateTable.from_dict({"schema": 1, "gpus_per_node": 4, "samples_per_epoch": 1000, "models": [
+    {"id": f"m{k}", "rates": {"1": 100.0 + k, "2": 180.0 + k, "3": 250.0 + k, "4": 310.0 + k}} for k in range(10)]})
+
+
+class SwitchAt:
+    """A fake adapter: hands the run to fleet-g at the `at`-th convergence (the runtime's
+    adapter decides so on measured rates)."""
+
+    def __init__(self, at: int):
+        self.at, self.seen = at, 0
+
+    def observe(self, model: str, gpus: int, samples_per_s: float) -> None:
+        pass
+
+    def part(self, models) -> None:
+        pass
+
+    def before_policy(self, event, driver: Driver) -> None:
+        if isinstance(event, ModelConverged):
+            self.seen += 1
+            if self.seen == self.at:
+                driver.switch_policy(create_policy("fleet-g"))
+
+
+def run_restreamed(driver: Driver) -> None:
+    """Run `driver` to its end, moving its first two running models to a stream of their own
+    as the coordinator does with joins it cannot make (`Membership._restream`); every model
+    trains one epoch, the running ones end in turn."""
+    driver.start()
+    ledger = driver.ledger
+    stream = ledger.open_stream()
+    for model in ledger.ids_in(ModelState.RUNNING)[:2]:
+        ledger.move(model, stream)
+    while not driver.finished:
+        saving, running = ledger.ids_in(ModelState.CHECKPOINTING), ledger.ids_in(ModelState.RUNNING)
+        assert saving or running, describe_books(ledger)  # else the driver would have said it stalled
+        if saving:
+            driver.checkpointed(saving[0], 0)
+        else:
+            driver.converged(running[0], 1, 100.0)
+
+
+def test_models_moved_to_a_stream_of_their_own_free_their_gpus_for_the_policy_handed_over_to():
+    """The hang of a `policy: auto` search (tpe + asha): the coordinator moved two joins to a
+    stream of their own, they ended, auto handed over to fleet-g, and fleet-g, which plans only
+    on a drained cluster, waited forever: the move had counted the two GPUs held twice."""
+    world = ReplayWorld()
+    driver = Driver(create_policy("fleet-adaptive"), Ledger(TEN, [1.0] * 10, 4, 4), world, SwitchAt(3))
+    run_restreamed(driver)
+    assert driver.name == "fleet-g" and driver.ledger.unfinished == 0 and driver.ledger.drained
+    assert any(told[0] == "launch" and told[2] for told in world.told[1:])  # fleet-g's rounds start drained
+
+
+def test_a_gpu_held_by_no_model_does_not_hide_a_stall(monkeypatch):
+    """Were the books to keep a GPU for no model again (here the old double-counting move),
+    the run fails at the policy call that launched nothing, naming the policy, the models left
+    and the books, instead of waiting for a report that never comes."""
+
+    moved = Ledger.move
+
+    def double_counting_move(ledger: Ledger, model: str, stream: int) -> None:
+        moved(ledger, model, stream)
+        for gpu in ledger.model(model).gpus:
+            ledger.holders[gpu] += 1  # the old move reserved them again
+
+    monkeypatch.setattr(Ledger, "move", double_counting_move)
+    driver = Driver(create_policy("fleet-adaptive"), Ledger(TEN, [1.0] * 10, 4, 4), ReplayWorld(), SwitchAt(3))
+    with pytest.raises(PolicyError, match=r"^fleet-g: stalled with \d+ models left \(m\d.*\): nothing runs or "
+                                          r"checkpoints and it launched nothing; the books: \d+ waiting, .*"
+                                          r"GPUs? [\d, ]+ held by no model\)$"):
+        run_restreamed(driver)
+
+
+def test_a_stall_names_the_first_models_left_and_counts_the_rest():
+    driver = Driver(Scripted(NO_DECISION), Ledger(TEN, [1.0] * 10, 4, 4), ReplayWorld())
+    with pytest.raises(PolicyError) as stalled:
+        driver.start()
+    assert str(stalled.value) == (
+        "scripted: stalled with 10 models left (m0, m1, m2, m3, m4, m5, m6, m7 and 2 more): nothing runs or "
+        "checkpoints and it launched nothing; the books: 10 waiting, 0 held at a rung, 0 running, 0 checkpointing, "
+        "0 converged; 0 of 4 GPUs in use")

@@ -3,7 +3,7 @@
 import pytest
 
 from fleet.schedule import POLICIES, Member, ModelState, PolicyError, RateTable, StreamPlan, create_policy
-from fleet.schedule.ledger import Ledger
+from fleet.schedule.ledger import Ledger, describe_books
 from fleet.schedule.planners import HOPPING_POLICIES
 
 
@@ -36,14 +36,35 @@ def test_ledger_tracks_streams_gpus_and_rounds():
     assert ledger.unfinished == 2
 
 
-def test_ledger_moves_a_reserved_model_to_another_stream():
+def test_ledger_moves_a_reserved_model_to_another_stream_and_frees_its_gpus_when_it_ends():
+    """The runtime moves a join that cannot happen to a stream of its own (a restream); the
+    model's GPUs come free when it ends: a move once counted them held a second time, and a
+    job of `policy: auto` hung after it handed over to fleet-g, which waits for a drained cluster."""
     ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2)
     old = ledger.open_stream()
-    ledger.reserve("a", (0,), old)
+    ledger.reserve("a", (0, 1), old)
     new = ledger.open_stream()
     ledger.move("a", new)
-    assert ledger.model("a").stream == new and ledger.model("a").gpus == (0,)
+    assert ledger.model("a").stream == new and ledger.model("a").gpus == (0, 1)
     assert old not in ledger.streams and ledger.streams[new] == ["a"]
+    assert ledger.active == 1 and ledger.free_gpus == (2, 3)
+    assert ledger.release("a", ModelState.CONVERGED) == (0, 1)
+    assert ledger.drained and not ledger.streams and ledger.active == 0
+    with pytest.raises(PolicyError, match="cannot move a to stream 2, it is converged"):
+        ledger.move("a", ledger.open_stream())
+
+
+def test_ledger_counts_the_models_with_a_report_to_make_and_describes_its_books():
+    ledger = Ledger(rates3(), [3, 3, 3], total_gpus=4, gpus_per_node=2, paused=["c"])
+    ledger.reserve("a", (0,), ledger.open_stream())
+    ledger.reserve("b", (1, 2), ledger.open_stream())
+    ledger.start_checkpoint("b")
+    assert ledger.active == 2
+    assert describe_books(ledger) == ("1 waiting, 0 held at a rung, 1 running, 1 checkpointing, 0 converged; "
+                                 "3 of 4 GPUs in use")
+    ledger.release("b", ModelState.PAUSED)
+    ledger.release("a", ModelState.CONVERGED)
+    assert ledger.active == 0 and describe_books(ledger).startswith("2 waiting, 0 held at a rung, 0 running")
 
 
 @pytest.mark.parametrize("name", sorted(set(POLICIES) - set(HOPPING_POLICIES)))  # those need partitions

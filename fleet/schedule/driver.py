@@ -56,13 +56,16 @@ from fleet.schedule._base import (
 )
 from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
 from fleet.schedule.grouping import check_one_group
-from fleet.schedule.ledger import Ledger, stream_partition
+from fleet.schedule.ledger import Ledger, describe_books, stream_partition
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import reestimated
 from fleet.schedule.rung_keeper import RungKeeper
 
 if TYPE_CHECKING:  # annotations only: the adapter's simulations import this module
     from fleet.schedule.adapting import Adapter
+
+STALL_NAMES = 8
+"""Models a stall's error names (the rest are counted)."""
 
 
 @dataclass(frozen=True)
@@ -335,12 +338,24 @@ class Driver:
         check_decision(decision, self.name, self.ledger)
         self._apply(decision, elapsed)
         if self._stalled():
-            raise PolicyError(f"{self.name}: stalled with {self.ledger.unfinished} models left")
+            raise self.stalled_error("nothing runs or checkpoints and it launched nothing")
 
     def _stalled(self) -> bool:
-        """Nothing holds a GPU, nothing is about to be reported, and models are left."""
-        idle = self.ledger.drained and not self.ledger.ids_in(ModelState.CHECKPOINTING)
-        return idle and not self._later and not self.finished
+        """No model runs or checkpoints (so no report is due), nothing is about to be reported,
+        and models are left. By the models' states, not the GPUs: a GPU the books hold for no
+        model must not hide a stall."""
+        return not self.ledger.active and not self._later and not self.finished
+
+    def stalled_error(self, why: str) -> PolicyError:
+        """The one-line error of a run that can go no further (`why`): the policy, the models
+        left (the first few named) and the books."""
+        left = [v.id for v in self.ledger.views if v.state is not ModelState.CONVERGED]
+        named = ", ".join(left[:STALL_NAMES])
+        if len(left) > STALL_NAMES:
+            named += f" and {len(left) - STALL_NAMES} more"
+        models = "1 model" if len(left) == 1 else f"{len(left)} models"
+        return PolicyError(f"{self.name}: stalled with {models} left ({named}): {why}; "
+                           f"the books: {describe_books(self.ledger)}")
 
     def _apply(self, decision: Decision, planning_s: float) -> None:
         if decision.end_round:

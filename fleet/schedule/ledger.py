@@ -11,7 +11,7 @@ in every driver.
 from __future__ import annotations
 
 import bisect
-
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import replace
 
@@ -84,6 +84,26 @@ def stream_partition(plan: StreamPlan, partitions: Partitions | None) -> int | N
     return partitions.of_gpu(plan.members[0].gpus[0])
 
 
+def describe_books(ledger: Ledger) -> str:
+    """`ledger`'s books in words, for an error: the models in each state and the GPUs in use
+    (naming any that no model holds)."""
+    counts = Counter(v.state for v in ledger.views)
+    waiting = counts[ModelState.PENDING] + counts[ModelState.PAUSED]
+    in_use = ledger.total_gpus - len(ledger.free_gpus)
+    text = (f"{waiting} waiting, {counts[ModelState.HELD]} held at a rung, {counts[ModelState.RUNNING]} running, "
+            f"{counts[ModelState.CHECKPOINTING]} checkpointing, {counts[ModelState.CONVERGED]} converged; "
+            f"{in_use} of {ledger.total_gpus} GPUs in use")
+    owned = {g for v in ledger.views for g in v.gpus}
+    orphans = [g for g in range(ledger.total_gpus) if ledger.holders[g] and g not in owned]
+    if orphans:
+        text += f" ({'GPUs' if len(orphans) > 1 else 'GPU'} {', '.join(map(str, orphans))} held by no model)"
+    return text
+
+
+_ACTIVE = (ModelState.RUNNING, ModelState.CHECKPOINTING)
+"""The states of a model with a report still to make (its epoch's end, its checkpoint)."""
+
+
 def _first_state(model: str, paused: set[str], held: set[str]) -> ModelState:
     if model in held:
         return ModelState.HELD
@@ -116,6 +136,7 @@ class Ledger:
             for p, e in zip(rates.models, epochs_estimate)
         ]
         self._unfinished = sum(v.state is not ModelState.CONVERGED for v in self.views)
+        self._active = 0  # models running or checkpointing: each has a report to make
         self.holders = [0] * total_gpus  # models holding each GPU (a bundle's models share theirs)
         self._free = list(range(total_gpus))  # the GPUs no model holds, ascending (kept as they change)
         self.streams: dict[int, list[str]] = {}
@@ -160,6 +181,11 @@ class Ledger:
     def unfinished(self) -> int:
         """Models not converged (kept as states change: both worlds ask after every event)."""
         return self._unfinished
+
+    @property
+    def active(self) -> int:
+        """Models running or checkpointing, each with a report still to make (kept as states change)."""
+        return self._active
 
     def pace(self, stream: int) -> float:
         """The pace a stream is planned to move at: its slowest member's profiled rate, no
@@ -230,14 +256,18 @@ class Ledger:
             if not self.holders[g]:
                 del self._free[bisect.bisect_left(self._free, g)]
             self.holders[g] += 1
-        self.streams[stream].append(model_id)
-        self._stream_views.pop(stream, None)
+        self._enter_stream(model_id, stream)
         self._set(model_id, state=ModelState.RUNNING, gpus=tuple(gpus), stream=stream)
 
     def move(self, model_id: str, stream: int) -> None:
-        """A running model (reserved to join a stream) runs in `stream` instead, on the same GPUs."""
+        """A running model (reserved to join a stream) runs in `stream` instead, on the GPUs it
+        holds already (they are not reserved again: each would stay held after it left them)."""
+        view = self.model(model_id)
+        if view.state is not ModelState.RUNNING:
+            raise PolicyError(f"cannot move {model_id} to stream {stream}, it is {view.state.value}")
         self._leave_stream(model_id)
-        self.reserve(model_id, self.model(model_id).gpus, stream)
+        self._enter_stream(model_id, stream)
+        self._set(model_id, stream=stream)
 
     # -- state changes ----------------------------------------------------------------------
 
@@ -304,6 +334,10 @@ class Ledger:
         self._set(model_id, state=state, gpus=(), stream=None)
         return tuple(freed)
 
+    def _enter_stream(self, model_id: str, stream: int) -> None:
+        self.streams[stream].append(model_id)
+        self._stream_views.pop(stream, None)
+
     def _leave_stream(self, model_id: str) -> None:
         stream = self.model(model_id).stream
         if stream is None:
@@ -321,5 +355,6 @@ class Ledger:
         self.views[index] = replace(before, **fields)
         if "state" in fields:
             self._unfinished += (before.state is ModelState.CONVERGED) - (fields["state"] is ModelState.CONVERGED)
+            self._active += (fields["state"] in _ACTIVE) - (before.state in _ACTIVE)
         if not fields.keys() <= {"epochs_done", "next_stop"}:
             self._cached = None  # GPUs, streams or paces changed

@@ -49,7 +49,7 @@ from fleet.schedule.choice import PolicySwitch
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
 from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
-from fleet.schedule.ledger import Ledger
+from fleet.schedule.ledger import Ledger, describe_books
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,14 @@ class Coordinator:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Until the run is over. Where it is not, yet nothing can move it on (no stream runs, no
+        rank has a report to make), it fails at once with a `PolicyError` naming the policy, the
+        models left and the driver's books, instead of after `runtime.timeout_s`."""
         cpu_started = time.thread_time()
         self.driver.start()
         while not self.driver.finished or self.membership.busy:
+            if not self.membership.busy and not self.membership.local_reports:  # no rank has a report to make
+                raise self.driver.stalled_error("no stream runs and no rank has a report to make")
             self._handle(self._next_report())
         if self.host_use is not None:
             self.host_use.sample()
@@ -168,9 +173,8 @@ class Coordinator:
                 return message.recv()
             if time.monotonic() > deadline:
                 running = self.ledger.ids_in(ModelState.RUNNING, ModelState.CHECKPOINTING)
-                raise WaitTimeout(
-                    f"timed out after {self.ctx.timeout_s:g} s waiting for any report (running: {running[:5]})"
-                )
+                raise WaitTimeout(f"timed out after {self.ctx.timeout_s:g} s waiting for any report (running: "
+                                  f"{running[:5]}; the books: {describe_books(self.ledger)})")
             time.sleep(next(sleeps))
 
     def _keepalive(self) -> None:
