@@ -54,6 +54,7 @@ ESTIMATES = {label: NOISE_MODELS[label] for label in ("exact", f"x U({1 - NOISE:
 NOISY = f"x U({1 - NOISE:g},{1 + NOISE:g})"
 TARGETS = {"exact": (1.10, 1.15), NOISY: (1.15, None)}
 ORACLE = " longest {:g} % exact"
+ADAPTIVE_OPTIONS: dict = {}  # --option: fleet-adaptive's options for this invocation (default: none)
 GAP_PARTS = ("least by LB2", "training", "pacing", "overhead", "idle")
 SPOT_MODELS = 1000
 QUICK_INSTANCES = 2
@@ -119,7 +120,8 @@ def _run_policy(name: str, scenario, bound: tuple[float, float], where: tuple) -
     """``bound``: LB2 and the least GPU-seconds by it over M x LB2."""
     lb2, least = bound
     try:
-        result = simulate(create_policy(name, seed=where[2]), scenario, MEASURED)
+        options = ADAPTIVE_OPTIONS if name == "fleet-adaptive" else {}
+        result = simulate(create_policy(name, seed=where[2], **options), scenario, MEASURED)
     except RecursionError as exc:  # issue 46's crash at scale: reported in the table, not hidden
         return Outcome(*where, name, float("nan"), failure=f"RecursionError: {exc}")
     calls = [1000 * s for s in result.planning_s] or [0.0]
@@ -268,6 +270,8 @@ def main(argv=None) -> int:
     parser.add_argument("--oracle-longest", default="", metavar="SHARES",
                         help="also x U(0.7,1.3) with the longest models' estimates exact: comma-separated "
                              "shares of the models, e.g. 0.05,0.1")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of fleet-adaptive (docs/spec.md), e.g. min_members=1; repeatable")
     parser.add_argument("--noisy-only", action="store_true", help=f"only the {NOISY} estimates (and the oracles)")
     args = parser.parse_args(argv)
     instances = QUICK_INSTANCES if args.quick else args.instances
@@ -276,6 +280,7 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     grid = cells(tuple(args.shapes.split(",")), tuple(float(r) for r in args.ratios.split(",")),
                  tuple(int(g) for g in args.gpus_per_node.split(",")))
+    ADAPTIVE_OPTIONS.update((k, float(v)) for k, _, v in (o.partition("=") for o in args.option))
     oracles = [NOISY + ORACLE.format(100 * float(x)) for x in args.oracle_longest.split(",") if x]
     estimates = ((NOISY,) if args.noisy_only else tuple(ESTIMATES)) + tuple(oracles)
     outcomes = run_grid(grid, seeds, args.models, args.jobs, estimates)
