@@ -26,7 +26,7 @@ from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
-from fleet.runtime.control.fusing import Fusion, plan_fusion
+from fleet.runtime.control.fusing import Fusion, decided_rates, plan_fusion, recorded_decisions
 from fleet.runtime.control.host_use import core_share
 from fleet.runtime.control.rates_source import (STEPS_FILE, emulated_epochs, estimated_profile, load_run_profile,
                                                 load_timed_steps)
@@ -386,9 +386,10 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     candidates = candidates_for(spec)
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
     positions = {i: int(infos[i]["epoch_samples"]) for i in resumed}
-    fusion = plan_fusion(spec, [p.id for p in remaining], positions, spec.cluster.gpus)
+    fusion = plan_fusion(spec, [p.id for p in remaining], positions, spec.cluster.gpus, recorded_decisions(run_dir))
     if fusion.bundles:
         policy = Bundled(policy, fusion.bundles)
+        ledger.rates = decided_rates(spec, ledger.rates, fusion)  # bundles an earlier job timed: as measured
     plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
                    rungs.early if rungs else None, basis=basis, fusion=fusion)
     plan.forecast = run_forecast(spec, plan, estimates, decode_rate, epochs_done)
