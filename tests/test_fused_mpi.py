@@ -119,7 +119,8 @@ def test_a_bundle_trains_each_model_as_the_same_run_without_fusion(tmp_path, apa
 def test_auto_keeps_the_way_its_trial_decides_and_trains_each_model_as_without_fusion(tmp_path, apart, min_speedup,
                                                                                       kept):
     """The bundle times both ways on its first batches, keeps one (forced here by the knob) and
-    says so; each model ends as it does without fusion, whichever way it trained."""
+    says so; each model ends as it does without fusion, whichever way it trained. The job's
+    forecast plans the bundle as the run does: its models on one slot, from one start."""
     spec, run_dir = four_cnns(tmp_path, "auto", 1, min_speedup=min_speedup), tmp_path / "run"
     done = train(2, spec, run_dir)
     log = events(run_dir)
@@ -128,6 +129,9 @@ def test_auto_keeps_the_way_its_trial_decides_and_trains_each_model_as_without_f
     assert decided["models"] == ["a", "b", "c", "d"] and decided["kept"] == kept
     assert decided["fused_step_s"] > 0 and decided["one_by_one_step_s"] > 0
     assert "runtime.fuse auto: 1 bundle(s) of 4 models" in done.stdout
+    forecast = {m["model"]: m for m in json.loads((run_dir / "forecast.json").read_text())["members"]}
+    assert {(tuple(m["gpus"]), m["start"]) for m in forecast.values()} == {((0,), forecast["a"]["start"])}
+    assert forecast["d"]["end"] < forecast["a"]["end"] == forecast["b"]["end"]  # predicted as one bundle
     assert_trained_as_apart(spec, run_dir, apart)
 
 
