@@ -23,11 +23,29 @@ block of steps: on CUDA ``torch.cuda.max_memory_allocated``, on the CPU the chil
 resident set (VmHWM, reset just before) less its resident set before the contender was
 built (the CPU figure counts torch's allocator caches; compare it between contenders only).
 
+`--runtime` measures the same sweep as a real run instead: `fleet run` of the `--members` CNN
+variants (the bench's CNN, `PARAMS`, and learning rates as above; seeds from the spec's) on
+synthetic images (`--samples` of `--shape`, 10 % held out for validation, `--batch` a batch,
+SGD with momentum 0.9), `--epochs` epochs each (no early stop: patience 1000), on one CPU node
+of `--slots` trainer slots (`--threads` each) and one preprocessor, with policy `--policy`,
+`scheduler.profile: false`, once per `runtime.fuse` mode of `--modes` (``never``: each model on
+its own, the policy's plan; ``always``: the bundles trained fused; ``auto``: each bundle times
+both ways in its first steps and keeps the faster), all from fresh run directories, the modes'
+order rotated from one of `--runs` rounds to the next. Per mode: the median makespan (the
+job's, as results.json has it), wall time of the command and CPU seconds of the trainers'
+steps (the epoch reports' `cpu`: what the training cost whatever else loads the machine, which
+stretches wall time only), and what `auto` kept (`bundle_decided`); then always / never and
+auto / never (issue 49's CPU line: auto at most 1.05x never).
+
 Usage: .venv/bin/python bench/fused.py [--device cpu|cuda] [--families cnn resnet] [--members 8]
        [--steps 10] [--repeats 5] [--batch 64] [--shape 3 32 32] [--threads 1] [--json out.json]
-Prints a table per family and, with --json, writes the figures. With the defaults on one thread
-of a 2-core VM it takes about 4 minutes; `--steps 2 --repeats 2 --batch 16 --shape 3 16 16`
-takes seconds.
+       .venv/bin/python bench/fused.py --runtime [--members 8] [--epochs 2] [--samples 2000] [--slots 1]
+       [--batch 64] [--shape 3 32 32] [--threads 1] [--runs 1] [--modes never,always,auto]
+       [--policy fleet-g] [--timeout 1800] [--keep DIR] [--json out.json]
+Prints a table per family (or the runtime's table) and, with --json, writes the figures. With
+the defaults on one thread of a 2-core VM it takes about 4 minutes; `--steps 2 --repeats 2
+--batch 16 --shape 3 16 16` takes seconds. `--runtime --samples 800 --shape 3 16 16 --epochs 1`
+takes about a minute a mode.
 """
 
 from __future__ import annotations
@@ -43,7 +61,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
+from _harness import at_least, fleet_run, name_list, work_dir
 from fleet.engines import EngineOptions
 from fleet.engines.torch import TorchEngine
 from fleet.engines.torch.fused import FusedTorchEngine
@@ -57,6 +77,7 @@ PARAMS: dict[str, dict] = {
 }
 LR_STEP = 1.35
 CONTENDERS = ("fused", "one by one")
+MODES = ("never", "always", "auto")  # runtime.fuse, in the order of the first round
 
 
 def members(family: str, count: int, lr: float, batch: int) -> list[ModelSpec]:
@@ -172,6 +193,93 @@ def report(family: str, figures: dict, memory: dict, args: argparse.Namespace) -
           f"memory {memory['fused']:.1f} MiB for the bundle against {memory['one by one']:.1f} MiB per member")
 
 
+def runtime_spec(mode: str, args: argparse.Namespace) -> dict:
+    """The spec of the `--runtime` sweep with `runtime.fuse: mode` (see the module docstring)."""
+    channels, height, width = args.shape
+    models = [{"family": "cnn", "name": m.id, "params": json.loads(json.dumps(m.params)),  # no YAML aliases
+               "train": {"lr": m.train.lr}} for m in members("cnn", args.members, args.lr, args.batch)]
+    return {"name": f"fused-{mode}", "seed": 0,
+            "data": {"source": "synthetic", "samples": args.samples, "image_size": [height, width],
+                     "channels": channels, "classes": args.classes, "val_fraction": 0.1},
+            "models": models,
+            "train": {"batch_size": args.batch, "max_epochs": args.epochs, "optimizer": "sgd", "momentum": 0.9,
+                      "stop": {"patience": 1000}},
+            "scheduler": {"policy": args.policy, "profile": False},
+            "cluster": {"nodes": 1, "gpus_per_node": args.slots, "preprocessors_per_node": 1, "device": "cpu",
+                        "threads_per_trainer": args.threads},
+            "runtime": {"fuse": mode}}
+
+
+def runtime_run(mode: str, round_index: int, root: Path, args: argparse.Namespace) -> dict:
+    """One `fleet run` of the sweep: its makespan, wall seconds and `auto`'s decisions."""
+    spec = root / f"{mode}-{round_index}.yaml"
+    spec.write_text(yaml.safe_dump(runtime_spec(mode, args)))
+    run_dir = root / f"run-{mode}-{round_index}"
+    run = fleet_run(spec, run_dir, args.timeout, what=f"fleet run (runtime.fuse {mode})")
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    decided = [{k: e[k] for k in ("models", "fused_step_s", "one_by_one_step_s", "kept")}
+               for e in events if e["event"] == "bundle_decided"]
+    bundles = [e["models"] for e in events if e["event"] == "bundle_formed"]
+    return {"makespan_s": run.results["makespan_s"], "wall_s": run.wall_s, "bundles": bundles, "decided": decided,
+            "step_cpu_s": step_cpu_s(events)}
+
+
+def step_cpu_s(events: list[dict]) -> float:
+    """CPU seconds the trainers spent in training steps (each epoch report's, a bundle's once per
+    epoch): the training's cost without the machine's load, which stretches wall time only."""
+    seen, total = set(), 0.0
+    for event in events:
+        if event["event"] != "epoch":
+            continue
+        key = (tuple(event.get("bundle") or (event["model"],)), event["epoch"], event["stream"])
+        if key not in seen:
+            seen.add(key)
+            total += event["cpu"][0]
+    return total
+
+
+def runtime_sweep(args: argparse.Namespace) -> dict:
+    """Every mode of `--modes` in `--runs` rounds (the order rotated each round); per mode its runs."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in args.modes}
+    with work_dir(args.keep) as root:
+        for index in range(args.runs):
+            shift = index % len(args.modes)
+            for mode in args.modes[shift:] + args.modes[:shift]:
+                runs[mode].append(runtime_run(mode, index, root, args))
+                print(f"  round {index + 1}, fuse {mode}: makespan {runs[mode][-1]['makespan_s']:.1f} s", flush=True)
+    return runs
+
+
+def runtime_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
+    """Prints the runtime table and returns its figures."""
+    print(f"\nfleet run: {args.members} CNN lr variants ({json.dumps(PARAMS['cnn'])}), {args.epochs} epoch(s), "
+          f"{args.samples} synthetic {tuple(args.shape)} images, batch {args.batch}, {args.slots} cpu slot(s) x "
+          f"{args.threads} thread(s), policy {args.policy}, {args.runs} round(s)")
+    print(f"  {'runtime.fuse':<13} {'makespan s':>11} {'wall s':>8} {'step CPU s':>11}  bundles / kept")
+    figures = {}
+    for mode, done in runs.items():
+        makespan = statistics.median(r["makespan_s"] for r in done)
+        wall = statistics.median(r["wall_s"] for r in done)
+        cpu = statistics.median(r["step_cpu_s"] for r in done)
+        kept = sorted({d["kept"] for r in done for d in r["decided"]})
+        sizes = sorted({len(b) for r in done for b in r["bundles"]})
+        how = f"{len(done[0]['bundles'])} of {'/'.join(map(str, sizes))}" if sizes else "none"
+        print(f"  {mode:<13} {makespan:>11.1f} {wall:>8.1f} {cpu:>11.1f}  {how}"
+              f"{'; kept ' + ', '.join(kept) if kept else ''}")
+        figures[mode] = {"makespan_s": makespan, "wall_s": wall, "step_cpu_s": cpu, "runs": done}
+    for mode in ("always", "auto"):
+        if mode in figures and "never" in figures:
+            ratio = figures[mode]["makespan_s"] / figures["never"]["makespan_s"]
+            cpu_ratio = figures[mode]["step_cpu_s"] / figures["never"]["step_cpu_s"]
+            print(f"  {mode} / never: {ratio:.2f}x makespan, {cpu_ratio:.2f}x step CPU")
+            figures[f"{mode}/never"] = {"makespan": ratio, "step_cpu": cpu_ratio}
+    for r in runs.get("auto", []):
+        for d in r["decided"]:
+            print(f"  auto's trial: {len(d['models'])} models, a step {d['fused_step_s'] * 1e3:.1f} ms fused, "
+                  f"{d['one_by_one_step_s'] * 1e3:.1f} ms one by one: kept {d['kept']}")
+    return figures
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -188,6 +296,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--memory-of", nargs=2, metavar=("FAMILY", "CONTENDER"), help=argparse.SUPPRESS)
+    runtime = parser.add_argument_group("--runtime: the sweep as a real fleet run on CPU")
+    runtime.add_argument("--runtime", action="store_true")
+    runtime.add_argument("--epochs", type=at_least(1), default=2)
+    runtime.add_argument("--samples", type=at_least(20), default=2000)
+    runtime.add_argument("--slots", type=at_least(1), default=1)
+    runtime.add_argument("--runs", type=at_least(1), default=1)
+    runtime.add_argument("--modes", type=name_list(MODES, "runtime.fuse mode"), default=list(MODES))
+    runtime.add_argument("--policy", default="fleet-g")
+    runtime.add_argument("--timeout", type=float, default=1800.0)
+    runtime.add_argument("--keep")
     return parser.parse_args(argv)
 
 
@@ -198,6 +316,12 @@ def main() -> None:
         print(measure_memory(*args.memory_of, args))
         return
     print(f"bench/fused.py on {device_name(args.device)}, torch {torch.__version__}")
+    if args.runtime:
+        figures = runtime_report(runtime_sweep(args), args)
+        if args.json:
+            args.json.write_text(json.dumps({"device": device_name("cpu"), "args": vars(args) | {"json": str(args.json)},
+                                             "runtime": figures}, indent=2))
+        return
     results = {}
     for family in args.families:
         figures = throughput(family, args)

@@ -6,17 +6,25 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from fleet.engines.bundle import SequentialBundle, create_bundle
 from fleet.engines.emulated import EmulatedEngine
 from fleet.engines.options import EngineOptions
-from fleet.runtime.control.fusing import Fusion, plan_fusion
-from fleet.runtime.protocol import CheckpointModel, KeepAlive, RungVerdict, StartBundle, StartMember
+from fleet.engines.torch import TorchEngine
+from fleet.engines.torch.fused import FusedTorchEngine
+from fleet.runtime.control.fusing import BundleWays, Fusion, decided_rates, plan_fusion, recorded_decisions
+from fleet.runtime.events import EventLog
+from fleet.runtime.protocol import BundleDecided, CheckpointModel, KeepAlive, RungVerdict, StartBundle, StartMember
+from fleet.runtime.train.bundle_steps import BundleSteps
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.schedule import Member, RateTable
+from fleet.schedule.bundle_ways import TRIAL_STEPS, TRIAL_WARMUP, Way, WayDecision
+from fleet.schedule.bundling import UnitBooks
 from fleet.schedule.ledger import Ledger
 from fleet.spec import Fuse, SpecError, parse_spec
-from test_runtime_control_units import RecordedMembership, rates4
+from test_fused_engine import batches, member, options
+from test_runtime_control_units import RecordedMembership, RecordingLog, rates4
 
 CNN = {"family": "cnn", "params": {"channels": [8], "hidden": 16}}
 
@@ -51,19 +59,24 @@ def test_fuse_always_where_no_bundle_is_built_is_one_line():
 # -- which bundles a job forms ---------------------------------------------------------------------
 
 
-def test_auto_fuses_on_cuda_only_and_says_so():
+def test_auto_forms_bundles_on_any_real_device_and_says_that_each_is_timed_first():
     models = cnns("a", "b", "c", "d")
-    on_cpu = plan_fusion(spec_of(models, "auto"), list("abcd"), {}, 1)
-    assert on_cpu.bundles == () and "no bundles on cpu trainers" in on_cpu.note
-    assert plan_fusion(spec_of(models, "auto", "cuda"), list("abcd"), {}, 1).bundles == (("a", "b", "c", "d"),)
+    for device in ("cpu", "cuda"):
+        auto = plan_fusion(spec_of(models, "auto", device), list("abcd"), {}, 1)
+        assert auto.bundles == (("a", "b", "c", "d"),) and auto.decided == ()
+        assert auto.note == (f"runtime.fuse auto: 1 bundle(s) of 4 models on one {device} trainer each, each timed "
+                             "fused against its models one by one in its first steps, the faster kept; 0 model(s) apart")
+    emulated = plan_fusion(spec_of(models, "auto", "emulated"), list("abcd"), {}, 1)
+    assert emulated.bundles == () and "no bundles on emulated trainers" in emulated.note
+    assert plan_fusion(spec_of(models, "always", "emulated"), list("abcd"), {}, 1).bundles == (("a", "b", "c", "d"),)
     assert plan_fusion(spec_of(models, "never", "cuda"), list("abcd"), {}, 1) == Fusion()
     alone = [*cnns("a"), {"family": "lstm", "name": "l"}]
     assert plan_fusion(spec_of(alone, "auto"), ["a", "l"], {}, 1) == Fusion()  # nothing to fuse: no line
     assert plan_fusion(spec_of(alone), ["a", "l"], {}, 1).note == "runtime.fuse always: no two models left may fuse"
     always = plan_fusion(spec_of(models), list("abcd"), {}, 1)
     assert always.bundles == (("a", "b", "c", "d"),) and always.refused == ()
-    assert always.lines() == ["runtime.fuse always: 1 bundle(s) of 4 models, each trained as one fused model on "
-                              "one cpu trainer; 0 model(s) apart"]
+    assert always.lines() == ["runtime.fuse always: 1 bundle(s) of 4 models on one cpu trainer each, each trained "
+                              "as one fused model; 0 model(s) apart"]
 
 
 def test_models_left_apart_are_named_with_the_reason():
@@ -88,6 +101,94 @@ def test_a_slot_per_model_forms_no_bundle_and_says_why():
     fusion = plan_fusion(spec_of(cnns("a", "b")), ["a", "b"], {}, 2)
     assert fusion.bundles == () and fusion.refused == ((("a", "b"), "its 2 models of one architecture have a "
                                                         "trainer slot each"),)
+
+
+# -- how a bundle trains (runtime.fuse: auto) ---------------------------------------------------------
+
+
+def test_recorded_decisions_are_read_back_and_a_resumed_bundle_is_planned_and_started_as_decided(tmp_path):
+    spec = spec_of(cnns("a", "b", "c", "d"), "auto")
+    log = EventLog(tmp_path / "events.jsonl")
+    log.write("run_start", policy="fleet-g")
+    log.write("bundle_decided", models=["a", "b", "c", "d"], fused_step_s=0.4, one_by_one_step_s=0.2,
+              kept="one_by_one", stream=0)
+    log.write("bundle_decided", models=["x"], kept="sideways")  # not a decision: left out
+    log.close()
+    recorded = recorded_decisions(tmp_path)
+    assert recorded == [WayDecision(("a", "b", "c", "d"), 0.4, 0.2, Way.ONE_BY_ONE)]
+    fusion = plan_fusion(spec, ["a", "b", "c"], {}, 1, recorded)  # d converged before the requeue
+    assert fusion.bundles == (("a", "b", "c"),) and fusion.decided == tuple(recorded)
+    assert "1 as an earlier job decided" in fusion.note
+    rates = RateTable.from_dict({"gpus_per_node": 1, "samples_per_epoch": 100, "models": [
+        {"id": m, "rates": {"1": 1000.0}} for m in "abc"]})
+    planned = UnitBooks(fusion.bundles).table(decided_rates(spec, rates, fusion))
+    assert planned.rate("a+b+c", 1) == pytest.approx(32 / (0.2 * 3 / 4))  # batch 32 per three quarters of 0.2 s
+    ways = BundleWays(spec, fusion.decided, RecordingLog(), RecordingLog())
+    assert ways.way(("a", "b", "c")) == "one_by_one" and ways.way(("a", "e")) is None
+    assert BundleWays(spec_of(cnns("a", "b")), (), RecordingLog(), RecordingLog()).way(("a", "b")) == "fused"
+    assert plan_fusion(spec_of(cnns("a", "b", "c"), "always"), ["a", "b", "c"], {}, 1, recorded).decided == ()
+
+
+def test_a_decision_is_recorded_said_and_planned_at_its_measured_rate(tmp_path):
+    spec = spec_of(cnns("a", "b"), "auto")
+    log, console = RecordingLog(), RecordingLog()
+    log.sync = lambda: None
+    said = []
+    console.bundle_decided = lambda *args: said.append(args)
+    ways = BundleWays(spec, (), log, console)
+    rates = RateTable.from_dict({"gpus_per_node": 1, "samples_per_epoch": 100, "models": [
+        {"id": m, "rates": {"1": 100.0}} for m in "ab"]})
+    factors = ways.decided(BundleDecided(("a", "b"), 3, 0.08, 0.64, "fused"), rates)
+    assert log.events == [("bundle_decided", {"models": ["a", "b"], "fused_step_s": 0.08, "one_by_one_step_s": 0.64,
+                                              "kept": "fused", "stream": 3})]
+    assert said == [(("a", "b"), 0.08, 0.64, "fused")]
+    assert factors == {"a": pytest.approx(8.0), "b": pytest.approx(8.0)}  # 32 per 0.08 s against 50 samples/s
+    assert ways.way(("a", "b")) == "fused"
+
+
+@pytest.mark.parametrize("min_speedup, kept", [(0.0, Way.FUSED), (1e9, Way.ONE_BY_ONE)])
+def test_a_bundle_s_trial_keeps_a_way_and_trains_each_model_as_its_own_engine(min_speedup, kept):
+    """Each way trains every model on every batch once: after the trial (both ways timed, the
+    engine rebuilt from the models' states at each change) and a few steps of the kept way,
+    each model's weights, statistics, counters and dropout generator are its own engine's."""
+    models = [member("cnn", k) for k in range(3)]
+    steps = BundleSteps([options(m) for m in models], {}, None, min_speedup)
+    engines = [TorchEngine(options(m)) for m in models]
+    decisions, ways = [], []
+    for x, y in batches(2 * (TRIAL_WARMUP + TRIAL_STEPS) + 3, family="cnn"):
+        losses, decision = steps.step(x, y, whole=True)
+        ways.append(steps.way)
+        alone = {engine.model_id: engine.train_step(x, y) for engine in engines}
+        np.testing.assert_allclose([losses[m] for m in alone], list(alone.values()), rtol=1e-4, atol=1e-5)
+        decisions += [decision] if decision is not None else []
+    [decision] = decisions
+    assert decision.kept is kept and decision.models == tuple(m.id for m in models)
+    assert decision.fused_step_s > 0 and decision.one_by_one_step_s > 0
+    assert set(ways) == {Way.ONE_BY_ONE, Way.FUSED} and ways[-1] is kept and steps.trial is None
+    assert isinstance(steps.engine, FusedTorchEngine if kept is Way.FUSED else SequentialBundle)
+    for model, engine in zip(models, engines):
+        again = TorchEngine(options(model))
+        again.load_state_bytes(steps.engine.member_state_bytes(model.id))
+        np.testing.assert_allclose(again.flat_parameters(), engine.flat_parameters(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(again.flat_buffers(), engine.flat_buffers(), rtol=1e-4, atol=1e-5)
+        assert again.state()["steps"] == engine.state()["steps"] == len(ways)
+        assert torch.equal(again.state()["rng"]["generator"], engine.state()["rng"]["generator"])
+
+
+def test_a_model_leaving_mid_trial_restarts_it_and_the_last_one_ends_it():
+    models = [member("mlp", k) for k in range(3)]
+    steps = BundleSteps([options(m) for m in models], {}, None)
+    data = batches(TRIAL_WARMUP + TRIAL_STEPS + 1)
+    for x, y in data:
+        steps.step(x, y, whole=True)
+    assert steps.trial.way is Way.FUSED
+    steps.leave(models[1].id)
+    assert steps.trial.models == (models[0].id, models[2].id) and steps.trial.way is Way.ONE_BY_ONE
+    steps.step(*data[0], whole=True)  # the engine follows the trial back to one by one
+    assert steps.way is Way.ONE_BY_ONE and steps.engine.model_ids == [models[0].id, models[2].id]
+    steps.leave(models[0].id)
+    assert steps.trial is None and steps.kept is Way.ONE_BY_ONE  # one model: nothing to decide
+    assert BundleSteps([options(m) for m in models], {}, "fused").trial is None  # told: no trial
 
 
 # -- the emulated device's bundle -------------------------------------------------------------------
@@ -147,11 +248,13 @@ def test_a_bundle_holds_its_stream_until_its_last_model_leaves(tmp_path):
     spec = spec_of(cnns("a", "b", "c", "d"))
     recorded = RecordedMembership(tmp_path, Ledger(rates4(), [3] * 4, total_gpus=4, gpus_per_node=4))
     recorded.membership.starter.ctx.spec = SimpleNamespace(seed=1, model=spec.model)
+    recorded.membership.starter.ways = BundleWays(spec, (), recorded.log, recorded.log)
     recorded.log.bundle = lambda *args: None
     membership = recorded.membership
     membership.start_stream(0, [Member("a", (0,), ("a", "b", "c")), Member("d", (1,))], launching=1)
     bundle = next(c for c, _ in recorded.sent if isinstance(c, StartBundle))
     assert bundle.models == ("a", "b", "c") and bundle.ranks == (1,) and membership.books.groups_open == 4
+    assert bundle.way == "fused"  # runtime.fuse: always
     assert [f["models"] for e, f in recorded.log.events if e == "bundle_formed"] == [["a", "b", "c"]]
     membership.checkpoint("a")
     membership.checkpoint("b")

@@ -1,5 +1,5 @@
 """Bundles planned as units (issue 49): `fleet.schedule.bundling` with the one driver and a
-fake world, no processes.
+fake world, no processes; and the simulator's bundles (its forecasts of runs with bundles).
 
 Every policy that puts one-trainer members on streams plans a bundle as one unit on one GPU;
 the books stay per model: a model that converges leaves the bundle without freeing its GPU,
@@ -11,11 +11,25 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fleet.schedule import Decision, Member, ModelState, PolicyError, RateTable, StreamPlan, create_policy
+from fleet.schedule import (
+    Cluster,
+    Decision,
+    Member,
+    ModelState,
+    Overheads,
+    PolicyError,
+    RateTable,
+    Scenario,
+    StreamPlan,
+    create_policy,
+    simulate,
+)
+from fleet.schedule.bundle_ways import Way, WayDecision, decided_factors
 from fleet.schedule.bundling import Bundled, bundle_rate, form_bundles, unit_id, unit_state
 from fleet.schedule.driver import Driver
 from fleet.schedule.early_stop import EarlyStopSettings, create_early_stopping
 from fleet.schedule.ledger import Ledger
+from fleet.schedule.rates import reestimated
 
 BUNDLING_POLICIES = ("fleet-g", "fleet-l", "fleet-adaptive", "homogeneous", "baseline")
 
@@ -220,3 +234,36 @@ def test_a_model_that_left_its_running_bundle_waits_for_the_bundle_s_next_launch
     assert members == (Member("c", (0,)),)
     driver.converged("c", 2, 100.0)
     assert driver.finished
+
+
+# -- the simulator plans and moves bundles as the runtime trains them ---------------------------------
+
+
+@pytest.mark.parametrize("policy", BUNDLING_POLICIES)
+def test_the_simulator_moves_a_bundle_s_models_together_at_the_bundle_s_rate(policy):
+    """Four models of 100 and 300 samples/s, 2 epochs of 1,000 samples, one GPU: a bundle of
+    all four takes a step of each in turn (1,000 / (2/100 + 2/300) s an epoch), the same work as
+    the four one after another; with two bundles on two GPUs, half of it."""
+    rates = {"a": 100.0, "b": 300.0, "c": 100.0, "d": 300.0}
+    alone = 2 * 1000 * sum(1 / r for r in rates.values())
+    for bundles, gpus, makespan in ([("a", "b", "c", "d")], 1, alone), ([("a", "b"), ("c", "d")], 2, alone / 2):
+        scenario = Scenario(table(rates), (2,) * 4, (2.0,) * 4, Cluster(gpus, 1))
+        result = simulate(Bundled(create_policy(policy, seed=0), bundles), scenario, Overheads(latency_s=0.0))
+        assert result.makespan == pytest.approx(makespan, rel=1e-6), (policy, bundles)
+        assert result.epochs_trained == (2.0,) * 4
+        stays = {(m.model, m.gpus, m.start, m.end) for m in result.timeline.members}
+        for bundle in bundles:  # a bundle's models hold one GPU and train from one start to one end
+            assert len({(gpus, start, end) for model, gpus, start, end in stays if model in bundle}) == 1
+    unbundled = simulate(create_policy(policy, seed=0), Scenario(table(rates), (2,) * 4, (2.0,) * 4, Cluster(1, 1)),
+                         Overheads(latency_s=0.0))
+    assert unbundled.makespan == pytest.approx(alone, rel=1e-6)
+
+
+def test_a_bundle_planned_at_its_measured_rate_is_simulated_at_it():
+    """A fused bundle measured 4x faster than its models one after another (`decided_factors`)."""
+    rates = table({"a": 100.0, "b": 100.0})
+    fused = WayDecision(("a", "b"), 0.25 * 2 * 32 / 100, 2 * 32 / 100, Way.FUSED)
+    planned = reestimated(rates, decided_factors(rates, ("a", "b"), fused, batch_size=32))
+    result = simulate(Bundled(create_policy("fleet-g", seed=0), [("a", "b")]),
+                      Scenario(planned, (1, 1), (1.0, 1.0), Cluster(1, 1)), Overheads(latency_s=0.0))
+    assert result.makespan == pytest.approx(1000 * 2 / 100 / 4, rel=1e-6)

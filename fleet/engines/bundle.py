@@ -2,10 +2,13 @@
 over the batches their stream shares, for the runtime's `BundleTraining`.
 
 `create_bundle` builds it from each member's options and the checkpoint bytes it resumes from:
-a `fleet.engines.torch.fused.FusedTorchEngine` (one fused model) on a real device, a
+a `fleet.engines.torch.fused.FusedTorchEngine` (one fused model) on a real device, or there
+the members' own engines stepped one by one (`fused=False`: a `SequentialBundle`, the way
+`runtime.fuse: auto` keeps where fusing does not pay, `fleet.schedule.bundle_ways`); a
 `SequentialBundle` of emulated engines on the emulated device, where a bundle's step takes the
-sum of its members' profiled step times. Both answer the same calls by model id, and a
-member's state is the bytes its own engine's checkpoint holds, so checkpoints stay per model.
+sum of its members' profiled step times. All answer the same calls by model id, and a member's
+state is the bytes its own engine's checkpoint holds, so checkpoints stay per model and a
+bundle is rebuilt the other way from its members' states (`rebuilt`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 
 from fleet.engines._base import Engine
 from fleet.engines.emulated import NO_RATES, EmulatedEngine
+from fleet.engines.factory import create_engine
 from fleet.engines.options import EngineOptions
 from fleet.errors import UserError
 from fleet.schedule.rates import RateTable
@@ -68,12 +72,13 @@ class SequentialBundle:
 
 
 def create_bundle(members: Sequence[EngineOptions], states: Mapping[str, bytes], *, rates: RateTable | None = None,
-                  epoch_limits: Mapping[str, int | None] | None = None) -> Any:
+                  epoch_limits: Mapping[str, int | None] | None = None, fused: bool = True) -> Any:
     """The engine of a bundle of `members` (same device, threads, shape and classes), each
     loaded from its checkpoint's engine bytes in `states` where it has one.
 
     On ``emulated``, a `SequentialBundle` of `EmulatedEngine`s driven by `rates` (each converging
-    after its `epoch_limits` entry); else a `FusedTorchEngine`.
+    after its `epoch_limits` entry); else a `FusedTorchEngine`, or with `fused` False a
+    `SequentialBundle` of the members' own engines.
 
     Raises:
         UserError: the models may not fuse, a checkpoint that is not its model's, or an
@@ -86,10 +91,9 @@ def create_bundle(members: Sequence[EngineOptions], states: Mapping[str, bytes],
         limits = epoch_limits or {}
         engines = [EmulatedEngine(options, rates, epochs_to_converge=limits.get(options.model.id))
                    for options in members]
-        for engine in engines:
-            if engine.model_id in states:
-                engine.load_state_bytes(states[engine.model_id])
-        return SequentialBundle(engines)
+        return SequentialBundle(loaded(engines, states))
+    if not fused:
+        return SequentialBundle(loaded([create_engine(options) for options in members], states))
     from fleet.engines.torch.fused import FusedTorchEngine  # torch: heavy, imported where a bundle trains
 
     decoded = {}
@@ -99,3 +103,19 @@ def create_bundle(members: Sequence[EngineOptions], states: Mapping[str, bytes],
         except ValueError as exc:
             raise UserError(f"checkpoint of model {model_id!r}: {exc}") from None
     return FusedTorchEngine(members, decoded)
+
+
+def loaded(engines: Sequence[Engine], states: Mapping[str, bytes]) -> list[Engine]:
+    """`engines`, each loaded from its model's bytes in `states` where it has them."""
+    for engine in engines:
+        if engine.model_id in states:
+            engine.load_state_bytes(states[engine.model_id])
+    return list(engines)
+
+
+def rebuilt(bundle: Any, members: Sequence[EngineOptions], fused: bool) -> Any:
+    """The same bundle (its members of `members`, at their states now) built again on a real
+    device: fused, or its members' own engines one by one (`create_bundle`'s `fused`)."""
+    ids = bundle.model_ids
+    options = sorted((o for o in members if o.model.id in ids), key=lambda o: ids.index(o.model.id))
+    return create_bundle(options, {m: bundle.member_state_bytes(m) for m in ids}, fused=fused)

@@ -95,9 +95,11 @@ class StartMember:
 
 @dataclass(frozen=True)
 class StartBundle:
-    """Train `models` as one bundle (one fused model, `fleet.engines.bundle`) on the one rank of
-    `ranks`, on stream `layout.stream`; per model, as in `StartMember`: whether it resumes from
-    its checkpoint, the emulated device's epoch limit and its next rung."""
+    """Train `models` as one bundle (`fleet.engines.bundle`) on the one rank of `ranks`, on
+    stream `layout.stream`; per model, as in `StartMember`: whether it resumes from its
+    checkpoint, the emulated device's epoch limit and its next rung. `way`: ``fused`` or
+    ``one_by_one`` (`fleet.schedule.bundle_ways.Way`); None: time both in its first steps and
+    keep the faster (`runtime.fuse: auto`), telling the coordinator (`BundleDecided`)."""
 
     models: tuple[str, ...]
     group_uid: int
@@ -109,6 +111,7 @@ class StartBundle:
     resume: tuple[bool, ...]
     epoch_limits: tuple[int | None, ...]
     next_stops: tuple[int | None, ...]
+    way: str | None = "fused"
 
     def member(self, model: str) -> StartMember:
         """What a `StartMember` of `model` alone on the bundle's rank would say."""
@@ -210,6 +213,18 @@ class EpochReport:
     cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # the group's CPU seconds in steps, in all, samples trained
     val_samples: int = 0  # the samples it was validated on (its group's, with data.group_by)
     bundle: tuple[str, ...] = ()  # the models of the bundle it trained in (its rates are the bundle's), else ()
+
+
+@dataclass(frozen=True)
+class BundleDecided:
+    """A bundle's trial decided how it trains (`fleet.schedule.bundle_ways.WayDecision`'s fields:
+    the median step seconds of each way, and the way kept, ``fused`` or ``one_by_one``)."""
+
+    models: tuple[str, ...]
+    stream: int
+    fused_step_s: float
+    one_by_one_step_s: float
+    kept: str
 
 
 @dataclass(frozen=True)

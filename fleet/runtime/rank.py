@@ -32,6 +32,7 @@ from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
+from fleet.runtime.control.fusing import BundleWays
 from fleet.runtime.control.host_use import HostUse
 from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for,
                                          prepare_run_dir, rates_decision, switch_candidates, write_run)
@@ -435,7 +436,8 @@ def _coordinate(ctx, options: TrainOptions) -> None:
                                                                  current_s=going_on)) if candidates else None
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
                               make_policy=lambda: named(plan.policy_name), reconsider=rechoose, policy_named=named,
-                              early=plan.early, host_use=host_use_of(ctx, plan))
+                              early=plan.early, host_use=host_use_of(ctx, plan),
+                              ways=BundleWays(spec, plan.fusion.decided, log, console))
     coordinator.run()
     makespan = time.monotonic() - started
     result = write_run(ctx.spec, run_dir, coordinator, makespan, startup_s, plan)

@@ -234,7 +234,8 @@ class Driver:
 
     def rates_estimated(self, factors: Mapping[str, float]) -> None:
         """Models of `factors` train at their planned rates times their factor (an adaptive search
-        asked their architecture, `fleet.schedule.rates.reestimated`): the books plan with that
+        asked their architecture, `fleet.schedule.rates.reestimated`; a bundle's trial measured the
+        way it trains, `fleet.schedule.bundle_ways.decided_factors`): the books plan with that
         from now on, and the adapter measures them on their own."""
         self.ledger.rates = reestimated(self.ledger.rates, factors)
         if self.adapter is not None:

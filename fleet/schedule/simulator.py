@@ -23,6 +23,10 @@ Model of a run
       Baseline's) takes no share of the preprocessors: its member decodes each sample
       between its steps, at `Scenario.own_decode_rate`, so it moves at
       ``1 / (1 / r + 1 / own_decode_rate)``. Without one, its decoding is free.
+    * A bundle (`Member.models`: models of one architecture on one trainer, `fleet.schedule.bundling`)
+      moves its models together at the bundle's rate, ``1 / sum_i 1/r_i(1)`` (a step of each in
+      turn; a bundle planned at a measured rate has its models' rates scaled to it); on shared
+      cores its models count as one trainer.
     * Launching costs ``planning_s`` (fixed, or measured around the policy call); a member
       resumed from a checkpoint also waits ``restore_s``. A new stream starts when all its
       members are ready; a member joining a running stream starts when it is ready.
@@ -59,6 +63,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from fleet.schedule._base import ModelState, Policy, PolicyError
+from fleet.schedule.bundling import bundle_rate
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
 from fleet.schedule.early_stop import EarlyStopSettings, RungDecision, create_early_stopping
@@ -304,7 +309,8 @@ class _Run:
         self.planning.append(planning_s if self.costs.planning_s is None else self.costs.planning_s)
         delay = self.planning[-1]
         for launch in launches:
-            ready = [self._reserve(member.model, member.gpus, delay) for member in launch.members]
+            ready = [self._reserve(model, member.gpus, delay, member.models)
+                     for member in launch.members for model in member.ids]
             if not launch.join:
                 stream = self.physics.new_stream(launch.stream, self.ledger.round, launch.partition,
                                                  launch.own_decoding)
@@ -314,14 +320,19 @@ class _Run:
                 for model, when in ready:
                     self.physics.wait(stream, [(model, when)], when)
 
-    def _reserve(self, model_id: str, gpus: tuple[int, ...], delay: float) -> tuple[ModelMotion, float]:
+    def _reserve(self, model_id: str, gpus: tuple[int, ...], delay: float,
+                 bundle: tuple[str, ...] = ()) -> tuple[ModelMotion, float]:
+        """`model_id` reserves `gpus` (with the models of its `bundle`, which train at the
+        bundle's rate: a step of each in turn); when it can start."""
         model = self._model(model_id)
         restore = self.costs.restore_s(model.param_bytes) if model.has_checkpoint else 0.0
         model.gpus = tuple(gpus)
         model.generation += 1
         model.launched = self.now()
         model.visit_start = model.samples
-        model.own_alone_rate = model.own_rate = self.scenario.rates.rate(model.id, len(gpus))
+        model.trainer_share = 1.0 / max(1, len(bundle))
+        model.own_alone_rate = model.own_rate = (bundle_rate(self.scenario.rates, bundle) if bundle else
+                                                 self.scenario.rates.rate(model.id, len(gpus)))
         if self.scenario.cores is not None:
             model.own_rate = self.scenario.cores.member_rate(model.own_alone_rate, len(gpus))
         return model, self.now() + delay + restore + self.costs.start_s

@@ -72,6 +72,7 @@ class ModelMotion:
     __slots__ = (
         "index", "id", "true_epochs", "samples", "gpus", "stream", "own_rate", "generation", "join_pos",
         "launched", "start", "epochs_start", "param_bytes", "visit_start", "has_checkpoint", "own_alone_rate",
+        "trainer_share",
     )
 
     def __init__(self, index: int, model_id: str, true_epochs: int, param_bytes: int | None):
@@ -81,6 +82,7 @@ class ModelMotion:
         self.stream: StreamMotion | None = None
         self.own_rate = 0.0
         self.own_alone_rate = 0.0  # the rate table's, before the trainers' overhead on shared cores
+        self.trainer_share = 1.0  # the part of its trainers' work it is: 1, or 1/K for one of a bundle's K models
         self.generation = 0
         self.join_pos: float | None = None  # stream position when it began consuming
         self.launched = self.start = 0.0
@@ -305,7 +307,7 @@ class StreamPhysics:
                 if stream.own_decode_rate is not None:
                     cost += cores.decode_core_s / stream.decode_scale / len(stream.active)
                 for g in model.gpus:
-                    load[g // cluster.gpus_per_node] += pace * cost / len(model.gpus)
+                    load[g // cluster.gpus_per_node] += pace * cost * model.trainer_share / len(model.gpus)
             if stream.own_decode_rate is None:
                 for k in load:
                     load[k] += pace * cores.decode_core_s / stream.decode_scale / cluster.nodes

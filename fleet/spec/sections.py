@@ -479,7 +479,7 @@ _IN_MEMORY = "held in memory on every rank"
 class Fuse(str, Enum):
     """`runtime.fuse`: whether models of one architecture train as fused bundles (issue 49)."""
 
-    AUTO = "auto"  # on CUDA devices, where a bundle pays
+    AUTO = "auto"  # bundles that time both ways in their first steps and keep the faster
     ALWAYS = "always"  # on any device
     NEVER = "never"
 
@@ -496,6 +496,7 @@ class RuntimeSpec(Section):
     timeout_s: Annotated[PositiveFloat, at_most(7 * 86_400, "a week: a wait longer than that is a hang")] = 600.0
     shared_memory: bool = True  # chunks read in place by the masters of their preprocessor's node
     fuse: Fuse = Fuse.AUTO  # models of one architecture on one stream train as one fused model
+    fuse_min_speedup: float = Field(1.0, ge=0.0)  # auto keeps a bundle fused where it is this many times faster
 
     @field_validator("collective")
     @classmethod

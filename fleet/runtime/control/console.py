@@ -10,6 +10,8 @@ from fleet.report.table import format_gpus
 
 
 SLOT_NAMES = {"cuda": "GPU", "cpu": "cpu slot", "emulated": "emulated GPU"}
+BUNDLE_WAYS = {"fused": "train as one fused model", "one_by_one": "train one by one on each batch",
+               None: "train timed fused against one by one first, then the faster way"}
 
 
 class Console:
@@ -39,11 +41,20 @@ class Console:
             how = "resumes" if resume else "starts"
             self._print(f"   {model:<18} {how} on {self.slot} {format_gpus(gpus)} (stream {stream})")
 
-    def bundle(self, models: tuple[str, ...], gpus: tuple[int, ...], key: str) -> None:
-        """A bundle starts: its models train as one fused model on one trainer slot."""
+    def bundle(self, models: tuple[str, ...], gpus: tuple[int, ...], key: str, way: str | None = "fused") -> None:
+        """A bundle starts on one trainer slot: its models train as one fused model, one by one
+        on each batch, or (`way` None) timed both ways first."""
         if not self.quiet:
+            how = BUNDLE_WAYS.get(way, BUNDLE_WAYS[None])
             self._print(f"   bundle of {len(models)} on {self.slot} {format_gpus(gpus)}: {', '.join(models)} "
-                        f"train as one fused model ({key})")
+                        f"{how} ({key})")
+
+    def bundle_decided(self, models: tuple[str, ...], fused_step_s: float, one_by_one_step_s: float,
+                       kept: str) -> None:
+        """A bundle's trial timed both ways and kept one (`runtime.fuse: auto`)."""
+        if not self.quiet:
+            self._print(f"   bundle of {', '.join(models)}: a step {fused_step_s * 1e3:.1f} ms fused, "
+                        f"{one_by_one_step_s * 1e3:.1f} ms one by one: trains {kept.replace('_', ' ')}")
 
     def shared_stream(self, stream: int, models: list[str]) -> None:
         """A new stream of several models: they share one decoded sample stream."""

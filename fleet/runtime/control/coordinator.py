@@ -22,6 +22,7 @@ from fleet.report.tensorboard import ScalarBoard
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
+from fleet.runtime.control.fusing import BundleWays
 from fleet.runtime.control.host_use import HostUse
 from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.rungs import RungLog
@@ -30,6 +31,7 @@ from fleet.runtime.control.tuning import AdaptLog
 from fleet.runtime.control.visits import VisitLog
 from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
+    BundleDecided,
     EndNeeded,
     EpochReport,
     KeepAlive,
@@ -89,12 +91,13 @@ class Coordinator:
                  log: EventLog, console: Console, make_policy: Callable[[], Policy] | None = None,
                  reconsider: Callable[[str, ClusterView, Overheads, float | None], PolicySwitch | None] | None = None,
                  policy_named: Callable[[str], Policy] | None = None, early: EarlyStopping | None = None,
-                 host_use: HostUse | None = None):
+                 host_use: HostUse | None = None, ways: BundleWays | None = None):
         self.ctx, self.ledger, self.log, self.console = ctx, ledger, log, console
         self.host_use = host_use  # samples the ranks' CPU on a CPU job sharing one host
         self.started = time.monotonic()
         self.account = RunAccount(records)
-        self.membership = Membership(ctx, ledger, self.account, self._send, log, console)
+        self.membership = Membership(ctx, ledger, self.account, self._send, log, console, ways)
+        self.ways = self.membership.starter.ways  # how each bundle trains (runtime.fuse)
         tuner = RateTuner(ledger, policy, make_policy or (lambda: policy), self.account.measured_overheads,
                           AdaptLog(log, console))
         # policy auto, re-deciding on measured rates: the rule, and the policy of a name (given together)
@@ -207,6 +210,8 @@ class Coordinator:
             self.membership.on_end_needed(report)
         elif isinstance(report, EarlyStopped):
             self.driver.stopped(report.model, report.epochs, report.samples_per_s)
+        elif isinstance(report, BundleDecided):  # planned at the kept way's measured rate from now on
+            self.driver.rates_estimated(self.ways.decided(report, self.ledger.rates))
         elif not isinstance(report, Progress):  # a heartbeat: receiving it reset the deadline
             raise TypeError(f"coordinator got an unexpected report {report!r}")
 

@@ -1,9 +1,14 @@
-"""Which models of a job train as fused bundles (issue 49), decided on rank 0 before planning.
+"""Which models of a job train as bundles (issue 49), decided on rank 0 before planning, and how
+each bundle trains.
 
-`runtime.fuse` says where: ``always`` on any device, ``never`` nowhere, ``auto`` on CUDA devices
-only for now (a bundle pays where one small model leaves a GPU mostly idle; on a CPU slot it
-does the same work as its models one after another, 0.75-1.0x in `bench/fused.py`); never with
-partitioned data or learning over groups. Which models may fuse is `fleet.engines.fusion`'s
+`runtime.fuse` says where: ``always`` and ``auto`` on any real device (``always`` also on the
+emulated device), ``never`` nowhere; never with partitioned data or learning over groups. An
+``always`` bundle trains fused; an ``auto`` bundle times fused against its models one by one in
+its first steps and keeps the faster (`fleet.schedule.bundle_ways`): its trainer says what it
+kept (`BundleDecided`), `BundleWays` books it (events.jsonl's ``bundle_decided``, the console)
+and the planner plans the bundle at the kept way's measured rate from then on; a resumed job
+reuses the decisions recorded in events.jsonl (`recorded_decisions`). Which models may fuse is
+`fleet.engines.fusion`'s
 (same family and params, torch, one optimizer kind, one batch size); a search's placeholder
 never does (its architecture is asked when it starts), nor models at different positions in
 their epochs (a bundle's models end their epochs together). The groups become bundles by
@@ -16,9 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from fleet.engines.fusion import fusable_groups, model_refusal, pair_refusal
+from fleet.runtime.control.console import Console
+from fleet.runtime.events import EventLog, read_events
+from fleet.runtime.protocol import BundleDecided
+from fleet.schedule.bundle_ways import Way, WayDecision, decided_factors, recorded_decision
 from fleet.schedule.bundling import form_bundles
+from fleet.schedule.rates import RateTable, reestimated
 from fleet.spec import Fuse, Spec
 
 SHOWN_REFUSALS = 5  # console lines of models left apart (events.jsonl has them all)
@@ -32,11 +43,14 @@ class Fusion:
         bundles: the bundles (model ids, 2 or more each).
         refused: (models, reason) of the models that may fuse with no other here.
         note: the run's first line about fusion ("" with `runtime.fuse: never`).
+        decided: under ``auto``, the recorded decisions of earlier jobs about these bundles'
+            models (`recorded_decisions`): those bundles train the way kept there, untimed.
     """
 
     bundles: tuple[tuple[str, ...], ...] = ()
     refused: tuple[tuple[tuple[str, ...], str], ...] = ()
     note: str = ""
+    decided: tuple[WayDecision, ...] = ()
 
     def lines(self) -> list[str]:
         """What the console says: the note, then the first refusals."""
@@ -47,9 +61,11 @@ class Fusion:
         return lines
 
 
-def plan_fusion(spec: Spec, models: Sequence[str], positions: Mapping[str, int], slots: int) -> Fusion:
+def plan_fusion(spec: Spec, models: Sequence[str], positions: Mapping[str, int], slots: int,
+                recorded: Sequence[WayDecision] = ()) -> Fusion:
     """The bundles of the `models` left to train (`positions`: samples into its epoch of each
-    resumed one) on `slots` trainer slots, as `runtime.fuse` asks on the spec's device."""
+    resumed one) on `slots` trainer slots, as `runtime.fuse` asks on the spec's device;
+    `recorded`: earlier jobs' decisions of how bundles train (``auto``)."""
     mode, device = spec.runtime.fuse, spec.cluster.device.value
     if mode is Fuse.NEVER:
         return Fusion()
@@ -58,9 +74,9 @@ def plan_fusion(spec: Spec, models: Sequence[str], positions: Mapping[str, int],
         return Fusion()
     if not parts:
         return Fusion(refused=tuple(refused), note="runtime.fuse always: no two models left may fuse")
-    if mode is Fuse.AUTO and device != "cuda":
-        return Fusion(note=f"runtime.fuse auto: no bundles on {device} trainers (a fused bundle pays on CUDA GPUs; "
-                           "runtime.fuse: always fuses here too)")
+    if mode is Fuse.AUTO and device == "emulated":
+        return Fusion(note="runtime.fuse auto: no bundles on emulated trainers (an emulated bundle's step is its "
+                           "models' steps one after another: nothing to measure; runtime.fuse: always forms them)")
     if spec.data.partitioned or spec.data.group_by is not None:
         what = "partitioned data (model hopping)" if spec.data.partitioned else "learning over groups"
         return Fusion(note=f"runtime.fuse {mode.value}: no bundles for {what}")
@@ -68,10 +84,21 @@ def plan_fusion(spec: Spec, models: Sequence[str], positions: Mapping[str, int],
     bundled = {m for b in bundles for m in b}
     shared = [(tuple(p), f"its {len(p)} models of one architecture have a trainer slot each")
               for p in parts if len(p) > 1 and not bundled & set(p)]
+    found = [recorded_decision(recorded, b) for b in bundles] if mode is Fuse.AUTO else []
+    decided = tuple(d for d in found if d is not None)
+    return Fusion(bundles, tuple(refused + shared), _note(mode, device, bundles, len(models), len(decided)), decided)
+
+
+def _note(mode: Fuse, device: str, bundles: Sequence[tuple[str, ...]], models: int, decided: int) -> str:
+    """The run's first line about its bundles."""
+    bundled = sum(len(b) for b in bundles)
     sizes = ", ".join(str(len(b)) for b in bundles) or "none"
-    note = (f"runtime.fuse {mode.value}: {len(bundles)} bundle(s) of {sizes} models, each trained as one fused "
-            f"model on one {device} trainer; {len(models) - len(bundled)} model(s) apart")
-    return Fusion(bundles, tuple(refused + shared), note)
+    note = f"runtime.fuse {mode.value}: {len(bundles)} bundle(s) of {sizes} models on one {device} trainer each"
+    if mode is Fuse.ALWAYS:
+        return f"{note}, each trained as one fused model; {models - bundled} model(s) apart"
+    how = f"{decided} as an earlier job decided, " if decided else ""
+    return (f"{note}, {how}each timed fused against its models one by one in its first steps, the faster kept; "
+            f"{models - bundled} model(s) apart")
 
 
 def fusable_parts(spec: Spec, models: Sequence[str], positions: Mapping[str, int]
@@ -109,3 +136,61 @@ def _alone(spec: Spec, model: str, first_of: Mapping) -> str:
     other = first_of.get(own.family)
     why = pair_refusal(other, own) if other is not None and other.id != model else None
     return why or f"no other model left is a {own.family} of its params, optimizer and batch size"
+
+
+def recorded_decisions(run_dir: str | Path) -> list[WayDecision]:
+    """The bundle decisions (``bundle_decided``) earlier jobs recorded in the run directory's
+    events.jsonl, in the order made. A record that is not one is left out: its bundle is timed
+    again."""
+    decisions = []
+    for event in read_events(Path(run_dir) / "events.jsonl"):
+        if event.get("event") != "bundle_decided":
+            continue
+        try:
+            decisions.append(WayDecision.from_record(event))
+        except (KeyError, ValueError, TypeError):
+            continue  # not a decision this version wrote: the bundle times both ways again
+    return decisions
+
+
+def decided_rates(spec: Spec, rates: RateTable, fusion: Fusion) -> RateTable:
+    """`rates` with each bundle that has a recorded decision planned at the kept way's measured
+    rate (`fleet.schedule.bundle_ways.decided_factors`)."""
+    factors: dict[str, float] = {}
+    for bundle in fusion.bundles:
+        decision = recorded_decision(fusion.decided, bundle)
+        if decision is not None:
+            factors.update(decided_factors(rates, bundle, decision, spec.model(bundle[0]).train.batch_size))
+    return reestimated(rates, factors) if factors else rates
+
+
+class BundleWays:
+    """Rank 0's book of how each bundle trains (see the module docstring).
+
+    Args:
+        spec: the run's spec (`runtime.fuse`, the models' batch sizes).
+        decided: decisions already made (earlier jobs', `Fusion.decided`).
+        log, console: where a new decision is recorded and said.
+    """
+
+    def __init__(self, spec: Spec, decided: Sequence[WayDecision], log: EventLog, console: Console):
+        self.spec, self.decisions, self.log, self.console = spec, list(decided), log, console
+
+    def way(self, models: Sequence[str]) -> str | None:
+        """How a bundle of `models` trains: ``fused`` under ``always``; under ``auto`` the way
+        kept for them, else None (its trainer times both ways)."""
+        if self.spec.runtime.fuse is not Fuse.AUTO:
+            return Way.FUSED.value
+        decision = recorded_decision(self.decisions, models)
+        return None if decision is None else decision.kept.value
+
+    def decided(self, report: BundleDecided, rates: RateTable) -> dict[str, float]:
+        """A bundle's trial decided (`report`): recorded (events.jsonl, synced) and said;
+        returns the factors of its models' rates that plan it at the kept way's rate."""
+        decision = WayDecision(tuple(report.models), report.fused_step_s, report.one_by_one_step_s, Way(report.kept))
+        self.decisions.append(decision)
+        self.log.write("bundle_decided", **decision.record(), stream=report.stream)
+        self.log.sync()
+        self.console.bundle_decided(decision.models, decision.fused_step_s, decision.one_by_one_step_s,
+                                    decision.kept.value)
+        return decided_factors(rates, decision.models, decision, self.spec.model(decision.models[0]).train.batch_size)

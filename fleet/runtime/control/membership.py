@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import RunAccount
 from fleet.runtime.control.console import Console
+from fleet.runtime.control.fusing import BundleWays
 from fleet.runtime.control.starts import Send, StreamStarter
 from fleet.runtime.control.streams import Group, LiveStream, StreamBooks, visit_reads
 from fleet.runtime.events import EventLog
@@ -56,13 +57,14 @@ class Membership:
         account: the run's results books (plan.json's members, records for a dropped join).
         send: how a command reaches a rank.
         log, console: the event log and the console.
+        ways: how each bundle trains (`StreamStarter`'s).
     """
 
     def __init__(self, ctx: RunContext, ledger: Ledger, account: RunAccount, send: Send, log: EventLog,
-                 console: Console):
+                 console: Console, ways: BundleWays | None = None):
         self.ledger, self.account, self.send, self.log, self.console = ledger, account, send, log, console
         self.books = StreamBooks()
-        self.starter = StreamStarter(ctx, ledger, self.books, send, log, console)
+        self.starter = StreamStarter(ctx, ledger, self.books, send, log, console, ways)
         self.bundle_of: dict[str, str] = {}  # a model of a bundle -> the bundle's key (its first model)
         self.checkpoints_due: dict[str, tuple[int, list[str]]] = {}  # bundle key -> (its rank, models to checkpoint)
 

@@ -9,7 +9,7 @@ PAUSED with their epochs).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
-from fleet.runtime.control.fusing import Fusion, plan_fusion
+from fleet.runtime.control.fusing import Fusion, decided_rates, plan_fusion, recorded_decisions
 from fleet.runtime.control.host_use import core_share
 from fleet.runtime.control.rates_source import (STEPS_FILE, emulated_epochs, estimated_profile, load_run_profile,
                                                 load_timed_steps)
@@ -276,21 +276,29 @@ def policy_for(spec: Spec, name: str | None = None) -> Policy:
     return spec.scheduler.create_policy(spec.seed, name)
 
 
+def planned_policy(spec: Spec, fusion: Fusion) -> Callable[[str | None], Policy]:
+    """Policy `name` (`policy_for`) as this job runs it: planning its bundles as units (`Bundled`)."""
+    if not fusion.bundles:
+        return lambda name=None: policy_for(spec, name)
+    return lambda name=None: Bundled(policy_for(spec, name), fusion.bundles)
+
+
 def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
-                  epochs_done: dict[str, int], ledger: Ledger,
-                  basis: PredictionBasis = PredictionBasis()) -> tuple[Policy, PolicyChoice | None]:
-    """The policy to run and, for `policy: auto`, the choice: the candidate predicted to finish
-    the models still to train first (from where the checkpointed ones stand); on partitioned
-    data, among the hopping policies."""
+                  epochs_done: dict[str, int], ledger: Ledger, basis: PredictionBasis = PredictionBasis(),
+                  fusion: Fusion = Fusion()) -> tuple[Policy, PolicyChoice | None]:
+    """The policy to run (planning the job's bundles, `fusion`, as units) and, for `policy:
+    auto`, the choice: the candidate predicted to finish the models still to train first (from
+    where the checkpointed ones stand); on partitioned data, among the hopping policies."""
     candidates = candidates_for(spec)
+    planned = planned_policy(spec, fusion)
     if spec.scheduler.policy != AUTO:
-        return policy_for(spec), None
+        return planned(None), None
     if not todo.models:
-        return policy_for(spec, candidates[0]), None
+        return planned(candidates[0]), None
     scenario = run_scenario(spec, todo, estimates, decode_rate, epochs_done, ledger, basis)
-    choice = choose_policy(lambda name: policy_for(spec, name), scenario, basis.costs(),
-                           candidates=candidates, early_stop=simulated_early_stop(spec))
-    return policy_for(spec, choice.name), choice
+    choice = choose_policy(planned, scenario, basis.costs(), candidates=candidates,
+                           early_stop=simulated_early_stop(spec))
+    return planned(choice.name), choice
 
 
 def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
@@ -310,15 +318,15 @@ def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rat
 def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rate: float | None,
                  epochs_done: dict[str, int]) -> RunForecast | None:
     """The run's forecast of itself (`fleet.schedule.predicted`): the policy it runs on the
-    models left, with a range from the rates' uncertainty (None with no model left)."""
+    models left (its bundles as units, at the rates it plans them with), with a range from the
+    rates' uncertainty (None with no model left)."""
     if not plan.rates.models:
         return None
-    scenario = run_scenario(spec, plan.rates, estimates, decode_rate, epochs_done, plan.ledger, plan.basis)
+    scenario = run_scenario(spec, plan.ledger.rates, estimates, decode_rate, epochs_done, plan.ledger, plan.basis)
     measured = plan.rates_source.startswith("measured") or plan.basis.calibration is not None
     spread = MEASURED_SPREAD if measured else ESTIMATED_SPREAD
-    choice = plan.choice
-    return forecast_run(lambda: policy_for(spec, plan.policy_name), scenario, plan.basis.costs(),
-                        spread,
+    choice, planned = plan.choice, planned_policy(spec, plan.fusion)
+    return forecast_run(lambda: planned(plan.policy_name), scenario, plan.basis.costs(), spread,
                         seed=spec.seed, early_stop=simulated_early_stop(spec),
                         candidates=choice.predicted_s if choice else None)
 
@@ -382,13 +390,12 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node, epochs_done, paused=resumed,
                     decode_rate=decode_rate, partitions=partitions, visited=visited,
                     held=rungs.held if rungs else ())
-    policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger, basis)
+    positions = {i: int(infos[i]["epoch_samples"]) for i in resumed}
+    fusion = plan_fusion(spec, [p.id for p in remaining], positions, spec.cluster.gpus, recorded_decisions(run_dir))
+    ledger.rates = decided_rates(spec, ledger.rates, fusion)  # bundles an earlier job timed: as measured
+    policy, choice = chosen_policy(spec, ledger.rates, estimates, decode_rate, epochs_done, ledger, basis, fusion)
     candidates = candidates_for(spec)
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
-    positions = {i: int(infos[i]["epoch_samples"]) for i in resumed}
-    fusion = plan_fusion(spec, [p.id for p in remaining], positions, spec.cluster.gpus)
-    if fusion.bundles:
-        policy = Bundled(policy, fusion.bundles)
     plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
                    rungs.early if rungs else None, basis=basis, fusion=fusion)
     plan.forecast = run_forecast(spec, plan, estimates, decode_rate, epochs_done)

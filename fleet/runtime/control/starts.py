@@ -17,6 +17,7 @@ from typing import Any
 from fleet.engines.fusion import fusion_text
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
+from fleet.runtime.control.fusing import BundleWays
 from fleet.runtime.control.preprocessors import pick_preprocessors, preprocessors_needed
 from fleet.runtime.control.streams import Group, LiveStream, StreamBooks
 from fleet.runtime.data.chunks import resumed_end_chunk
@@ -55,12 +56,14 @@ class StreamStarter:
         books: the coordinator's streams, where new streams and groups are booked.
         send: how a command reaches a rank.
         log, console: the event log and the console.
+        ways: how each bundle trains (default: as `runtime.fuse` says, nothing decided yet).
     """
 
     def __init__(self, ctx: RunContext, ledger: Ledger, books: StreamBooks, send: Send, log: EventLog,
-                 console: Console):
+                 console: Console, ways: BundleWays | None = None):
         self.ctx, self.ledger, self.books, self.send = ctx, ledger, books, send
         self.log, self.console = log, console
+        self.ways = ways if ways is not None else BundleWays(ctx.spec, (), log, console)
         self.topology = ctx.topology
         self.store = CheckpointStore(ctx.run_dir)
         self.groups_started = 0
@@ -125,15 +128,17 @@ class StreamStarter:
         dropped for some of them before it happened); a `member_start` for each model."""
         models = group.training
         resume = tuple(self.store.latest_info(m) is not None for m in models)
+        way = self.ways.way(models)
         command = StartBundle(models, group.uid, group.ranks, live.layout, live.source, first_chunk, self.ledger.round,
                               resume, tuple(self.ctx.epoch_limits.get(m) for m in models),
-                              tuple(self.ledger.model(m).next_stop for m in models))
+                              tuple(self.ledger.model(m).next_stop for m in models), way)
         self.books.groups_open += len(models)  # each model's leave report closes one
         for rank in group.ranks:
             self.send(command, rank, Tag.TRAINER)
         key = fusion_text(self.ctx.spec.model(models[0]))
-        self.log.write("bundle_formed", models=list(models), key=key, stream=live.layout.stream, gpus=list(group.gpus))
-        self.console.bundle(models, group.gpus, key)
+        self.log.write("bundle_formed", models=list(models), key=key, stream=live.layout.stream, gpus=list(group.gpus),
+                       way=way)
+        self.console.bundle(models, group.gpus, key, way)
         for model, resumed in zip(models, resume):
             self.console.member(model, group.gpus, live.layout.stream, resumed)
             self.log.write("member_start", model=model, stream=live.layout.stream, gpus=list(group.gpus),

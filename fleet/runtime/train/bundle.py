@@ -1,9 +1,11 @@
 """A bundle trained on one trainer (issue 49): several models of one architecture as one fused
-model (`fleet.engines.bundle`) over the batches of the stream they share.
+model, or one by one (`fleet.engines.bundle`), over the batches of the stream they share.
 
 The bundle is one master of its stream (one stream thread, one batcher at the models' common
-batch size); a step is one step of the bundle's engine. Per model it keeps what a model alone
-keeps (`GroupTraining`): its checkpoints (the files a model alone writes), stop rule,
+batch size); a step is one step of the bundle's engine (`BundleSteps`: fused or one by one, as
+the command says; or, under `runtime.fuse: auto`, timed both ways in its first steps, the
+faster kept and the decision told to the coordinator: `BundleDecided`). Per model it keeps what
+a model alone keeps (`GroupTraining`): its checkpoints (the files a model alone writes), stop rule,
 early-stopping rungs, best predictions and reports. The models start at one position in their
 epochs, so their epochs end together: one validation pass, then each model's stop rule,
 checkpoint and `EpochReport` (its rates the bundle's, `EpochReport.bundle`); all the reports go
@@ -17,15 +19,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fleet.engines.bundle import create_bundle
 from fleet.engines.options import EngineOptions
 from fleet.runtime.context import RunContext
 from fleet.runtime.data.chunks import resumed_end_chunk
 from fleet.runtime.data.queues import Batch, Batcher, SampleQueue
 from fleet.runtime.data.shares import MemberClock
 from fleet.runtime.data.stream import MasterStream, StreamThread
-from fleet.runtime.protocol import EndNeeded, EpochReport, MemberLeft, StartBundle, StartMember
+from fleet.runtime.protocol import BundleDecided, EndNeeded, EpochReport, MemberLeft, StartBundle, StartMember
 from fleet.runtime.train.best_predictions import BestPredictions
+from fleet.runtime.train.bundle_steps import BundleSteps
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.runtime.train.member_checkpoints import MemberCheckpoints
 from fleet.runtime.train.stint import EpochTotals, MemberCosts, next_batch, resumed_totals
@@ -45,16 +47,17 @@ class StateSink:
 
 class MemberEngine:
     """One model of a bundle as an engine to its `MemberCheckpoints` and `BestPredictions`: its
-    state (the bytes its own engine would write) and its predictions."""
+    state (the bytes its own engine would write) and its predictions, from the bundle's engine
+    of the moment (`steps.engine`: a change of way replaces it)."""
 
-    def __init__(self, bundle: Any, model_id: str):
-        self.bundle, self.model_id = bundle, model_id
+    def __init__(self, steps: BundleSteps, model_id: str):
+        self.steps, self.model_id = steps, model_id
 
     def state_bytes(self) -> bytes:
-        return self.bundle.member_state_bytes(self.model_id)
+        return self.steps.engine.member_state_bytes(self.model_id)
 
     def predict(self, x: Any, batch_size: int = 256) -> Any:
-        return self.bundle.predict(x, batch_size)[self.model_id]
+        return self.steps.engine.predict(x, batch_size)[self.model_id]
 
 
 class BundleMember:
@@ -90,14 +93,16 @@ class BundleMember:
         self.checkpoints.save(self.engine, self.tracker, epoch_samples, None)
 
 
-def build_bundle(ctx: RunContext, members: list[BundleMember], states: dict[str, bytes]) -> Any:
-    """The bundle's engine on this trainer's device (the emulated device: with the run's rates)."""
+def build_bundle(ctx: RunContext, members: list[BundleMember], states: dict[str, bytes],
+                 way: str | None) -> BundleSteps:
+    """The bundle's steps on this trainer's device (the emulated device: with the run's rates)."""
     device = ctx.device
     threads = ctx.spec.cluster.threads_per_trainer if device in ("cpu", "emulated") else None
     options = [EngineOptions(m.model, ctx.input_shape, ctx.num_classes, device=device, threads=threads)
                for m in members]
     limits = {m.model.id: m.start.epoch_limit for m in members}
-    return create_bundle(options, states, rates=ctx.rates if device == "emulated" else None, epoch_limits=limits)
+    return BundleSteps(options, states, way, ctx.spec.runtime.fuse_min_speedup,
+                       rates=ctx.rates if device == "emulated" else None, epoch_limits=limits)
 
 
 class BundleTraining:
@@ -121,14 +126,19 @@ class BundleTraining:
         self.apart = {m: (self.members.pop(m), position) for m, (_, position) in restored.items()
                       if position != self.position}
         states = {m: data for m, (data, _) in restored.items() if data is not None and m in self.members}
-        self.engine = build_bundle(ctx, list(self.members.values()), states)
+        self.steps = build_bundle(ctx, list(self.members.values()), states, start.way)
         for model_id, member in self.members.items():
-            member.engine = MemberEngine(self.engine, model_id)
+            member.engine = MemberEngine(self.steps, model_id)
         self.lead = self.members[next(iter(self.members))]
         self.totals = resumed_totals(self.position, True, self.lead.checkpoints.resumed_sums, 1)
         self.link = CoordinatorLink(ctx, start.models[0], start.models)
         self.shared_since = time.monotonic()  # the trainer's time is shared among the models in it
         self.last: MemberLeft | None = None
+
+    @property
+    def engine(self) -> Any:
+        """The bundle's engine (fused, or its models one by one)."""
+        return self.steps.engine
 
     # -- the stint ------------------------------------------------------------------------
 
@@ -190,11 +200,15 @@ class BundleTraining:
 
     def _step(self, batch: Batch) -> None:
         started, cpu_started = time.monotonic(), time.thread_time()
-        for model, loss in self.engine.train_step(batch.x, batch.y).items():
+        losses, decision = self.steps.step(batch.x, batch.y, batch.count == self.lead.model.train.batch_size)
+        for model, loss in losses.items():
             self.members[model].loss_sum += loss * batch.count
         self.totals.samples += batch.count
         self.totals.compute_s += time.monotonic() - started
         self.totals.step_cpu_s += time.thread_time() - cpu_started
+        if decision is not None:
+            self.link.report(BundleDecided(decision.models, self.start.layout.stream, decision.fused_step_s,
+                                           decision.one_by_one_step_s, decision.kept.value), "a bundle's decision")
 
     # -- epochs ---------------------------------------------------------------------------
 
@@ -268,7 +282,7 @@ class BundleTraining:
             member.save(self.totals.samples)
         left = self._left(model, member, converged, self.totals.samples, self.engine.parameter_count(model))
         if self.members:
-            self.engine.leave(model)
+            self.steps.leave(model)
             self.link.report(left, "a leave report")
         else:
             self.last = left
