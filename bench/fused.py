@@ -29,18 +29,18 @@ synthetic images (`--samples` of `--shape`, 10 % held out for validation, `--bat
 SGD with momentum 0.9), `--epochs` epochs each (no early stop: patience 1000), on one CPU node
 of `--slots` trainer slots (`--threads` each) and one preprocessor, with policy `--policy`,
 `scheduler.profile: false`, once per `runtime.fuse` mode of `--modes` (``never``: each model on
-its own, the policy's plan; ``always``: the bundles trained fused; ``auto``: each bundle times
+its own, the policy's plan; ``always``: the bundles trained fused; ``measure``: each bundle times
 both ways in its first steps and keeps the faster), all from fresh run directories, the modes'
 order rotated from one of `--runs` rounds to the next. Per mode: the median makespan (the
 job's, as results.json has it), wall time of the command and CPU seconds of the trainers'
 steps (the epoch reports' `cpu`: what the training cost whatever else loads the machine, which
-stretches wall time only), and what `auto` kept (`bundle_decided`); then always / never and
-auto / never (issue 49's CPU line: auto at most 1.05x never).
+stretches wall time only), and what `measure` kept (`bundle_decided`); then always / never and
+measure / never (issue 49's CPU line: at most 1.05x never; `auto` forms no bundles on CPU).
 
 Usage: .venv/bin/python bench/fused.py [--device cpu|cuda] [--families cnn resnet] [--members 8]
        [--steps 10] [--repeats 5] [--batch 64] [--shape 3 32 32] [--threads 1] [--json out.json]
        .venv/bin/python bench/fused.py --runtime [--members 8] [--epochs 2] [--samples 2000] [--slots 1]
-       [--batch 64] [--shape 3 32 32] [--threads 1] [--runs 1] [--modes never,always,auto]
+       [--batch 64] [--shape 3 32 32] [--threads 1] [--runs 1] [--modes never,always,measure]
        [--policy fleet-g] [--timeout 1800] [--keep DIR] [--json out.json]
 Prints a table per family (or the runtime's table) and, with --json, writes the figures. With
 the defaults on one thread of a 2-core VM it takes about 4 minutes; `--steps 2 --repeats 2
@@ -77,7 +77,7 @@ PARAMS: dict[str, dict] = {
 }
 LR_STEP = 1.35
 CONTENDERS = ("fused", "one by one")
-MODES = ("never", "always", "auto")  # runtime.fuse, in the order of the first round
+MODES = ("never", "always", "measure")  # runtime.fuse, in the order of the first round
 
 
 def members(family: str, count: int, lr: float, batch: int) -> list[ModelSpec]:
@@ -211,7 +211,7 @@ def runtime_spec(mode: str, args: argparse.Namespace) -> dict:
 
 
 def runtime_run(mode: str, round_index: int, root: Path, args: argparse.Namespace) -> dict:
-    """One `fleet run` of the sweep: its makespan, wall seconds and `auto`'s decisions."""
+    """One `fleet run` of the sweep: its makespan, wall seconds and `measure`'s decisions."""
     spec = root / f"{mode}-{round_index}.yaml"
     spec.write_text(yaml.safe_dump(runtime_spec(mode, args)))
     run_dir = root / f"run-{mode}-{round_index}"
@@ -267,15 +267,15 @@ def runtime_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> dic
         print(f"  {mode:<13} {makespan:>11.1f} {wall:>8.1f} {cpu:>11.1f}  {how}"
               f"{'; kept ' + ', '.join(kept) if kept else ''}")
         figures[mode] = {"makespan_s": makespan, "wall_s": wall, "step_cpu_s": cpu, "runs": done}
-    for mode in ("always", "auto"):
+    for mode in ("always", "measure"):
         if mode in figures and "never" in figures:
             ratio = figures[mode]["makespan_s"] / figures["never"]["makespan_s"]
             cpu_ratio = figures[mode]["step_cpu_s"] / figures["never"]["step_cpu_s"]
             print(f"  {mode} / never: {ratio:.2f}x makespan, {cpu_ratio:.2f}x step CPU")
             figures[f"{mode}/never"] = {"makespan": ratio, "step_cpu": cpu_ratio}
-    for r in runs.get("auto", []):
+    for r in runs.get("measure", []):
         for d in r["decided"]:
-            print(f"  auto's trial: {len(d['models'])} models, a step {d['fused_step_s'] * 1e3:.1f} ms fused, "
+            print(f"  measure's trial: {len(d['models'])} models, a step {d['fused_step_s'] * 1e3:.1f} ms fused, "
                   f"{d['one_by_one_step_s'] * 1e3:.1f} ms one by one: kept {d['kept']}")
     return figures
 

@@ -1,6 +1,6 @@
 """Bundles under a real mpiexec (issue 49): four small CNNs that differ in learning rate (one of
 them in epochs too) on one CPU trainer slot and a preprocessor train as one bundle on the
-stream they share: fused (`runtime.fuse: always`), or as `auto`'s trial keeps it (fused or one
+stream they share: fused (`runtime.fuse: always`), or as `measure`'s trial keeps it (fused or one
 by one, forced by `runtime.fuse_min_speedup`: 0 keeps fused, 1e9 one by one).
 
 A bundle's models see the batches they would see side by side on a stream of their own: the
@@ -116,19 +116,19 @@ def test_a_bundle_trains_each_model_as_the_same_run_without_fusion(tmp_path, apa
 
 
 @pytest.mark.parametrize("min_speedup, kept", [(0.0, "fused"), (1e9, "one_by_one")])
-def test_auto_keeps_the_way_its_trial_decides_and_trains_each_model_as_without_fusion(tmp_path, apart, min_speedup,
+def test_measure_keeps_the_way_its_trial_decides_and_trains_each_model_as_without_fusion(tmp_path, apart, min_speedup,
                                                                                       kept):
     """The bundle times both ways on its first batches, keeps one (forced here by the knob) and
     says so; each model ends as it does without fusion, whichever way it trained. The job's
     forecast plans the bundle as the run does: its models on one slot, from one start."""
-    spec, run_dir = four_cnns(tmp_path, "auto", 1, min_speedup=min_speedup), tmp_path / "run"
+    spec, run_dir = four_cnns(tmp_path, "measure", 1, min_speedup=min_speedup), tmp_path / "run"
     done = train(2, spec, run_dir)
     log = events(run_dir)
     assert [e["way"] for e in log if e["event"] == "bundle_formed"] == [None]
     [decided] = [e for e in log if e["event"] == "bundle_decided"]
     assert decided["models"] == ["a", "b", "c", "d"] and decided["kept"] == kept
     assert decided["fused_step_s"] > 0 and decided["one_by_one_step_s"] > 0
-    assert "runtime.fuse auto: 1 bundle(s) of 4 models" in done.stdout
+    assert "runtime.fuse measure: 1 bundle(s) of 4 models" in done.stdout
     forecast = {m["model"]: m for m in json.loads((run_dir / "forecast.json").read_text())["members"]}
     assert {(tuple(m["gpus"]), m["start"]) for m in forecast.values()} == {((0,), forecast["a"]["start"])}
     assert forecast["d"]["end"] < forecast["a"]["end"] == forecast["b"]["end"]  # predicted as one bundle
@@ -142,7 +142,7 @@ def test_a_bundle_checkpointed_by_the_signal_mid_epoch_resumes_from_its_models_c
     epoch once, each a whole pass over the training samples."""
     epochs = {"a": 3, "b": 3, "c": 3, "d": 1}
     data = {"source": "synthetic", "samples": 2400, "image_size": 16, "channels": 3, "val_fraction": 0.1}
-    spec = four_cnns(tmp_path, "auto", 1, "fleet-g", epochs, data, min_speedup=1e9)
+    spec = four_cnns(tmp_path, "measure", 1, "fleet-g", epochs, data, min_speedup=1e9)
     run_dir = tmp_path / "run"
     signal_job(start_train(2, spec, run_dir), run_dir, 4)  # every model's first epoch, then a little
     first = results(run_dir)

@@ -41,10 +41,11 @@ def cnns(*names: str, **train) -> list[dict]:
 # -- the spec ------------------------------------------------------------------------------------
 
 
-def test_runtime_fuse_is_auto_always_or_never():
+def test_runtime_fuse_is_auto_measure_always_or_never():
     assert spec_of(cnns("a"), fuse="auto").runtime.fuse is Fuse.AUTO
+    assert spec_of(cnns("a"), fuse="measure").runtime.fuse.measures and not Fuse.ALWAYS.measures
     assert parse_spec({"name": "f", "data": {"source": "digits"}, "models": cnns("a")}).runtime.fuse is Fuse.AUTO
-    with pytest.raises(SpecError, match="runtime.fuse: Input should be 'auto', 'always' or 'never'"):
+    with pytest.raises(SpecError, match="runtime.fuse: Input should be 'auto', 'measure', 'always' or 'never'"):
         spec_of(cnns("a"), fuse="yes")
 
 
@@ -59,13 +60,16 @@ def test_fuse_always_where_no_bundle_is_built_is_one_line():
 # -- which bundles a job forms ---------------------------------------------------------------------
 
 
-def test_auto_forms_bundles_on_any_real_device_and_says_that_each_is_timed_first():
+def test_measure_forms_bundles_on_any_real_device_auto_on_cuda_only_and_each_is_timed_first():
     models = cnns("a", "b", "c", "d")
-    for device in ("cpu", "cuda"):
-        auto = plan_fusion(spec_of(models, "auto", device), list("abcd"), {}, 1)
-        assert auto.bundles == (("a", "b", "c", "d"),) and auto.decided == ()
-        assert auto.note == (f"runtime.fuse auto: 1 bundle(s) of 4 models on one {device} trainer each, each timed "
-                             "fused against its models one by one in its first steps, the faster kept; 0 model(s) apart")
+    for mode, device in (("measure", "cpu"), ("measure", "cuda"), ("auto", "cuda")):
+        timed = plan_fusion(spec_of(models, mode, device), list("abcd"), {}, 1)
+        assert timed.bundles == (("a", "b", "c", "d"),) and timed.decided == ()
+        assert timed.note == (f"runtime.fuse {mode}: 1 bundle(s) of 4 models on one {device} trainer each, each timed "
+                              "fused against its models one by one in its first steps, the faster kept; 0 model(s) apart")
+    on_cpu = plan_fusion(spec_of(models, "auto", "cpu"), list("abcd"), {}, 1)
+    assert on_cpu.bundles == () and "runtime.fuse auto: no bundles on cpu trainers" in on_cpu.note
+    assert "runtime.fuse: measure times both ways" in on_cpu.note
     emulated = plan_fusion(spec_of(models, "auto", "emulated"), list("abcd"), {}, 1)
     assert emulated.bundles == () and "no bundles on emulated trainers" in emulated.note
     assert plan_fusion(spec_of(models, "always", "emulated"), list("abcd"), {}, 1).bundles == (("a", "b", "c", "d"),)
@@ -103,11 +107,11 @@ def test_a_slot_per_model_forms_no_bundle_and_says_why():
                                                         "trainer slot each"),)
 
 
-# -- how a bundle trains (runtime.fuse: auto) ---------------------------------------------------------
+# -- how a bundle trains (runtime.fuse: measure) ------------------------------------------------------
 
 
 def test_recorded_decisions_are_read_back_and_a_resumed_bundle_is_planned_and_started_as_decided(tmp_path):
-    spec = spec_of(cnns("a", "b", "c", "d"), "auto")
+    spec = spec_of(cnns("a", "b", "c", "d"), "measure")
     log = EventLog(tmp_path / "events.jsonl")
     log.write("run_start", policy="fleet-g")
     log.write("bundle_decided", models=["a", "b", "c", "d"], fused_step_s=0.4, one_by_one_step_s=0.2,
@@ -130,7 +134,7 @@ def test_recorded_decisions_are_read_back_and_a_resumed_bundle_is_planned_and_st
 
 
 def test_a_decision_is_recorded_said_and_planned_at_its_measured_rate(tmp_path):
-    spec = spec_of(cnns("a", "b"), "auto")
+    spec = spec_of(cnns("a", "b"), "measure")
     log, console = RecordingLog(), RecordingLog()
     log.sync = lambda: None
     said = []

@@ -479,9 +479,15 @@ _IN_MEMORY = "held in memory on every rank"
 class Fuse(str, Enum):
     """`runtime.fuse`: whether models of one architecture train as fused bundles (issue 49)."""
 
-    AUTO = "auto"  # bundles that time both ways in their first steps and keep the faster
-    ALWAYS = "always"  # on any device
+    AUTO = "auto"  # MEASURE on CUDA devices; no bundles on CPU and emulated trainers
+    MEASURE = "measure"  # on any real device: bundles that time both ways in their first steps, keep the faster
+    ALWAYS = "always"  # on any device, fused without a trial
     NEVER = "never"
+
+    @property
+    def measures(self) -> bool:
+        """Whether this mode's bundles time both ways and keep the faster (auto, measure)."""
+        return self in (Fuse.AUTO, Fuse.MEASURE)
 
 
 class RuntimeSpec(Section):

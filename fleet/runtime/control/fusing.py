@@ -1,10 +1,11 @@
 """Which models of a job train as bundles (issue 49), decided on rank 0 before planning, and how
 each bundle trains.
 
-`runtime.fuse` says where: ``always`` and ``auto`` on any real device (``always`` also on the
-emulated device), ``never`` nowhere; never with partitioned data or learning over groups. An
-``always`` bundle trains fused; an ``auto`` bundle times fused against its models one by one in
-its first steps and keeps the faster (`fleet.schedule.bundle_ways`): its trainer says what it
+`runtime.fuse` says where: ``measure`` on any real device, ``auto`` on CUDA devices only (on CPU
+fused steps measured 0.75-1.00x of one by one, and a bundle kept one by one is not split yet),
+``always`` on any device (the emulated one too), ``never`` nowhere; never with partitioned data
+or learning over groups. An ``always`` bundle trains fused; a ``measure`` (or ``auto``) bundle
+times fused against its models one by one in its first steps and keeps the faster (`fleet.schedule.bundle_ways`): its trainer says what it
 kept (`BundleDecided`), `BundleWays` books it (events.jsonl's ``bundle_decided``, the console)
 and the planner plans the bundle at the kept way's measured rate from then on; a resumed job
 reuses the decisions recorded in events.jsonl (`recorded_decisions`). Which models may fuse is
@@ -70,13 +71,17 @@ def plan_fusion(spec: Spec, models: Sequence[str], positions: Mapping[str, int],
     if mode is Fuse.NEVER:
         return Fusion()
     parts, refused = fusable_parts(spec, models, positions)
-    if not parts and mode is Fuse.AUTO:  # nothing to fuse: nothing to say
+    if not parts and mode.measures:  # nothing to fuse: nothing to say
         return Fusion()
     if not parts:
         return Fusion(refused=tuple(refused), note="runtime.fuse always: no two models left may fuse")
-    if mode is Fuse.AUTO and device == "emulated":
-        return Fusion(note="runtime.fuse auto: no bundles on emulated trainers (an emulated bundle's step is its "
-                           "models' steps one after another: nothing to measure; runtime.fuse: always forms them)")
+    if mode.measures and device == "emulated":
+        return Fusion(note=f"runtime.fuse {mode.value}: no bundles on emulated trainers (an emulated bundle's step is "
+                           "its models' steps one after another: nothing to measure; runtime.fuse: always forms them)")
+    if mode is Fuse.AUTO and device != "cuda":
+        return Fusion(note=f"runtime.fuse auto: no bundles on {device} trainers (fused steps measured 0.75-1.00x of one "
+                           "by one there, and a bundle kept one by one is not split yet; runtime.fuse: measure times "
+                           "both ways)")
     if spec.data.partitioned or spec.data.group_by is not None:
         what = "partitioned data (model hopping)" if spec.data.partitioned else "learning over groups"
         return Fusion(note=f"runtime.fuse {mode.value}: no bundles for {what}")
@@ -84,7 +89,7 @@ def plan_fusion(spec: Spec, models: Sequence[str], positions: Mapping[str, int],
     bundled = {m for b in bundles for m in b}
     shared = [(tuple(p), f"its {len(p)} models of one architecture have a trainer slot each")
               for p in parts if len(p) > 1 and not bundled & set(p)]
-    found = [recorded_decision(recorded, b) for b in bundles] if mode is Fuse.AUTO else []
+    found = [recorded_decision(recorded, b) for b in bundles] if mode.measures else []
     decided = tuple(d for d in found if d is not None)
     return Fusion(bundles, tuple(refused + shared), _note(mode, device, bundles, len(models), len(decided)), decided)
 
@@ -177,9 +182,9 @@ class BundleWays:
         self.spec, self.decisions, self.log, self.console = spec, list(decided), log, console
 
     def way(self, models: Sequence[str]) -> str | None:
-        """How a bundle of `models` trains: ``fused`` under ``always``; under ``auto`` the way
-        kept for them, else None (its trainer times both ways)."""
-        if self.spec.runtime.fuse is not Fuse.AUTO:
+        """How a bundle of `models` trains: ``fused`` under ``always``; under ``auto`` and
+        ``measure`` the way kept for them, else None (its trainer times both ways)."""
+        if not self.spec.runtime.fuse.measures:
             return Way.FUSED.value
         decision = recorded_decision(self.decisions, models)
         return None if decision is None else decision.kept.value
