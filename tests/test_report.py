@@ -163,7 +163,8 @@ def wait_for_resumed_epoch(job: subprocess.Popen, run_dir) -> None:
 def test_report_of_an_interrupted_a_running_and_a_finished_job(tmp_path):
     require_browser()
     models, data, cluster = three_cnns_on_two_slots()
-    train_cfg = {"batch_size": 32, "max_epochs": 8, "optimizer": "sgd", "lr": 0.05, "stop": {"patience": 100}}
+    # epochs enough that the resumed job still trains while `fleet report` starts and reads it
+    train_cfg = {"batch_size": 32, "max_epochs": 24, "optimizer": "sgd", "lr": 0.05, "stop": {"patience": 100}}
     spec = write_spec(tmp_path / "s.yaml", models, cluster, "fleet-g", data=data, train=train_cfg)
     run_dir = tmp_path / "run"
     signal_job(start_train(3, spec, run_dir), run_dir, 2)
@@ -181,7 +182,7 @@ def test_report_of_an_interrupted_a_running_and_a_finished_job(tmp_path):
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "run_start" for e in events) == 2
     summary = open_page(run_dir / "report.html", ("document.querySelector('table.summary').textContent",)).values[0]
-    assert "jobs2 (the first and each resume)" in summary and "24 epochs trained" in summary
+    assert "jobs2 (the first and each resume)" in summary and "72 epochs trained" in summary
 
 
 def test_report_of_a_directory_that_is_no_run_is_one_line(tmp_path):
