@@ -5,8 +5,6 @@ opened in a real headless browser."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
