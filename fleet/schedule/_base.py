@@ -111,6 +111,10 @@ class ModelState(enum.Enum):
     CONVERGED = "converged"
 
 
+WAITING = (ModelState.PENDING, ModelState.PAUSED)
+"""The states a model may be launched from: never started, or checkpointed (paused)."""
+
+
 # --------------------------------------------------------------------------- views
 
 
@@ -191,7 +195,7 @@ class ClusterView:
 
     def waiting(self) -> list[str]:
         """Ids of the models waiting to run (``PENDING`` or ``PAUSED``), in rate-table order."""
-        return self.ids_in(ModelState.PENDING, ModelState.PAUSED)
+        return self.ids_in(*WAITING)
 
     def model(self, model_id: str) -> ModelView:
         """The view of one model."""

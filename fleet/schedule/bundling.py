@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 from fleet.schedule._base import (
     NO_DECISION,
+    WAITING,
     CheckpointCompleted,
     ClusterView,
     Decision,
@@ -59,7 +60,6 @@ from fleet.schedule.rates import ModelProfile, RateTable
 MAX_MEMBERS = 8
 """The most models in one bundle (without a profile of a bundle's memory)."""
 
-_WAITING = (ModelState.PENDING, ModelState.PAUSED)
 _ON_GPUS = (ModelState.RUNNING, ModelState.CHECKPOINTING)
 
 
@@ -231,7 +231,7 @@ class Bundled(Policy):
             if asked or now.state is ModelState.HELD:
                 return CheckpointCompleted(unit, event.time, freed)
             return ModelPromoted(unit, event.time)  # its GPU is free, and models of it wait
-        if before is ModelState.HELD and now.state in _WAITING:
+        if before is ModelState.HELD and now.state in WAITING:
             return ModelPromoted(unit, event.time)
         return None
 
@@ -259,7 +259,7 @@ class Bundled(Policy):
         models = self.books.units.get(member.model)
         if models is None:
             return member
-        waiting = tuple(m for m in models if view.model(m).state in _WAITING)
+        waiting = tuple(m for m in models if view.model(m).state in WAITING)
         if not waiting:
             raise PolicyError(f"{self.name}: cannot launch bundle {member.model}: none of its models waits")
         if len(waiting) > 1 and len(member.gpus) > 1:

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from fleet.schedule._base import (
+    WAITING,
     CheckpointCompleted,
     ClusterView,
     Decision,
     Member,
     ModelPromoted,
-    ModelState,
     Policy,
     StreamPlan,
 )
@@ -20,8 +20,6 @@ from fleet.schedule.flotilla import Flotilla, create_flotilla
 from fleet.schedule.options import NoOptions
 from fleet.schedule.placement import place
 from fleet.schedule.rates import RateTable
-
-WAITING = (ModelState.PENDING, ModelState.PAUSED)  # states a model may be launched from
 
 
 def placed_stream(flotilla: Flotilla, free_gpus: Sequence[int], gpus_per_node: int) -> StreamPlan:

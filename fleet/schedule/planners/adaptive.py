@@ -79,6 +79,7 @@ import numpy as np
 
 from fleet.schedule._base import (
     NO_DECISION,
+    WAITING,
     CheckpointCompleted,
     ClusterView,
     Decision,
@@ -87,7 +88,6 @@ from fleet.schedule._base import (
     Member,
     ModelConverged,
     ModelPromoted,
-    ModelState,
     Policy,
     StreamPlan,
     StreamView,
@@ -101,7 +101,6 @@ from fleet.schedule.planners._regroup import Costs, Group, Seat, regroup
 from fleet.schedule.planners._tail import RunningSet, grow_into_free
 from fleet.schedule.rates import RateTable
 
-_WAITING = (ModelState.PENDING, ModelState.PAUSED)  # PAUSED: resumed from a checkpoint, or resized
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,7 @@ class FleetAdaptive(Policy):
 
     def _fill(self, view: ClusterView) -> Decision:
         plan = self.plan
-        plan.queue = [m for m in plan.queue if view.model(m).state in _WAITING and m not in self.resizing]
+        plan.queue = [m for m in plan.queue if view.model(m).state in WAITING and m not in self.resizing]
         drafts = self._running_drafts(view)
         self.matcher.fill(view, drafts)
         launch = place_drafts(view, drafts)
