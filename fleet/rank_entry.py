@@ -19,7 +19,7 @@ from typing import Any
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
 from fleet.runtime.finish import summarize_job
-from fleet.runtime.launch.process import exit_all, finalize_mpi, init_mpi
+from fleet.runtime.launch.process import exit_all, finalize_mpi, init_mpi, one_blas_thread
 from fleet.runtime.launch.signals import ignore_checkpoint_signals, install_checkpoint_signals
 from fleet.runtime.control.rates_source import STEPS_FILE
 from fleet.runtime.launch.topology import LaunchMismatch, TopologyError
@@ -39,6 +39,7 @@ def train_entry(options: TrainOptions) -> int:
     # mpi4py's three-line warning about another MPI's launcher, given once MPI_Init has
     # returned a world of one: `check_launch` then says it in one line
     warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
+    one_blas_thread()
 
     try:
         MPI = init_mpi()

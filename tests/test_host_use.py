@@ -1,10 +1,14 @@
 """The part of its host's cores a CPU job's work gets (`fleet.runtime.control.host_use`)."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from fleet.runtime.control.host_use import HostUse, core_share, process_cpu_s
+from fleet.runtime.control.host_use import RANK0_ROLE, HostUse, core_share, process_cpu_s
+from fleet.runtime.control.measured_costs import MeasuredCosts
+from fleet.runtime.protocol import StreamDone
 
 
 class Clock:
@@ -62,3 +66,41 @@ def test_a_process_cpu_is_read_from_proc():
     sum(i * i for i in range(200_000))
     assert process_cpu_s(os.getpid()) > 0
     assert process_cpu_s(2**22 + 12345) is None
+
+
+def test_each_role_has_its_ranks_cpu_from_the_first_sample_to_the_last():
+    clock, cpu = Clock(), {1: 1.0, 2: 5.0, 3: 7.0}
+    use = HostUse((1, 2, 3), 2.0, lambda: 3.0, period_s=0.5, clock=clock, read=cpu.get,
+                  roles=(RANK0_ROLE, "trainer", "trainer"))
+    use.tick()
+    clock.now, cpu[1], cpu[2], cpu[3] = 1.0, 3.5, 6.0, 9.0
+    use.tick()
+    assert use.cpu_by_role() == pytest.approx({RANK0_ROLE: 2.5, "trainer": 3.0})
+    with pytest.raises(ValueError, match="one role per pid"):
+        HostUse((1, 2), 2.0, lambda: 3.0, roles=("trainer",))
+
+
+def test_the_run_sets_each_roles_cpu_beside_what_its_costs_account_for():
+    costs = MeasuredCosts()
+    costs.stream_done(StreamDone(stream=1, rank=0, decoded=1000, cpu_s=2.0))
+    costs.stream_done(StreamDone(stream=2, rank=1, decoded=500, cpu_s=1.5))
+    costs.coordinator_cpu_s = 0.5
+    record = costs.host_cpu({RANK0_ROLE: 4.0, "preprocessor": 1.5})
+    assert record["roles"] == {"preprocessor": {"cpu_s": 1.5, "accounted_s": 1.5},
+                               RANK0_ROLE: {"cpu_s": 4.0, "accounted_s": 2.5}}  # its loop and the coordinator
+    assert record["decoded"] == 1500 and record["trained"] == 0
+
+
+def test_a_rank_limits_numpys_blas_to_one_thread():
+    """A preprocessor decodes on one core: numpy's BLAS threads (spinning while they wait) would
+    take the cores of the trainers beside it."""
+    probe = ("import numpy, threadpoolctl\n"
+             "from fleet.runtime.launch.process import one_blas_thread\n"
+             "threadpoolctl.threadpool_limits(4, user_api='blas')\n"
+             "before = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']\n"
+             "one_blas_thread()\n"
+             "after = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']\n"
+             "print(before, after)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    before, after = done.stdout.strip().split("] [")
+    assert before and "4" in before and set(after.strip("[]").split(", ")) == {"1"}

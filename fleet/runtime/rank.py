@@ -33,7 +33,7 @@ from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
 from fleet.runtime.control.fusing import BundleWays
-from fleet.runtime.control.host_use import HostUse
+from fleet.runtime.control.host_use import RANK0_ROLE, HostUse
 from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for,
                                          prepare_run_dir, rates_decision, switch_candidates, write_run)
 from fleet.runtime.data.chunks import ChunkLayout
@@ -233,10 +233,11 @@ def host_use_of(ctx, plan) -> HostUse | None:
     if cores is None or len(hosts) != 1:
         return None
     pids = [int(process.rpartition(" ")[2]) for process in ctx.processes]
+    roles = [RANK0_ROLE if placement.rank == 0 else placement.role.value for placement in ctx.topology.placements]
     cluster, ledger = ctx.spec.cluster, plan.ledger
     preprocessors = len(ctx.topology.preprocessor_ranks())
     return HostUse(pids, cores.cores,
-                   lambda: (cluster.gpus - len(ledger.free_gpus)) * cores.trainer_cores + preprocessors)
+                   lambda: (cluster.gpus - len(ledger.free_gpus)) * cores.trainer_cores + preprocessors, roles=roles)
 
 
 def _said(line: str) -> None:

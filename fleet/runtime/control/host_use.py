@@ -10,7 +10,9 @@ its ranks' CPU seconds from ``/proc`` every `PERIOD_S`, and keeps
 
 - how busy the host's cores were during the samples in which the job's work wanted more than
   the host has (every busy trainer slot's cores and every preprocessor's): `busy_share`;
-- all the ranks' CPU seconds from the first sample to the last: `cpu_s`.
+- all the ranks' CPU seconds from the first sample to the last: `cpu_s`, and the same per rank
+  role (`cpu_by_role`: the preprocessors', the trainers', rank 0's), which a run sets beside
+  what each role's measured costs account for.
 
 `core_share` sets them beside the CPU seconds the measured costs account for, as the part of
 the simulated cores the work got (`SharedCores.share`). Where ``/proc`` cannot be read, nothing
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 
 PERIOD_S = 0.5
+RANK0_ROLE = "rank 0"  # rank 0's role in `cpu_by_role`: a preprocessor that also runs the coordinator
 MIN_SATURATED_S = 1.0  # less time than this with the cores wanted by more than they are: no figure
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -44,6 +47,7 @@ class HostUse:
 
     Args:
         pids: the job's ranks' processes on this host.
+        roles: each process's role (as `pids`), for `cpu_by_role`; none: every one "rank".
         cores: the host's cores the ranks run on.
         demand: the cores the job's work would use now (busy trainer slots' and preprocessors').
         period_s: seconds between samples.
@@ -51,11 +55,17 @@ class HostUse:
     """
 
     def __init__(self, pids: Sequence[int], cores: float, demand: Callable[[], float], period_s: float = PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic, read: Callable[[int], float | None] = process_cpu_s):
+                 clock: Callable[[], float] = time.monotonic, read: Callable[[int], float | None] = process_cpu_s,
+                 roles: Sequence[str] | None = None):
         self.pids, self.cores, self.demand, self.period_s = tuple(pids), cores, demand, period_s
+        self.roles = tuple(roles) if roles is not None else ("rank",) * len(self.pids)
+        if len(self.roles) != len(self.pids):
+            raise ValueError("roles must name one role per pid")
         self.clock, self.read = clock, read
         self.last: tuple[float, float, bool] | None = None  # (time, CPU seconds, wanted more than the cores)
         self.first: tuple[float, float] | None = None
+        self.first_readings: list[float] = []  # each rank's CPU seconds at the first sample
+        self.last_readings: list[float] = []  # ... and at the last
         self.saturated_s = 0.0
         self.saturated_cpu_s = 0.0
         self.failed = False
@@ -74,11 +84,11 @@ class HostUse:
             return
         now, cpu, wanting = self.clock(), sum(readings), self.demand() > self.cores
         if self.last is None:
-            self.first = (now, cpu)
+            self.first, self.first_readings = (now, cpu), readings
         elif wanting and self.last[2]:
             self.saturated_s += now - self.last[0]
             self.saturated_cpu_s += cpu - self.last[1]
-        self.last = (now, cpu, wanting)
+        self.last, self.last_readings = (now, cpu, wanting), readings
 
     def busy_share(self) -> float | None:
         """The share of the cores the ranks kept busy while the work wanted more than them."""
@@ -91,6 +101,16 @@ class HostUse:
         if self.failed or self.first is None or self.last is None:
             return None
         return self.last[1] - self.first[1]
+
+    def cpu_by_role(self) -> dict[str, float]:
+        """Per rank role, its ranks' CPU seconds from the first sample to the last (empty where
+        nothing was measured)."""
+        if self.failed or self.first is None or self.last is None:
+            return {}
+        roles: dict[str, float] = {}
+        for role, first, last in zip(self.roles, self.first_readings, self.last_readings):
+            roles[role] = roles.get(role, 0.0) + last - first
+        return roles
 
 
 def core_share(use: HostUse, accounted_core_s: float, simulated_cores: float) -> float | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleet.runtime.control.host_use import RANK0_ROLE
 from fleet.runtime.protocol import EpochReport, MemberLeft, StreamDone
 
 
@@ -109,6 +110,24 @@ class MeasuredCosts:
         its preprocessors' decoding loops and its coordinator."""
         trainers = sum(g.cpu_s for g in self.groups.values())
         return trainers + sum(cpu for cpu, _ in self.preprocessors.values()) + (self.coordinator_cpu_s or 0.0)
+
+    def accounted_by_role(self) -> dict[str, float]:
+        """`accounted_core_s` per rank role (as `fleet.runtime.control.host_use` names them):
+        the trainers', the preprocessors' other than rank 0, and rank 0's (its decoding loop and
+        the coordinator)."""
+        rank0 = self.preprocessors.get(0, [0.0, 0.0])[0] + (self.coordinator_cpu_s or 0.0)
+        others = sum(cpu for rank, (cpu, _) in self.preprocessors.items() if rank != 0)
+        return {"trainer": sum(g.cpu_s for g in self.groups.values()), "preprocessor": others, RANK0_ROLE: rank0}
+
+    def host_cpu(self, measured: dict[str, float]) -> dict:
+        """``prediction.measured.host_cpu``: per rank role, its ranks' CPU seconds as sampled
+        (`measured`, `HostUse.cpu_by_role`) beside the seconds the costs above account for,
+        and the samples the trainers trained and the preprocessors decoded (what the rest
+        could be per)."""
+        accounted = self.accounted_by_role()
+        roles = {role: {"cpu_s": cpu, "accounted_s": accounted.get(role, 0.0)} for role, cpu in sorted(measured.items())}
+        return {"roles": roles, "trained": sum(g.samples for g in self.groups.values()),
+                "decoded": sum(decoded for _, decoded in self.preprocessors.values())}
 
     def core_share_over(self, cores: float, makespan: float) -> float | None:
         """The core-seconds accounted for over `cores` x `makespan`: the part of the cores the

@@ -497,15 +497,24 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
-        prediction=prediction_record(plan, makespan, coordinator.interrupted,
-                                     account.measured_costs(makespan, measured_core_share(spec, plan, coordinator,
-                                                                                          makespan))),
+        prediction=prediction_record(plan, makespan, coordinator.interrupted, measured_record(spec, plan, coordinator,
+                                                                                              makespan)),
         groups=model_groups(spec),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", rounds)
     return result
+
+
+def measured_record(spec: Spec, plan: RunPlan, coordinator, makespan: float) -> dict:
+    """results.json's ``prediction.measured``: the run's measured costs, and where rank 0
+    sampled its ranks' CPU (`host_use`), that CPU per rank role beside what the costs account for."""
+    record = coordinator.account.measured_costs(makespan, measured_core_share(spec, plan, coordinator, makespan))
+    roles = coordinator.host_use.cpu_by_role() if coordinator.host_use is not None else {}
+    if roles:
+        record["host_cpu"] = coordinator.account.costs.host_cpu(roles)
+    return record
 
 
 def measured_core_share(spec: Spec, plan: RunPlan, coordinator, makespan: float) -> float | None:

@@ -35,6 +35,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from threadpoolctl import ThreadpoolController
+
 from fleet.runtime.launch.jobenv import read_job_env
 from fleet.runtime.launch.topology import check_library
 
@@ -51,6 +53,18 @@ def exit_all(world: Any, code: int, message: str | None = None, root: int = 0) -
     sys.stderr.flush()
     finalize_mpi()
     raise SystemExit(code)
+
+
+def one_blas_thread() -> None:
+    """Limit the BLAS libraries loaded so far (numpy's) to one thread in this rank's process.
+
+    A preprocessor decodes on one core (the predictions count it so), yet numpy's OpenBLAS
+    starts a thread per core for the matrix products of resizing, and its threads spin while
+    they wait for work: on a CPU node whose ranks want more than its cores, a preprocessor took
+    1.7x the CPU its decoding loop used (the rest spinning), from the trainers beside it.
+    Torch is not loaded yet here: a trainer's own threads are set by its engine
+    (``threads_per_trainer``)."""
+    ThreadpoolController().limit(limits=1, user_api="blas")
 
 
 def init_mpi(environ: Mapping[str, str] = os.environ) -> Any:
