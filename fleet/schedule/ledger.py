@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import replace
 
-from fleet.schedule._base import ClusterView, ModelState, ModelView, PolicyError, StreamPlan, StreamView
+from fleet.schedule._base import ClusterView, ModelState, ModelView, PolicyError, StreamPlan, StreamView, WAITING
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
 
@@ -47,7 +47,7 @@ def check_launch(
                 if model in launched:
                     raise PolicyError(f"{policy}: {model} launched twice")
                 launched.add(model)
-                if state not in (ModelState.PENDING, ModelState.PAUSED):
+                if state not in WAITING:
                     raise PolicyError(f"{policy}: cannot launch {model}, it is {state.value}")
             if not member.gpus:
                 raise PolicyError(f"{policy}: {member.model} launched on no GPU")
