@@ -112,8 +112,7 @@ def test_the_list_schedule_does_not_widen_units_that_end_before_the_last_end_so_
 
 def test_planned_end_is_the_bound_when_no_model_must_widen():
     work = [(ModelProfile("x", (10.0,)), 100.0)] * 4  # 10 s each on one GPU, 4 GPUs
-    assert planned_end(work, 4, 4, 10.0, 0.0) == pytest.approx(10.0)
-    assert planned_end(work, 4, 4, 10.0, 0.1) == pytest.approx(11.0)
+    assert planned_end(work, 4, 4, 10.0) == pytest.approx(10.0)
 
 
 def test_planned_end_leaves_time_for_the_gpu_time_widening_costs():
@@ -122,6 +121,6 @@ def test_planned_end_leaves_time_for_the_gpu_time_widening_costs():
     # GPU-seconds, with the others' 6: 29.5, which 4 GPUs hold in 7.38 s (before 7.41 s, when 3
     # GPUs would do). A planned end is where the GPU-time fits, not yet a packing of it.
     work = [(SCALING, 2000.0)] + [(ModelProfile(f"s{i}", (100.0,)), 200.0) for i in range(3)]
-    end = planned_end(work, 4, 4, 2000 / 366.0, 0.0)
+    end = planned_end(work, 4, 4, 2000 / 366.0)
     assert width(SCALING, 2000.0, end, 4, 4) == 4
     assert end == pytest.approx((4 * 2000 / 340.0 + 6.0) / 4, rel=1e-3)

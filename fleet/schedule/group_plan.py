@@ -49,13 +49,12 @@ def width(profile: ModelProfile, samples: float, target_s: float, gpus_per_node:
     return fastest
 
 
-def planned_end(work: Sequence[tuple[ModelProfile, float]], gpus: int, gpus_per_node: int, bound: float,
-                margin: float) -> float:
-    """When a plan of `work` (each model's profile and samples left) on `gpus` GPUs aims to end:
-    the earliest time ``T`` (from `bound`, the lower bound, on) at which the models, each on its
-    `width` for ``T``, hold no more GPU-time than ``gpus * T`` (widening a model past a node's
-    GPUs costs GPU-time: its rate grows less than its GPUs), times ``1 + margin`` for packing
-    the models into that time. Found by bisection (the GPU-time falls as ``T`` grows)."""
+def planned_end(work: Sequence[tuple[ModelProfile, float]], gpus: int, gpus_per_node: int, bound: float) -> float:
+    """When a plan of `work` (each model's profile and samples left) on `gpus` GPUs can end at
+    the earliest: the first time ``T`` (from `bound`, the lower bound, on) at which the models,
+    each on its `width` for ``T``, hold no more GPU-time than ``gpus * T`` (widening a model
+    past a node's GPUs costs GPU-time: its rate grows less than its GPUs); packing them into
+    that time is the list schedule's. Found by bisection (the GPU-time falls as ``T`` grows)."""
     def fits(end: float) -> bool:
         held = 0.0
         for profile, samples in work:
@@ -71,7 +70,7 @@ def planned_end(work: Sequence[tuple[ModelProfile, float]], gpus: int, gpus_per_
             if high - low <= 1e-4 * bound:
                 break
         low = high
-    return low * (1 + margin)
+    return low
 
 
 def widened(profile: ModelProfile, count: int, pace: float, gpus_per_node: int, limit: int) -> int:

@@ -63,7 +63,7 @@ class Grouped(GroupPolicy):
     def plan(self, view: ClusterView) -> None:
         models = [m for group in self.waiting.values() for m in group]
         work = [(view.rates.profile(m), self._samples(view, m)) for m in models]
-        first = planned_end(work, view.total_gpus, view.gpus_per_node, self._bound(view, models), 0.0)
+        first = planned_end(work, view.total_gpus, view.gpus_per_node, self._bound(view, models))
         self.queued: set[str] = set()
         self.queue: list[Unit] = []
         self.returned: list[str] = []  # models back to wait since the last fill
