@@ -16,7 +16,9 @@ The plan, for an end ``T``:
    a group's models share one stream (its samples decoded once per epoch pass for all).
 3. The units, the longest first, are laid out as a list schedule on the GPUs (`scheduled`):
    each starts when enough GPUs have come free, and one that would end after ``T`` (or after
-   the units laid out before it) is widened until it does not.
+   the units laid out before it) is widened, within a node, until it does not, if it trains
+   `WIDE` of ``T`` or longer (a short one ends late by little, and widening it would rest on
+   the rate table's multi-GPU rates, which estimated rates on CPU slots overstate).
 
 ``T`` starts at the earliest end at which the models' widths hold no more GPU-time than the
 job has (`planned_end`: from the grouped lower bound on, widening past a node costing
@@ -60,6 +62,10 @@ class Grouped(GroupPolicy):
     shares later (a later end widens fewer models: their list schedule may end earlier, most
     where pacing in shared streams makes the units last longer than their work)."""
 
+    WIDE = 0.1
+    """A unit the list schedule would end late is widened only when it trains this share of the
+    planned end or longer (see the module)."""
+
     def plan(self, view: ClusterView) -> None:
         models = [m for group in self.waiting.values() for m in group]
         work = [(view.rates.profile(m), self._samples(view, m)) for m in models]
@@ -79,7 +85,8 @@ class Grouped(GroupPolicy):
         if split and decode_per_gpu(units) * view.total_gpus > view.decode_rate:
             units = self._units(view, self.waiting, False, target)  # no room to decode groups again: share
         units.sort(key=lambda u: (-u.seconds, str(u.group), u.models))
-        return (target, *scheduled(units, view.total_gpus, target, lambda u, pace: self._widen(view, u, pace)))
+        return (target, *scheduled(units, view.total_gpus, target,
+                                   lambda u, pace: self._widen(view, u, pace) if u.seconds >= self.WIDE * target else u))
 
     def fill(self, view: ClusterView) -> Decision:
         self._requeue(view)
@@ -102,10 +109,11 @@ class Grouped(GroupPolicy):
 
     @staticmethod
     def _widen(view: ClusterView, unit: Unit, pace: float) -> Unit:
-        """`unit` with each member on its fewest GPUs (no fewer than its own) at `pace`."""
-        gpn, limit = view.gpus_per_node, view.total_gpus
+        """`unit` with each member on its fewest GPUs (no fewer than its own) at `pace`, within
+        one node (past its own count where that is wider)."""
+        gpn = view.gpus_per_node
         profiles = [view.rates.profile(m) for m in unit.models]
-        counts = tuple(widened(p, c, pace, gpn, limit) for p, c in zip(profiles, unit.counts))
+        counts = tuple(widened(p, c, pace, gpn, min(view.total_gpus, max(gpn, c))) for p, c in zip(profiles, unit.counts))
         return replace(unit, counts=counts, rates=tuple(p.rate(c, gpn) for p, c in zip(profiles, counts)))
 
     def _bound(self, view: ClusterView, models: list[str]) -> float:
