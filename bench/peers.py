@@ -316,10 +316,11 @@ def ray_driver() -> None:
 
 
 def tune_fit(trainable, space: dict, storage: str, name: str, slots: int, cpus: int, trial_cpus: float,
-             scheduler=None) -> dict:
+             scheduler=None, search_alg=None, num_samples: int = 1) -> dict:
     """Ray Tune in this process: `ray.init(num_cpus=cpus)`, then `trainable` over `space`, at
     most `slots` trials at a time of `trial_cpus` CPUs each, under Tune's `scheduler` (None: its
-    default, first in first out); experiment `name` under `storage`.
+    default, first in first out); experiment `name` under `storage`. With `search_alg` (a Tune
+    searcher, e.g. Optuna's TPE), `num_samples` trials asked from it.
 
     Returns:
         ``init_s`` and ``fit_s`` (ray.init's and Tuner.fit's seconds) and ``models``: each
@@ -333,7 +334,8 @@ def tune_fit(trainable, space: dict, storage: str, name: str, slots: int, cpus: 
     ray.init(num_cpus=cpus)
     init_s = time.perf_counter() - started
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": trial_cpus}), param_space=space,
-                       tune_config=tune.TuneConfig(max_concurrent_trials=slots, scheduler=scheduler),
+                       tune_config=tune.TuneConfig(max_concurrent_trials=slots, scheduler=scheduler,
+                                                   search_alg=search_alg, num_samples=num_samples),
                        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0))
     grid = tuner.fit()
     fit_s = time.perf_counter() - started - init_s

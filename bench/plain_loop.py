@@ -38,7 +38,7 @@ from fleet.runtime.train.stop import StopTracker
 from fleet.spec import ModelSpec, Optimizer, ScheduleKind, Spec, load_spec
 from fleet.spec.sections import CenterCropOp, DecodeOp, FlipOp, NormalizeOp, RandomCropOp, ResizeOp, TrainSpec
 from preprocess.readers import open_reader
-from preprocess.split import split_indices
+from preprocess.split import split_three
 
 EVAL_BATCH = 256
 
@@ -153,23 +153,35 @@ class SpecDataset(Dataset):
 
 @dataclass
 class PlainData:
-    """The spec's data as a plain script holds it: the training set and the validation tensors."""
+    """The spec's data as a plain script holds it: the training set, the validation tensors and,
+    with `data.test_fraction`, the test tensors (None without), split as fleet splits them."""
 
     train: SpecDataset
     val_x: torch.Tensor
     val_y: torch.Tensor
     input_shape: tuple[int, int, int]
     num_classes: int
+    test_x: torch.Tensor | None = None
+    test_y: torch.Tensor | None = None
 
     @classmethod
     def open(cls, spec: Spec) -> "PlainData":
         reader = open_reader(spec.data, seed=spec.seed)
-        train_idx, val_idx = split_indices(reader.labels, spec.data.val_fraction, spec.seed)
-        train_raw, val_raw = reader.read(train_idx), reader.read(val_idx)
+        # a test fraction of 0 splits train and validation as split_indices does
+        train_idx, val_idx, test_idx = split_three(reader.labels, spec.data.val_fraction, spec.data.test_fraction,
+                                                   spec.seed)
+        train_raw = reader.read(train_idx)
         train = SpecDataset(list(train_raw.items), train_raw.labels, SpecTransform(spec, train=True))
-        val = SpecDataset(list(val_raw.items), val_raw.labels, SpecTransform(spec, train=False))
-        val_x = torch.stack([val[i][0] for i in range(len(val))])
-        return cls(train, val_x, val.labels, input_shape(spec), num_classes(spec))
+        val_x, val_y = _held_out(reader, val_idx, spec)
+        test_x, test_y = _held_out(reader, test_idx, spec) if len(test_idx) else (None, None)
+        return cls(train, val_x, val_y, input_shape(spec), num_classes(spec), test_x, test_y)
+
+
+def _held_out(reader, indices: np.ndarray, spec: Spec) -> tuple[torch.Tensor, torch.Tensor]:
+    """A held-out set's samples, transformed for evaluation once, and its labels."""
+    raw = reader.read(indices)
+    held = SpecDataset(list(raw.items), raw.labels, SpecTransform(spec, train=False))
+    return torch.stack([held[i][0] for i in range(len(held))]), held.labels
 
 
 # ----------------------------------------------------------------------------- training
@@ -246,11 +258,15 @@ def train_model(model: ModelSpec, data: PlainData, seed: int, on_epoch: EpochHoo
         scheduler.step()
         tracker.update({"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": accuracy})
         history.append({"epoch": tracker.epochs, "train_loss": train_loss, "val_accuracy": accuracy, "lr": lr})
+        if data.test_x is not None:  # scored as fleet keeps a model's best epoch's test predictions
+            history[-1]["test_accuracy"] = evaluate(net, data.test_x, data.test_y)[1]
         if on_epoch is not None and not on_epoch(history[-1]):
             break
+    best = max(history, key=lambda h: h["val_accuracy"])  # the first best epoch
     return {
-        "id": model.id, "epochs": tracker.epochs, "best_val_accuracy": max(h["val_accuracy"] for h in history),
+        "id": model.id, "epochs": tracker.epochs, "best_val_accuracy": best["val_accuracy"],
         "final_train_loss": history[-1]["train_loss"], "seconds": time.perf_counter() - started, "history": history,
+        **({"test_accuracy_of_best": best["test_accuracy"]} if data.test_x is not None else {}),
     }
 
 
@@ -270,8 +286,18 @@ def worker_train(index: int, seed: int, on_epoch: EpochHook | None = None) -> di
     """Train the spec's model `index` in this worker (see `worker_init`; `on_epoch` as for
     `train_model`), with the samples it decoded for it: its training set every epoch, and the
     worker's validation set with the worker's first model (`PlainData.open` decoded it once)."""
+    return worker_train_model(_WORKER["spec"].models[index], seed, on_epoch)
+
+
+def worker_spec() -> Spec:
+    """The spec this worker opened (`worker_init`)."""
+    return _WORKER["spec"]
+
+
+def worker_train_model(model: ModelSpec, seed: int, on_epoch: EpochHook | None = None) -> dict:
+    """`worker_train` of any `model` (a tuner's: its values asked by the tuner)."""
     data = _WORKER["data"]
-    result = train_model(_WORKER["spec"].models[index], data, seed, on_epoch)
+    result = train_model(model, data, seed, on_epoch)
     first, _WORKER["trained"] = not _WORKER.get("trained"), True
     return {**result, "samples_decoded": samples_decoded(data, result["epochs"], validation=first)}
 
@@ -281,9 +307,10 @@ def worker_train(index: int, seed: int, on_epoch: EpochHook | None = None) -> di
 
 def samples_decoded(data: PlainData, epochs: int, validation: bool = True) -> int:
     """JPEGs a process decodes for a model: the training set every epoch (the Dataset decodes
-    a sample each time it is drawn) and, with `validation`, the validation set once
-    (`PlainData.open` keeps its tensors: a worker decodes it for its first model only)."""
-    return len(data.train) * epochs + (len(data.val_y) if validation else 0)
+    a sample each time it is drawn) and, with `validation`, the validation and test sets once
+    (`PlainData.open` keeps their tensors: a worker decodes them for its first model only)."""
+    held_out = len(data.val_y) + (len(data.test_y) if data.test_y is not None else 0)
+    return len(data.train) * epochs + (held_out if validation else 0)
 
 
 def train_one(spec_path: str, index: int, seed: int, threads: int, on_epoch: EpochHook | None = None) -> dict:

@@ -9,6 +9,8 @@ from typing import Any
 from fleet.engines import ModelStats, get_framework
 from fleet.errors import UserCodeError, UserError
 from fleet.spec import FAMILIES, ModelSpec, Spec, TrainSpec
+from fleet.spec.load import asked_model
+from fleet.spec.search import TRAIN_PREFIX, searches_of
 from preprocess.readers import class_notices, open_reader
 
 GIB = 2**30
@@ -158,3 +160,41 @@ def describe_ensemble(spec: Spec) -> EnsembleSummary:
     (classes, notices), shape = classes_and_notices(spec), input_shape(spec)
     rows = [describe_model(spec, k, shape, classes) for k in range(len(spec.models))]
     return EnsembleSummary(classes, shape, rows, notices)
+
+
+def search_costs(spec: Spec, classes: int | None = None) -> dict[str, dict[str, Any]]:
+    """Each adaptive search's facts (`fleet.spec.search.searches_of`) with its architectures'
+    forward FLOPs per sample, ``flops_per_sample``: ``middle`` (its placeholders', planned
+    until asked), ``smallest`` and ``largest`` (estimated: each searched parameter at the end of
+    its range, or the item of its choice, with the fewest / most FLOPs, the others at their
+    middle; then those ends together); where they cannot be counted here, ``flops_note`` says
+    why. `classes`: the data set's, where the caller knows it (else read as `num_classes`)."""
+    out = searches_of(spec.models)
+    if not out:
+        return out
+    shape, classes = input_shape(spec), classes or num_classes(spec)
+    for facts in out.values():
+        placeholder = spec.model(facts["models"][0])
+        try:
+            facts["flops_per_sample"] = _architecture_flops(placeholder, shape, classes)
+        except (UserError, UserCodeError, MemoryError) as exc:
+            facts["flops_note"] = str(exc) or type(exc).__name__
+    return out
+
+
+def _architecture_flops(placeholder: ModelSpec, shape: tuple[int, int, int], classes: int) -> dict[str, int]:
+    """`search_costs`'s smallest, middle and largest FLOPs per sample of `placeholder`'s space."""
+    def flops(values: dict[str, Any]) -> int:
+        model = asked_model(placeholder, values)
+        if _count_key(model, shape, classes) not in _COUNTED:  # counted: it fits
+            _check_fits(model, shape, classes)
+        return _counted(model, shape, classes).flops_per_sample
+
+    smallest, largest = {}, {}
+    for key, dim in placeholder.search.space.items():
+        if key.startswith(TRAIN_PREFIX):
+            continue  # training settings: the same architecture
+        ends = dim.ends()
+        costs = [(flops({key: value}), k) for k, value in enumerate(ends)]
+        smallest[key], largest[key] = ends[min(costs)[1]], ends[max(costs)[1]]
+    return {"smallest": flops(smallest), "middle": flops({}), "largest": flops(largest)}

@@ -27,6 +27,7 @@ from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
 from fleet.schedule.early_stop import rung_epochs
 from fleet.schedule.planners import GROUP_POLICIES, HOPPING_POLICIES
 from fleet.schedule.grouping import with_groups
+from fleet.spec.search import searches_of
 from fleet.schedule_io import load_profile, pilot_calibration, plan_document, profile_scenario, write_json
 from preprocess.grouped import epoch_scales
 from preprocess.partition import job_partitions
@@ -60,7 +61,8 @@ def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None)
     rates = epoch_equivalent(rates, epoch_scales(spec), model_groups(spec))
     estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
     per_node = spec.cluster.preprocessors_per_node
-    scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node), spec)
+    scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node,
+                                                spec.cluster.virtual_nodes), spec)
     calibration = pilot_calibration(rates, spec.cluster.device.value)
     if calibration is None:
         return scenario
@@ -127,6 +129,22 @@ def costs_text(spec, rates) -> str:
     return f"checkpoints modelled at {CHECKPOINT_LATENCY_S} s + parameters at 1 GB/s"
 
 
+def unmeasured_share_lines(spec, rates, scenario) -> list[str]:
+    """A note where the nodes' trainers and preprocessors want more than their CPU cores and
+    nothing measured the part of them their work gets (`SharedCores.share`)."""
+    cores, cluster = scenario.cores, spec.cluster
+    if cores is None or not cores.trainer_cores:
+        return []
+    preprocessors = -(-preprocessor_count(cluster.preprocessors_per_node, rates.extra, cluster.nodes) // cluster.nodes)
+    calibration = pilot_calibration(rates, cluster.device.value)
+    if not cores.oversubscribed(cluster.gpus_per_node, preprocessors) or (calibration and calibration.core_share):
+        return []
+    return [f"note: {cluster.gpus_per_node} trainer slot(s) and {preprocessors} preprocessor(s) per node want more "
+            f"than its {cores.cores:g} cores, and the part of them their work gets is not measured: runs on such "
+            "nodes take longer than these predictions (1.3-1.7x in bench/predict.py); "
+            "`fleet profile --pilot 30` measures it"]
+
+
 def simulated_early_stop(spec):
     """The spec's early stopping for the simulator (None without it): runs stop models at
     rungs, so predictions of them (the dry run, `policy: auto`, a run's forecast) do too."""
@@ -157,10 +175,11 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     lines = [render_plan(plan, rates, "max-epochs", run_dir / "plan.json").replace(
         "--max-epochs for every model", "each model's max_epochs")]
     lines += ["", f"wrote {gantt}", "", f"predicted on {gpus} GPUs ({costs_text(spec, rates)}):", _policy_table(results)]
+    lines += unmeasured_share_lines(spec, rates, scenario)
     if spec.scheduler.policy == AUTO:
         lines.append("policy auto: " + pick({n: r.makespan for n, r in results.items()}, candidates_for(spec)).describe())
     lines += early_stop_lines(spec, scenario, chosen, results[chosen])
-    lines += search_lines(spec, rates)
+    lines += search_lines(rates.extra.get("searches") or searches_of(spec.models), rates)
     failures = rates.extra.get("failures", [])
     if failures:
         lines += ["", "left out of the plan (profiling failed):"] + [f"  {f}" for f in summarize_failures(failures)]
@@ -178,24 +197,38 @@ def dry_run(spec, run_dir: Path, what_if: tuple[int, ...] = ()) -> str:
     return "\n".join(lines)
 
 
-def search_lines(spec, rates) -> list[str]:
-    """The dry run's word on each adaptive search (none without one): its sampler, budget and
-    ids, the one-GPU rate its placeholders are planned at, and that the rest is decided while
-    the run trains."""
-    studies: dict[str, list] = {}
-    for model in spec.models:
-        if model.search is not None:
-            studies.setdefault(model.search.study, []).append(model)
+def search_lines(searches: Mapping[str, Mapping], rates) -> list[str]:
+    """What a plan says of each adaptive search (none without one), one line each: its sampler,
+    budget, ids and searched keys; the one-GPU rate its placeholders are planned at (the space's
+    middle values) and, where `searches` (`fleet.inspect.search_costs`, as a profile keeps them
+    under ``searches``) counted its architectures' FLOPs, the rates estimated for its smallest
+    and largest (the planned rate times the middle's FLOPs over theirs, as an asked model is
+    planned); and that the rest is decided while the run trains."""
     lines = []
-    for name, models in studies.items():
-        slot = models[0].search
-        planned = [rates.rate(m.id, 1) for m in models if m.id in rates.ids]
-        rate = f", planned at {min(planned):,.0f} samples/s on one GPU each" if planned else ""
-        lines.append(f"search {name}: sampler {slot.sampler}, budget {slot.budget} models ({models[0].id} ... "
-                     f"{models[-1].id}) over {', '.join(slot.space)}; until asked each is planned with the space's "
-                     f"middle values{rate}: which values they train with (and so their rates and epochs) is "
-                     "decided while the run trains")
+    for name, facts in searches.items():
+        first, last = facts["models"]
+        planned = [rates.rate(m, 1) for m in (first, last) if m in rates.ids]
+        head = (f"search {name}: sampler {facts['sampler']}, budget {facts['budget']} models ({first} ... {last}) "
+                f"over {', '.join(facts['space'])}")
+        lines.append(f"{head}; {_search_rates(facts, min(planned) if planned else None)}; which values each trains "
+                     "with, and so its rate and epochs, is decided while the run trains")
     return ["", *lines] if lines else []
+
+
+def _search_rates(facts: Mapping, planned: float | None) -> str:
+    """`search_lines`' word on a search's rates: planned, and over its architectures."""
+    flops = facts.get("flops_per_sample")
+    said = "no rate planned" if planned is None else f"planned at {planned:,.0f} samples/s on one GPU (middle values)"
+    if flops is None:
+        note = facts.get("flops_note")
+        return said + (f"; its architectures' FLOPs not counted ({note})" if note else "")
+    low, middle, high = (flops[k] / 1e6 for k in ("smallest", "middle", "largest"))
+    if low == high:
+        return f"{said}, one architecture ({middle:,.3g} MFLOPs/sample)"
+    if planned is None:
+        return f"{said}; architectures of {low:,.3g} ... {high:,.3g} MFLOPs/sample"
+    return (f"{said}, estimated {planned * middle / high:,.0f} (largest architecture, {high:,.3g} MFLOPs/sample) ... "
+            f"{planned * middle / low:,.0f} (smallest, {low:,.3g})")
 
 
 def early_stop_lines(spec, scenario, chosen: str, result) -> list[str]:

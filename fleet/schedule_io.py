@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +48,18 @@ def save_profile(rates: RateTable, path: str | os.PathLike) -> None:
 
 def profile_scenario(
     rates: RateTable, truth: Sequence[int], estimates: Sequence[float], gpus: int,
-    preprocessors_per_node: int | str | None = None,
+    preprocessors_per_node: int | str | None = None, virtual_nodes: bool = False,
 ) -> Scenario:
     """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
     measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled), a
     stream decoded in its own trainer process (Baseline's) to what one of them decodes, and
-    on CPU nodes the cores they all share (as many as the profile's node had)."""
+    on CPU nodes the cores they all share (as many as the profile's node had; `virtual_nodes`:
+    one machine's, shared by all the nodes)."""
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
                     own_decode_rate=decode_limit(rates.extra, 1, 1),  # one process's
-                    cores=shared_cores(rates.extra))
+                    cores=shared_cores(rates.extra, nodes_per_host=cluster.nodes if virtual_nodes else 1))
 
 
 PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet profile --pilot`)
@@ -66,7 +68,9 @@ PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet pro
 def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json") -> Calibration | None:
     """What the profile's pilot run measured of its costs (``fleet profile --pilot``), for
     predictions on `device`; None where the profile has no pilot, or one that ran on another
-    device (an emulated run planned with a CPU profile learns nothing from its CPU pilot).
+    device. An emulated run (its steps sleep for the profile's times) takes a CPU pilot's costs
+    on the host (decoding, the trainers' work outside their steps, starts, saves, the part of
+    the cores the work got) but not its rates.
 
     Raises:
         UserError: the pilot block is malformed (one line naming `where` and the field).
@@ -76,13 +80,17 @@ def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json"
         return None
     if not isinstance(block, dict) or not isinstance(block.get("measured"), dict):
         raise UserError(f"{where}: {PILOT}: expected an object with the pilot run's 'measured' costs")
-    if block.get("device", device) != device:
+    ran_on = block.get("device", device)
+    if ran_on != device and (ran_on, device) != ("cpu", "emulated"):
         return None
     try:
-        return Calibration.from_record(block["measured"], device, f"the profile's pilot run ({block.get('seconds', '?')} s)",
-                                       block.get("overhead_s"))
+        calibration = Calibration.from_record(block["measured"], ran_on,
+                                              f"the profile's pilot run ({block.get('seconds', '?')} s)",
+                                              block.get("overhead_s"))
     except CalibrationError as exc:
         raise UserError(f"{where}: {PILOT}.{exc}") from None
+    # the emulated device's steps take the profile's times: of a CPU pilot, all but its rates
+    return calibration if ran_on == device else replace(calibration, rates={})
 
 
 def load_calibration(run_dir: Path, device: str, required: bool) -> Calibration | None:

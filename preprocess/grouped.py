@@ -12,8 +12,9 @@ already names each model's group and is not expanded again.
 from __future__ import annotations
 
 import os
+import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,6 +79,18 @@ def unique_parts(keys: Sequence[str]) -> dict[str, str]:
             part = f"{base}-{n}"
         taken.add(part)
         out[key] = part
+    return out
+
+
+def configuration_ids(groups: Mapping[str, str]) -> dict[str, str]:
+    """Each grouped model's configuration id, from each model's id and group key (`groups`:
+    id -> key, as results.json's ``groups`` holds them): the id less the ``-<group part>`` that
+    `expand_over_groups` appended (and the ``-N`` that made it unique, if any)."""
+    parts = unique_parts(sorted(set(groups.values())))
+    out = {}
+    for model_id, key in groups.items():
+        match = re.fullmatch(rf"(.+)-{re.escape(parts[key])}(?:-\d+)?", model_id)
+        out[model_id] = match.group(1) if match else model_id
     return out
 
 

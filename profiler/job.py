@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from fleet.engines import get_framework
+from fleet.inspect import search_costs
 from fleet.profiling import timed_steps
 from fleet.profiling.document import build_document, fingerprint
 from fleet.profiling.plan import DECODE_SECONDS, Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
@@ -112,8 +113,10 @@ class _Driver:
             "seconds": round(time.monotonic() - began, 3), "batches": sched.profile_batches,
             "timed": sched.profile_timed, "m_t": m_t,
         }
-        return build_document(self.spec, self.ctx.epoch_samples, self.measured, preprocessing,
-                              self._hardware(), timing, self.timed_as)
+        document = build_document(self.spec, self.ctx.epoch_samples, self.measured, preprocessing,
+                                  self._hardware(), timing, self.timed_as)
+        searches = search_costs(self.spec, self.ctx.num_classes)  # what plans say of adaptive searches
+        return {**document, "searches": searches} if searches else document
 
     def timed_steps(self, models: list[str]) -> dict:
         """steps.json's dict: `models` timed for a few steps on one trainer each, and one

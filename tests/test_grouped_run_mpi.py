@@ -71,7 +71,7 @@ def test_each_model_trains_and_validates_on_its_group_only(tmp_path):
 
 def test_a_grouped_run_stopped_mid_run_resumes_where_it_stood(tmp_path):
     models = [{"family": "cnn", "name": n, "params": {"channels": [8, 16], "hidden": 32}} for n in ("x", "y")]
-    spec, data = grouped_spec(tmp_path, 2400, models, max_epochs=3)
+    spec, data = grouped_spec(tmp_path, 4800, models, max_epochs=3)  # epochs long enough to stop inside one
     run_dir = tmp_path / "run"
     signal_job(start_train(3, spec, run_dir), run_dir, 2)
     first = results(run_dir)

@@ -88,15 +88,14 @@ def test_a_model_group_needs_group_by_and_every_model_names_one_or_none():
                    check_paths=False)
 
 
-def test_auto_and_baseline_run_groups_and_an_ensemble_section_does_not():
+def test_auto_baseline_early_stopping_and_an_ensemble_section_run_groups():
     assert parse_spec(doc(scheduler={"policy": "auto"}), check_paths=False).scheduler.policy == "auto"
     for policy in ("grouped", "group-task", "model-task", "group-parallel", "baseline"):
         assert parse_spec(doc(scheduler={"policy": policy}), check_paths=False).scheduler.policy == policy
     assert configurations().data.min_group_samples == 20  # the documented default
-    with pytest.raises(SpecError, match="^ensemble: ensembles per group"):
-        parse_spec(doc(ensemble={"size": 2}), check_paths=False)
-    with pytest.raises(SpecError, match="^scheduler.early_stop: rungs per group"):
-        parse_spec(doc(scheduler={"early_stop": {"method": "asha", "min_epochs": 1}}), check_paths=False)
+    assert parse_spec(doc(ensemble={"size": 2}), check_paths=False).ensemble.size == 2  # one per group
+    early = parse_spec(doc(scheduler={"early_stop": {"method": "asha", "min_epochs": 1}}), check_paths=False)
+    assert early.early_stop_settings().method == "asha"  # rungs per group (tests/test_schedule_early_stop.py)
 
 
 # -- expansion and ids ---------------------------------------------------------------------------

@@ -68,10 +68,12 @@ def test_the_visit_log_appends_and_recovers_what_a_kill_lost(tmp_path):
     log = VisitLog(tmp_path)
     log.started("a", 1, [2], 0.5)
     assert log.ended("a", 1, 2.0) == 1
+    log.left("a", 1, 1, 2.1)
     log.started("b", 0, [0, 1], 0.5)
-    log.dropped("b")  # the checkpoint signal cut it
+    log.left("b", None, 1, 1.0)  # the checkpoint signal cut it
     log.started("a", 0, [0], 2.0)
     log.ended("a", 1, 3.0)  # a's epoch 1 ended; then a's first visit of epoch 2 saved, but the kill lost its line
+    log.left("a", 0, 1, 3.1)
     assert [(v["model"], v["epoch"], v["partition"], v["job"]) for v in read_visits(tmp_path)] == \
         [("a", 1, 1, 0), ("a", 1, 0, 0)]
     again = VisitLog(tmp_path)
@@ -86,6 +88,25 @@ def test_the_visit_log_appends_and_recovers_what_a_kill_lost(tmp_path):
     (lost / "visits.jsonl").write_text(json.dumps({"model": "x", "epoch": 1, "partition": 0, "job": 0}) + "\n")
     VisitLog(lost).recover(2, {"x": 1}, {"x": ()})
     assert [(v["epoch"], v["partition"]) for v in read_visits(lost)] == [(1, 0), (1, 1)]
+
+
+def test_a_visit_is_logged_once_its_checkpoint_is_committed_not_when_its_pass_ends(tmp_path):
+    """A kill between a visit's end and its hop's checkpoint: the model resumes from the
+    checkpoint before (epoch 1 done, nothing visited in epoch 2) and visits the partition
+    again, so no line may say it visited it already; the same visit saved is logged with the
+    times of its pass."""
+    log = VisitLog(tmp_path)
+    log.started("y", 1, [1], 3.163)
+    assert log.ended("y", 2, 3.22) == 1
+    assert read_visits(tmp_path) == []  # killed here, while the hop's checkpoint was being saved
+    again = VisitLog(tmp_path)
+    again.recover(2, {"y": 1}, {"y": ()})
+    assert read_visits(tmp_path) == []
+    again.started("y", 1, [1], 0.001)
+    again.ended("y", 2, 0.057)
+    again.left("y", 1, 2, 0.06)
+    assert read_visits(tmp_path) == [{"model": "y", "epoch": 2, "partition": 1, "gpus": [1], "start": 0.001,
+                                      "end": 0.057, "job": 0}]
 
 
 def test_a_visits_preprocessors_are_on_its_partitions_nodes():

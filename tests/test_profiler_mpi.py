@@ -206,6 +206,11 @@ def test_a_pilot_run_calibrates_the_profiles_predictions(tmp_path):
     assert pilot["seconds"] == 3 and pilot["device"] == "cpu" and pilot["interrupted"] is True  # 200 epochs: stopped, not finished
     assert pilot["measured"]["rates"] and pilot["measured"]["decode_core_s"] > 0
     assert pilot["overhead_s"]["launch"] > 0 and (run_dir / "pilot" / "results.json").exists()
+    share = pilot["measured"].get("core_share")  # the part of the cores its work got, sampled on the host
+    if 2 + 1 > document["hardware"]["cores_per_node"]:  # 2 trainers and a preprocessor want more than the cores
+        assert share is None or 0 < share <= 1  # None: less than a second with both trainers busy
+    else:
+        assert share is None
     assert done.stdout.count("predicted on 2 GPUs (") == 1  # the ranks left the report to after the pilot
     assert "rates and costs calibrated by the profile's pilot run (3.0 s)" in done.stdout
 

@@ -49,13 +49,13 @@ def test_each_model_gets_its_end(model, end):
     assert model_end(model) == end
 
 
-def test_the_leaderboard_keeps_its_columns_and_adds_the_end_last(tmp_path):
+def test_the_leaderboard_keeps_its_columns_and_adds_new_ones_last(tmp_path):
     models = [m for m, _ in ENDS]
     write_results(tmp_path, RunResult("t", "fleet-g", 2, 1.0, 1, 0, {}, models,
                                       early_stop={"method": "asha", "reduction": 3}))
     rows = list(csv.DictReader((tmp_path / "leaderboard.csv").read_text().splitlines()))
-    assert tuple(rows[0]) == LEADERBOARD_COLUMNS and LEADERBOARD_COLUMNS[-1] == "end"
-    assert LEADERBOARD_COLUMNS[:-1] == (
+    assert tuple(rows[0]) == LEADERBOARD_COLUMNS and LEADERBOARD_COLUMNS[13:] == ("end", "group", "group_rank")
+    assert LEADERBOARD_COLUMNS[:13] == (
         "rank", "id", "family", "metric", "best_metric", "best_epoch", "best_val_accuracy",
         "epochs", "converged", "stop_reason", "final_train_loss", "parameters", "gpu_seconds")
     assert {r["id"]: r["end"] for r in rows} == {m.id: end for m, end in ENDS}

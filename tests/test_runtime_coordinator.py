@@ -270,26 +270,31 @@ def two_partitions(tmp_path_factory) -> Path:
     return root / "parts"
 
 
+def hopping_coordinator(tmp_path: Path, parts: Path, ranks: FakeRanks, policy: str) -> Coordinator:
+    """A coordinator of `ranks`' models over the two partitions `parts` on two nodes of one GPU."""
+    data = {"source": "hdf5", "path": str(parts), "partitioned": True}
+    spec = parse_spec({"name": "c", "data": data, "seed": 1,
+                       "models": [{"family": "mlp", "name": m} for m in ranks.epochs],
+                       "cluster": {"nodes": 2, "gpus_per_node": 1, "preprocessors_per_node": 1},
+                       "runtime": {"timeout_s": 20}, "scheduler": {"policy": policy}})
+    topology = assign_roles([0, 0, 1, 1], spec.cluster)
+    ctx = RunContext(spec, world=None, ctrl=ranks, data_parent=None, group_parent=None, topology=topology,
+                     who=RankIdentity(0), device="cpu", run_dir=str(tmp_path))
+    ledger = Ledger(profile(ranks.rates, int(ctx.partitions.samples), 1),
+                    [float(e) for e in ranks.epochs.values()], 2, 1, partitions=ctx.partitions)
+    records = {m.id: ModelRecord(family=m.family) for m in spec.models}
+    return Coordinator(ctx, create_policy(policy, seed=0), ledger, records, EventLog(tmp_path / "events.jsonl"),
+                       Console(quiet=True))
+
+
 @pytest.mark.parametrize("policy", ["mop", "fleet-hop"])
 def test_visits_of_partitioned_data_follow_cerebros_rules(tmp_path, two_partitions, policy):
     """Two partitions on two nodes of one GPU: each model visits each partition once per
     epoch (the fake ranks fail on a second visit), hops between them with a checkpoint, and
     trains exactly its epochs; the visit log has every visit."""
     epochs = dict(zip("abc", (2, 1, 3)))
-    rates = {m: 100.0 for m in epochs}
-    data = {"source": "hdf5", "path": str(two_partitions), "partitioned": True}
-    spec = parse_spec({"name": "c", "data": data, "seed": 1, "models": [{"family": "mlp", "name": m} for m in epochs],
-                       "cluster": {"nodes": 2, "gpus_per_node": 1, "preprocessors_per_node": 1},
-                       "runtime": {"timeout_s": 20}, "scheduler": {"policy": policy}})
-    ranks = FakeRanks(epochs, rates, partitions=2)
-    topology = assign_roles([0, 0, 1, 1], spec.cluster)
-    ctx = RunContext(spec, world=None, ctrl=ranks, data_parent=None, group_parent=None, topology=topology,
-                     who=RankIdentity(0), device="cpu", run_dir=str(tmp_path))
-    ledger = Ledger(profile(rates, int(ctx.partitions.samples), 1), [float(e) for e in epochs.values()], 2, 1,
-                    partitions=ctx.partitions)
-    records = {m.id: ModelRecord(family=m.family) for m in spec.models}
-    coord = Coordinator(ctx, create_policy(policy, seed=0), ledger, records, EventLog(tmp_path / "events.jsonl"),
-                        Console(quiet=True))
+    ranks = FakeRanks(epochs, {m: 100.0 for m in epochs}, partitions=2)
+    coord = hopping_coordinator(tmp_path, two_partitions, ranks, policy)
     coord.run()
     assert ranks.done == epochs and all(coord.records[m].converged for m in epochs)
     visits = read_visits(tmp_path)
@@ -299,6 +304,39 @@ def test_visits_of_partitioned_data_follow_cerebros_rules(tmp_path, two_partitio
                                                                       for p in (0, 1)]
     hops = sum(1 for c, _ in ranks.sent if isinstance(c, StartMember))
     assert hops == 2 * sum(epochs.values())
+
+
+class Killed(Exception):
+    """The job was killed (the fake ranks' leave report that would have come next)."""
+
+
+@dataclass
+class KilledWhileHopping(FakeRanks):
+    """The job is killed at the first hop of a visit that does not end its epoch, after the
+    group said the visit ended and while it saves the hop's checkpoint: its leave report,
+    which comes after that save, never comes."""
+
+    def improbe(self, tag: int) -> _Message | None:
+        message = super().improbe(tag)
+        report = message.report if message is not None else None
+        if isinstance(report, MemberLeft) and report.visited is not None and report.epoch_samples:
+            raise Killed(report)
+        return message
+
+
+@pytest.mark.parametrize("policy", ["mop", "fleet-hop"])
+def test_a_visit_is_not_logged_before_the_checkpoint_that_records_it(tmp_path, two_partitions, policy):
+    """A kill between a visit's end (`VisitEnded`) and its hop's checkpoint leaves the model at
+    its previous checkpoint, which does not hold the visit: the resumed model visits that
+    partition again, so the log has no line for it (or the epoch would list it twice)."""
+    epochs = dict(zip("abc", (2, 1, 3)))
+    ranks = KilledWhileHopping(epochs, {m: 100.0 for m in epochs}, partitions=2)
+    coord = hopping_coordinator(tmp_path, two_partitions, ranks, policy)
+    with pytest.raises(Killed) as killed:
+        coord.run()
+    hop = killed.value.args[0]
+    assert hop.visited in coord.ledger.model(hop.model).visited  # the driver heard the visit end
+    assert read_visits(tmp_path) == []  # no hop's checkpoint was committed yet: no line
 
 
 def test_policy_auto_hands_over_in_the_coordinator_as_the_simulator_predicts(tmp_path):

@@ -62,6 +62,8 @@ def test_measured_costs_enter_the_cores_the_decoding_and_the_overheads():
     ({"rates": {"a": {"one": {"cpu_rate": 1.0}}}}, "prediction.measured.rates.a"),
     ({"rates": {"a": {"1": {"cpu_rate": 0}}}}, "rates.a.1.cpu_rate"),
     ({"rates": {"a": {"1": {"cpu_rate": True}}}}, "rates.a.1.cpu_rate"),
+    ({"core_share": 1.5}, "core_share"),
+    ({"core_share": 0}, "core_share"),
 ])
 def test_a_malformed_record_names_its_field(record, field):
     with pytest.raises(CalibrationError, match=field.replace(".", r"\.")):
@@ -111,10 +113,27 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
     assert record["trainer_overhead_s"] == pytest.approx((0.5 + 0.5 + 0.2 + 1.0) / 3400)
     assert record["decode_core_s"] == pytest.approx((4.5 + 1.5) / 6000)
     assert record["start_s"] == 0.4 and "checkpoint_s" not in record
+    assert "core_share" not in record  # its ranks fitted the cores (none given)
     # and a later run takes it as it wrote it
     calibration = Calibration.from_record(json.loads(json.dumps(record)), "cpu", "x")
     assert calibration.rates == {"a": {1: 500.0}, "b": {2: 500.0}}
     assert calibration.cores(SharedCores(cores=2)).coordinator_cores == 0.25
+    assert calibration.cores(SharedCores(cores=2)).share == 1.0
+
+
+def test_an_oversubscribed_run_keeps_the_part_of_its_cores_its_measured_work_got():
+    costs = MeasuredCosts()
+    costs.epoch(epoch("a", (2.0, 2.5, 1000)), 1)
+    costs.epoch(epoch("b", (4.0, 5.0, 1000), rate=250.0), 2)
+    costs.stream_done(StreamDone(0, rank=0, decoded=2000, cpu_s=1.5))
+    costs.coordinator_cpu_s = 1.0
+    # 2.5 + 5.0 + 1.5 + 1.0 = 10 core-seconds accounted for, on 2 cores for 8 s
+    assert costs.accounted_core_s() == pytest.approx(10.0)
+    assert costs.core_share_over(2.0, 8.0) == pytest.approx(10 / 16)
+    assert costs.core_share_over(2.0, 4.0) == 1.0  # never over all of them
+    record = costs.record(start_s=None, checkpoint_s=None, makespan=8.0, core_share=0.625)
+    cores = Calibration.from_record(record, "cpu", "x").cores(SharedCores(cores=2))
+    assert cores.share == pytest.approx(0.625)
 
 
 @pytest.mark.parametrize("what, message", [("missing", "no results.json there"),
@@ -159,7 +178,11 @@ def test_a_profiles_pilot_calibrates_it_and_a_bad_pilot_names_its_field():
     assert calibration.rates_for(with_pilot).models[0].rates[0] == 80.0
     assert pilot_calibration(TABLE, "cpu") is None
     elsewhere = RateTable(TABLE.models, 4, 1000, {"pilot": {**pilot, "device": "cpu"}})
-    assert pilot_calibration(elsewhere, "emulated") is None and pilot_calibration(elsewhere, "cpu") is not None
+    assert pilot_calibration(elsewhere, "cuda") is None and pilot_calibration(elsewhere, "cpu") is not None
+    # the emulated device's steps take the profile's times: a CPU pilot's costs on the host, not its rates
+    emulated = pilot_calibration(elsewhere, "emulated")
+    assert emulated.rates == {} and emulated.rates_for(elsewhere) == elsewhere
+    assert emulated.decode_core_s == 5e-3 and emulated.start_s == 0.5
     for bad, field in (([], "pilot: expected an object"), ({"measured": {"start_s": -1}}, "pilot.prediction.measured.start_s")):
         with pytest.raises(UserError, match=f"profile.json: {field}"):
             pilot_calibration(RateTable(TABLE.models, 4, 1000, {"pilot": bad}), "cpu")
@@ -187,6 +210,12 @@ def test_the_dry_run_predicts_with_the_profiles_pilot(tmp_path):
     (tmp_path / "run" / "profile.json").write_text(json.dumps({**profile, "pilot": {"seconds": 9, "measured": RECORD}}))
     after = dry_run(loaded, tmp_path / "run")
     assert "calibrated by the profile's pilot run (9 s)" in after and "calibrated" not in before
+    # 4 trainer slots on 2 cores: the part of the cores their work gets is unmeasured, and said so
+    note = "want more than its 2 cores, and the part of them their work gets is not measured"
+    assert note in before and note in after and "fleet profile --pilot 30" in before
+    measured = {**RECORD, "core_share": 0.8}
+    (tmp_path / "run" / "profile.json").write_text(json.dumps({**profile, "pilot": {"seconds": 9, "measured": measured}}))
+    assert note not in dry_run(loaded, tmp_path / "run")
 
     def baseline_s(text: str) -> float:
         return float(next(line.split()[-4].replace(",", "") for line in text.splitlines() if line.startswith("baseline ")))

@@ -74,6 +74,39 @@ def test_steps_that_use_no_core_leave_the_cores_to_decoding():
     assert result.makespan == pytest.approx(60 / (6 / 6.6))
 
 
+def test_a_node_whose_work_gets_part_of_its_cores_moves_slower_only_when_oversubscribed():
+    # 2 trainers on 1 core as above, but the work gets 0.8 of it while both want it: both at
+    # 0.4 of their pace (Y: 60 at 12/s = 5 s; X 12 samples in, then alone wanting 1 core of
+    # 0.8 usable: 48 at 4.8/s).
+    cores = SharedCores(cores=1, share=0.8)
+    assert spans(simulate(create_policy("baseline"), on_cores(cores), FREE)) == pytest.approx({"X": 5 + 48 / 4.8,
+                                                                                              "Y": 5})
+    # two cores for two trainers: 2 x 0.8 = 1.6 usable, so each runs at 0.8 of its pace
+    assert SharedCores(cores=2, share=0.8).slowdown(2.0) == pytest.approx(0.8)
+    assert SharedCores(cores=2, share=0.8).slowdown(1.6) == 1.0
+    assert SharedCores(cores=2).oversubscribed(trainers=2, preprocessors=1)
+    assert not SharedCores(cores=4).oversubscribed(trainers=2, preprocessors=1)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            SharedCores(cores=1, share=bad)
+
+
+def test_virtual_nodes_on_one_machine_are_slowed_by_its_load_together():
+    one_machine = SharedCores(cores=2, nodes_per_host=2)
+    # node 0 wants 3 cores, node 1 wants 1: the machine's 2 cores carry 4, both nodes at half pace
+    assert one_machine.node_slowdowns({0: 3.0, 1: 1.0}) == {0: 0.5, 1: 0.5}
+    # as real nodes each with 2 cores, only the first is slowed
+    assert SharedCores(cores=2).node_slowdowns({0: 3.0, 1: 1.0}) == {0: pytest.approx(2 / 3), 1: 1.0}
+    # 4 nodes on 2 machines of 2 nodes each
+    assert SharedCores(cores=2, nodes_per_host=2).node_slowdowns({0: 2.0, 1: 2.0, 2: 1.0, 3: 0.5}) == {
+        0: 0.5, 1: 0.5, 2: 1.0, 3: 1.0}
+    # a node of 2 trainers and a preprocessor fits 4 cores, two such virtual nodes do not
+    assert not SharedCores(cores=4).oversubscribed(trainers=2, preprocessors=1)
+    assert SharedCores(cores=4, nodes_per_host=2).oversubscribed(trainers=2, preprocessors=1)
+    with pytest.raises(ValueError, match="nodes_per_host"):
+        SharedCores(cores=2, nodes_per_host=0)
+
+
 def test_shared_cores_need_positive_cores():
     with pytest.raises(ValueError, match="cores"):
         SharedCores(cores=0)
@@ -87,6 +120,9 @@ def test_a_cpu_profile_gives_the_cores_its_node_had():
     assert shared_cores(extra) == SharedCores(cores=2.0, trainer_cores=2.0, decode_core_s=1 / 500)
     # a running job's node wins over the profile's; without either there is nothing to share
     assert shared_cores(extra, cores=64).cores == 64.0
+    # virtual nodes on one machine share its cores
+    assert shared_cores(extra, cores=64, nodes_per_host=4) == SharedCores(cores=64.0, trainer_cores=4.0,
+                                                                          decode_core_s=1 / 500, nodes_per_host=4)
     assert shared_cores({"hardware": {"device": "cpu"}}) is None
     # an older profile (wall-clock rates, measured beside each other) is taken as it is
     assert shared_cores({"hardware": {"device": "cpu", "threads_per_trainer": 1}}, cores=8) is None

@@ -46,6 +46,11 @@ def test_a_tpe_search_requeued_midway_asks_each_model_once(tmp_path):
     assert all(e == sorted(set(e)) for e in epochs_by_model(run_dir).values()), "an epoch trained twice"
     logged = [e for e in events(run_dir) if e["event"] == "asked"]
     assert sorted(e["model"] for e in logged) == IDS
+    # planned at the asked width's rates: the placeholder's ([32], the middle) times FLOPs [32] / asked
+    width = {r["model"]: r["values"]["hidden"][0] for r in asked}
+    factors = {e["model"]: e["rate_factor"] for e in logged}
+    assert all((factors[m] > 1.5, factors[m] == 1.0, factors[m] < 0.7)[(16, 32, 64).index(width[m])] for m in IDS), \
+        (factors, width)
     trained = {e["model"]: e for e in events(run_dir) if e["event"] == "member_start"}
     assert set(trained) == set(IDS)
     hidden = {r["model"]: r["values"]["hidden"][0] for r in asked}

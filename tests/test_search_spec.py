@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from fleet.errors import UserError
+from fleet.inspect import search_costs
 from fleet.prediction import search_lines
 from fleet.schedule.rates import RateTable
 from fleet.spec import SpecError, parse_spec
@@ -131,12 +132,37 @@ def test_a_torn_last_asked_line_is_left_out_and_a_bad_one_is_named(tmp_path):
         with_asked(parse_spec(doc(), check_paths=False), read_asked(tmp_path))
 
 
-def test_the_dry_run_says_the_budget_and_that_values_are_decided_while_it_runs():
-    spec = parse_spec(doc(), check_paths=False)
-    rates = RateTable.from_dict({"gpus_per_node": 1, "samples_per_epoch": 100, "models": [
+def placeholder_rates(spec) -> RateTable:
+    return RateTable.from_dict({"gpus_per_node": 1, "samples_per_epoch": 100, "models": [
         {"id": m.id, "rates": {"1": 500.0 + k}, "epochs": 3} for k, m in enumerate(spec.models)]})
-    lines = [line for line in search_lines(spec, rates) if line]
+
+
+def test_plans_say_the_budget_the_rates_over_the_architectures_and_that_values_are_decided_while_it_runs():
+    spec = parse_spec(doc(), check_paths=False)
+    searches = search_costs(spec)
+    # hidden [32] / [64] (the middle) / [64, 64]; train.lr and dropout change no FLOPs
+    assert searches["s"]["flops_per_sample"] == {"smallest": 4736, "middle": 9472, "largest": 17664}
+    lines = [line for line in search_lines(searches, placeholder_rates(spec)) if line]
     assert len(lines) == 1
-    assert all(w in lines[0] for w in ("search s", "tpe", "budget 4", "s-000 ... s-003", "501 samples/s",
+    # planned at 501 (s-000's); the largest 501 x 9472 / 17664, the smallest 501 x 9472 / 4736
+    assert all(w in lines[0] for w in ("search s", "tpe", "budget 4", "s-000 ... s-003", "hidden, train.lr, dropout",
+                                       "planned at 501 samples/s", "estimated 269 (largest architecture, 0.0177 MFLOPs/sample)",
+                                       "1,002 (smallest, 0.00474)",
                                        "decided while the run trains")), lines
-    assert search_lines(parse_spec(doc({"sampler": "random", "budget": None}), check_paths=False), rates) == []
+    bare = search_lines(spec_search.searches_of(spec.models), placeholder_rates(spec))[1]
+    assert "planned at 501 samples/s" in bare and "estimated" not in bare  # a profile without the FLOPs
+    assert search_lines(spec_search.searches_of(parse_spec(doc({"sampler": "random", "budget": None}),
+                                                           check_paths=False).models), placeholder_rates(spec)) == []
+
+
+def test_fleet_plan_and_simulate_say_a_profiles_searches(tmp_path, fleet_cli):
+    spec = parse_spec(doc(), check_paths=False)
+    profile = {**placeholder_rates(spec).to_dict(), "searches": search_costs(spec)}
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    for command in (("plan", "profile.json", "--gpus", "2"), ("simulate", "profile.json", "--gpus", "2")):
+        done = fleet_cli(*command, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        said = [line for line in done.stdout.splitlines() if line.startswith("search s:")]
+        assert len(said) == 1 and "estimated 269 (largest" in said[0], done.stdout
+    done = fleet_cli("simulate", "profile.json", "--gpus", "2", "--json", cwd=tmp_path)
+    assert json.loads(done.stdout)["searches"][0].startswith("search s: sampler tpe, budget 4")

@@ -124,7 +124,13 @@ def assert_mixed_streams_decode_once(run_dir: Path, keras: set[str], n: int) -> 
         assert all(h["samples"] == n for hs in epochs.values() for h in hs), epochs
         reach = max(start["first_chunk"] + len(epochs[m]) * per_epoch for m, start in members.items())
         assert decoded[stream] == (reach // per_epoch) * n + (reach % per_epoch) * CHUNK, (stream, members, decoded)
-        assert decoded[stream] < sum(len(hs) for hs in epochs.values()) * n  # shared, not decoded per member
+        per_member = sum(len(hs) for hs in epochs.values()) * n
+        spans = sorted((start["first_chunk"], start["first_chunk"] + len(epochs[m]) * per_epoch)
+                       for m, start in members.items())
+        overlapping = any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
+        # shared where members trained on the same chunks (one that joined at another's end, as
+        # fleet-adaptive may under load, shares none), and never decoded more than per member
+        assert decoded[stream] < per_member if overlapping else decoded[stream] <= per_member, (spans, decoded)
         checked.append(stream)
     return checked
 

@@ -13,12 +13,13 @@ import json
 from pathlib import Path
 
 from fleet.commands._args import non_negative_int, one_of, positive_float, positive_int
-from fleet.prediction import candidates_for, decode_limit_line, simulated_early_stop, with_partitions
+from fleet.prediction import candidates_for, decode_limit_line, search_lines, simulated_early_stop, with_partitions
 from fleet.report.plan_text import render_plan
 from fleet.schedule import POLICIES, Overheads, Policy, create_policy, lower_bounds, simulate, whole_epochs
 from fleet.errors import UserError
 from fleet.schedule.choice import AUTO, CANDIDATES, choose_policy
 from fleet.schedule.planners import HOPPING_POLICIES, policy_class
+from fleet.spec.search import searches_of
 from fleet.schedule_io import epochs_from_profile, load_profile, plan_document, profile_scenario, write_json
 from preprocess.grouped import load_run_spec
 
@@ -79,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         print(render_plan(document, rates, source, out))
         if scenario.decode_rate is not None:
             print(decode_limit_line(scenario.decode_rate))
+        searches = rates.extra.get("searches") or searches_of(make_policy.spec.models if make_policy.spec else ())
+        for line in search_lines(searches, rates)[1:]:  # adaptive searches: what is known before the run
+            print(line)
     return 0
 
 

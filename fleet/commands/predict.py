@@ -1,5 +1,6 @@
-"""`fleet predict RUN_DIR --data PATH [--out FILE] [--model ID]`: a run's ensemble (or one of
-its models) applied to new data; each sample's class probabilities and uncertainty to a file."""
+"""`fleet predict RUN_DIR --data PATH [--out FILE] [--model ID | --group KEY]`: a run's ensemble
+(or one of its models; with groups, one group's ensemble) applied to new data; each sample's
+class probabilities and uncertainty to a file."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="how to read PATH (default: a file or a folder of .h5 files is hdf5, a folder imagefolder)")
     parser.add_argument("--out", metavar="FILE", help="where to write them: .npz or .csv (default RUN_DIR/predict.npz)")
     parser.add_argument("--model", metavar="ID", help="apply this model alone instead of the ensemble")
+    parser.add_argument("--group", metavar="KEY", help="with data.group_by: apply this group's ensemble (its raw key; "
+                        "ensemble.json holds one per group)")
     parser.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda or cuda:<i>")
     parser.set_defaults(func=run)
     return parser
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     spec = run_spec(run_dir)
     out = check_output(args.out or run_dir / "predict.npz")
-    weights = chosen_models(run_dir, args.model)
+    weights = chosen_models(run_dir, args.model, args.group)
     data = data_of(spec, args.data, args.source)
     members = load_members(spec, run_dir, weights, args.device)
     blocks = list(predicted_blocks(spec, data, members))

@@ -21,7 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "where beside the plan predicted from profile.json, GPU use over time, decoded samples against a "
         "pipeline per model, and the predicted against the measured makespan (with the job's forecast.json: its "
         "predicted Gantt above the measured one, and the largest source of the error); with early stopping, the models "
-        "per rung over time, the learning curves with the stops marked and the model-epochs saved. Works on a "
+        "per rung over time, the learning curves with the stops marked and the model-epochs saved; with "
+        "data.group_by, each group's best configuration, largest group first, and a chart of group size against "
+        "best metric. Works on a "
         "finished, an interrupted and a running job.",
     )
     parser.add_argument("run_dir", help="the run directory (runs/NAME)")
@@ -33,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
     report = report_run_dir(Path(args.run_dir))
     best = leaderboard_rows(list(report.models))[:1]
     lead = f"; best: {best[0].id} ({best[0].metric} {best[0].best_metric:.4f})" if best and best[0].best_metric is not None else ""
+    if report.groups:  # models of different groups learn different data: no best across them
+        lead = (f"; {len(report.groups)} groups, {sum(g.done for g in report.groups)} done: the best configuration "
+                "of each in the section 'groups'")
     print(f"fleet: wrote {report.path} ({report.story.state}, {len(report.models)} models{lead}); "
           f"its images are in {report.path.parent / 'report'}")
     error = report.prediction_error

@@ -39,6 +39,7 @@ from fleet.commands._args import (
     positive_int_list,
 )
 from fleet.errors import UserError
+from fleet.prediction import search_lines
 from fleet.report.schedule_charts import write_schedule_charts
 from fleet.report.table import format_duration, format_table
 from fleet.schedule import (POLICIES, WORKLOADS, Overheads, RateTable, Scenario, create_policy, noisy_estimates, simulate,
@@ -165,9 +166,11 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(rows)
     if args.chart:
         _chart(summary, args.chart, label)
+    searches = _searches(args)
     if args.json:
         document = {"input": label, "seeds": seeds, "estimate_noise": noise, "rows": summary,
-                    **({} if cell is None else {"family": [asdict(p) for p in family_parameters(args, cell)]})}
+                    **({} if cell is None else {"family": [asdict(p) for p in family_parameters(args, cell)]}),
+                    **({"searches": searches[1:]} if searches else {})}
         print(json.dumps(document if args.noise_model == "uniform" else {**document, "noise_model": args.noise_model},
                          indent=1))
     else:
@@ -175,7 +178,17 @@ def run(args: argparse.Namespace) -> int:
                       early_stop=args.early_stop is not None))
         if cell is not None:
             print("\n".join(family_lines(args, cell)))
+        for line in searches[1:]:
+            print(line)
     return 0
+
+
+def _searches(args: argparse.Namespace) -> list[str]:
+    """`search_lines` of a profile's adaptive searches (its ``searches``, written by `fleet profile`)."""
+    if args.profile is None:
+        return []
+    rates = load_profile(args.profile)
+    return search_lines(rates.extra.get("searches") or {}, rates)
 
 
 def _runs(args: argparse.Namespace, cell: FamilyCell | None) -> list[tuple[list[int], range]]:

@@ -71,6 +71,13 @@ def fusion_key(model: ModelSpec) -> tuple | None:
     return architecture(model), model.train.optimizer.value, model.train.batch_size
 
 
+def fusion_text(model: ModelSpec) -> str:
+    """`fusion_key` as a line for people: ``cnn(channels=[8, 16], hidden=32), sgd, batch 32``."""
+    family, params = architecture(model)
+    shown = ", ".join(f"{key}={value}" for key, value in params)
+    return f"{family}({shown}), {model.train.optimizer.value}, batch {model.train.batch_size}"
+
+
 def pair_refusal(first: ModelSpec, other: ModelSpec) -> str | None:
     """Why `other` cannot join a bundle with `first` (each fusable on its own), else None."""
     if first.family != other.family:

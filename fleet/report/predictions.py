@@ -6,6 +6,8 @@ Layout::
     <run_dir>/predictions/
         labels-validation.npy          int64: the validation split's labels, in the predictions' order
         labels-test.npy                the same of the test split (`data.test_fraction`)
+        labels-validation-<group>.npy  with `data.group_by`: each group's own (<group>: the group's
+        labels-test-<group>.npy        part of its models' ids), instead of the two above
         <model>/
             best.json                  the commit record: epoch, metric and value, files, checkpoint
             e<epoch:05d>-validation.npy float32 (N, classes): the best epoch's class probabilities
@@ -46,8 +48,9 @@ def predictions_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / PREDICTIONS
 
 
-def labels_path(run_dir: str | os.PathLike, split: str) -> Path:
-    return predictions_dir(run_dir) / f"labels-{split}.npy"
+def labels_path(run_dir: str | os.PathLike, split: str, group: str | None = None) -> Path:
+    """The labels file of `split`; of one group's split where `group` (its id part) is given."""
+    return predictions_dir(run_dir) / (f"labels-{split}.npy" if group is None else f"labels-{split}-{group}.npy")
 
 
 def improves(value: float | None, earlier: Iterable[float | None], metric: str) -> bool:
@@ -78,9 +81,10 @@ def read_array(path: Path) -> np.ndarray:
         raise UserError(f"{path}: not a readable .npy array: {' '.join(str(exc).split())[:200]}") from None
 
 
-def write_labels(run_dir: str | os.PathLike, split: str, labels: np.ndarray) -> None:
-    """The labels of `split`, once (the first master to need them writes them)."""
-    path = labels_path(run_dir, split)
+def write_labels(run_dir: str | os.PathLike, split: str, labels: np.ndarray, group: str | None = None) -> None:
+    """The labels of `split` (of one group's, by its id part), once (the first master to need
+    them writes them)."""
+    path = labels_path(run_dir, split, group)
     if not path.exists():
         atomic_write_bytes(path, npy_bytes(np.asarray(labels, dtype=np.int64)))
 
@@ -184,7 +188,7 @@ def read_kept(run_dir: str | os.PathLike, model_id: str) -> KeptPredictions | No
         raise UserError(f"{path}: not a record of kept predictions (file corrupt?)") from None
 
 
-def read_labels(run_dir: str | os.PathLike, split: str) -> np.ndarray | None:
-    """The labels of `split` (None where none were written)."""
-    path = labels_path(run_dir, split)
+def read_labels(run_dir: str | os.PathLike, split: str, group: str | None = None) -> np.ndarray | None:
+    """The labels of `split` (of one group's, by its id part; None where none were written)."""
+    path = labels_path(run_dir, split, group)
     return read_array(path).astype(np.int64) if path.exists() else None

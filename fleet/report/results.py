@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fleet.atomic import atomic_write_json, atomic_write_text
+from fleet.report.group_results import GroupResult, by_group, group_ranks
 
 EARLY_STOP_REASON = "early_stop"
 """A model's ``stop_reason`` (and its ``converged`` event's ``reason``) when early stopping stopped it."""
@@ -114,25 +115,43 @@ def leaderboard_rows(models: list[ModelResult]) -> list[ModelResult]:
     return sorted(models, key=key)
 
 
+def group_results(models: list[ModelResult], groups: Mapping[str, str]) -> list[GroupResult]:
+    """Each group's models ranked among themselves, its best configuration and whether it is
+    done, the largest group first (`fleet.report.group_results`); [] without groups."""
+    return by_group(leaderboard_rows(models), groups) if groups else []
+
+
 LEADERBOARD_COLUMNS = (
     "rank", "id", "family", "metric", "best_metric", "best_epoch", "best_val_accuracy",
     "epochs", "converged", "stop_reason", "final_train_loss", "parameters", "gpu_seconds", "end",
+    "group", "group_rank",
 )  # scripts read these by name: a new column goes last
 
 
-def leaderboard_csv(models: list[ModelResult]) -> str:
+def leaderboard_csv(models: list[ModelResult], groups: Mapping[str, str] | None = None) -> str:
+    """The leaderboard, best first; with `groups` (model id -> group key), ordered by group
+    (the largest first) and within each by rank, with each model's group and rank in it
+    (``rank`` stays the rank among all models)."""
+    ranked = leaderboard_rows(models)
+    rank = {m.id: k for k, m in enumerate(ranked, start=1)}
+    per_group = group_results(models, groups or {})
+    rows = [m for g in per_group for m in g.ranked] if per_group else ranked
+    in_group = group_ranks(per_group)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=LEADERBOARD_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for rank, model in enumerate(leaderboard_rows(models), start=1):
-        writer.writerow({"rank": rank, **asdict(model), "end": model_end(model)})
+    for model in rows:
+        writer.writerow({"rank": rank[model.id], **asdict(model), "end": model_end(model),
+                         "group": (groups or {}).get(model.id, ""), "group_rank": in_group.get(model.id, "")})
     return out.getvalue()
 
 
 def write_results(run_dir: str | os.PathLike, run: RunResult) -> None:
-    """Write `results.json` and `leaderboard.csv` into `run_dir`, each atomically."""
+    """Write `results.json` (with ``group_results`` from the models and their groups) and
+    `leaderboard.csv` into `run_dir`, each atomically."""
     run_dir = Path(run_dir)
     doc = asdict(run)
     doc["models"] = [asdict(m) for m in run.models]
+    doc["group_results"] = [g.record() for g in group_results(run.models, run.groups)]
     atomic_write_json(run_dir / "results.json", doc)
-    atomic_write_text(run_dir / "leaderboard.csv", leaderboard_csv(run.models))
+    atomic_write_text(run_dir / "leaderboard.csv", leaderboard_csv(run.models, run.groups))

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.atomic import atomic_write_text
-from fleet.report import forecast_chart, html_page, rung_charts, run_charts
+from fleet.report import forecast_chart, group_charts, html_page, rung_charts, run_charts
 from fleet.report.gantt import write_gantt
 from fleet.report.gpu_use import CATEGORIES, gpu_seconds
 from fleet.report.html_page import Figure
 from fleet.report.prediction_error import PredictionError, compare, forecast_of, last_job, load_forecast
-from fleet.report.results import ModelResult, epochs_saved, stopped_early
+from fleet.report.group_results import GroupResult
+from fleet.report.results import ModelResult, epochs_saved, group_results, stopped_early
 from fleet.report.rungs import early_stop_setting, has_early_stop, rung_arrivals, rung_records
 from fleet.report.run_ensemble import ensemble_section, read_ensemble
 from fleet.report.run_story import RunStory, tell_story
@@ -47,6 +48,7 @@ class Report:
     models: tuple[ModelResult, ...]
     story: RunStory
     prediction_error: PredictionError | None = None  # the last job against its forecast.json
+    groups: tuple[GroupResult, ...] = ()  # learning over groups: each group's results, the largest first
 
 
 def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *, running: bool = False,
@@ -59,10 +61,11 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
     run_dir = Path(run_dir)
     story = tell_story(events, spec.cluster.gpus, now, running)
     models = standings(events, spec.models, story)
+    groups = group_results(models, {m.id: m.group for m in spec.models if m.group is not None})
     figures = _draw(run_dir, spec, story, models, prediction, slot)
     sections = [
         ("summary", html_page.key_values(_summary(spec, events, story, models, prediction, slot))),
-        ("leaderboard (click a column to sort)", html_page.leaderboard_table(models)),
+        ("leaderboard (click a column to sort)", html_page.leaderboard_table(models, groups)),
         ("learning curves", "".join(html_page.figure(f) for f in figures[:2])),
         ("what ran where", "".join(html_page.figure(f) for f in figures[2:4])),
         (f"{slot} use", html_page.figure(figures[4]) + html_page.key_values(_use_rows(story))),
@@ -73,9 +76,14 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
         rows = html_page.key_values(_early_stop_rows(spec, events, models))
         sections.insert(3, ("early stopping", rows + "".join(html_page.figure(f) for f in stops)))
         figures += stops
+    if groups:  # learning over groups: without them, the page is as it was
+        drawn = _drawn(run_dir / FIGURES_DIR, "each group's best metric against its size, coloured by the "
+                       "configuration best there", "groups.png", lambda p: group_charts.write_group_chart(groups, p))
+        sections.insert(2, ("groups", _groups_section(groups, drawn)))
+        figures.append(drawn)
     chosen = read_ensemble(run_dir)
     if chosen is not None:  # `fleet ensemble` (or the spec's ensemble section) wrote ensemble.json
-        sections.insert(2, ("ensemble", ensemble_section(chosen)))
+        sections.insert(3 if groups else 2, ("ensemble", ensemble_section(chosen)))
     judged = _judge_forecast(run_dir, events, spec.cluster.gpus, now, running)
     if judged is not None:  # a job that wrote no forecast.json: the page is as it was
         figure = _drawn(run_dir / FIGURES_DIR, "the job's forecast above what it measured, each model one colour",
@@ -89,7 +97,7 @@ def write_report(run_dir: str | os.PathLike, spec, events: Sequence[Mapping], *,
     path = run_dir / "report.html"
     atomic_write_text(path, text)
     return Report(path, tuple(run_dir / f.file for f in figures), tuple(models), story,
-                  judged[0] if judged else None)
+                  judged[0] if judged else None, tuple(groups))
 
 
 def _draw(run_dir: Path, spec, story: RunStory, models: list[ModelResult], prediction: Prediction | None,
@@ -116,6 +124,19 @@ def _drawn(folder: Path, caption: str, name: str, draw) -> Figure:
     target = folder / name
     draw(str(target))
     return Figure(caption, f"{FIGURES_DIR}/{name}", target.read_bytes())
+
+
+def _groups_section(groups: list[GroupResult], chart: Figure) -> str:
+    """Learning over groups: how many groups are done, the chart, and one row per group."""
+    done = sum(g.done for g in groups)
+    wins: dict[str, int] = {}
+    for g in groups:
+        if g.best_configuration is not None:
+            wins[g.best_configuration] = wins.get(g.best_configuration, 0) + 1
+    often = ", ".join(f"{c} ({n})" for c, n in sorted(wins.items(), key=lambda w: (-w[1], w[0]))[:5])
+    rows = [("groups", f"{len(groups)}, {done} done (every configuration ended), the largest first below"),
+            ("best configuration most often", often or "none yet (no group has finished an epoch)")]
+    return html_page.key_values(rows) + html_page.figure(chart) + html_page.groups_table(groups)
 
 
 def _draw_early_stop(run_dir: Path, events: Sequence[Mapping], models: list[ModelResult]) -> list[Figure]:

@@ -15,6 +15,8 @@ from pathlib import Path
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
 from fleet.prediction import planned
+from fleet.report.group_results import group_table
+from fleet.report.results import group_results, read_results
 from fleet.report.run_ensemble import build_ensemble, say_ensemble, write_ensemble
 from fleet.report.run_report import Prediction, Report, write_report
 from fleet.report.table import format_table
@@ -85,7 +87,10 @@ def prediction(spec, run_dir: Path, events: list[dict], finished: bool) -> Predi
 
 
 def print_leaderboard_top(run_dir: Path, count: int = 5) -> None:
-    """The best `count` models of a finished run (from its leaderboard.csv), and where the rest is."""
+    """The best `count` models of a finished run (from its leaderboard.csv), and where the rest
+    is; with groups, the best configuration of each group instead (`print_group_top`)."""
+    if print_group_top(run_dir):
+        return
     path = run_dir / "leaderboard.csv"
     try:
         rows = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
@@ -99,6 +104,23 @@ def print_leaderboard_top(run_dir: Path, count: int = 5) -> None:
              for r in rows[:count]]
     print(f"fleet: the best {len(shown)} of {len(rows)} models (all of them: {path}; status: fleet status {run_dir})\n"
           + format_table(("rank", "model", "family", "best", "at epoch", "epochs", "end"), shown), flush=True)
+
+
+def print_group_top(run_dir: Path) -> bool:
+    """With groups (`data.group_by`): one line per group, the largest first, with its best
+    configuration (at most `SHOWN_GROUPS` groups); whether it printed (False without groups)."""
+    try:
+        run = read_results(run_dir)
+    except (OSError, ValueError):
+        return False
+    groups = group_results(run.models, run.groups)
+    if not groups:
+        return False
+    done = sum(g.done for g in groups)
+    print(f"fleet: the best configuration of each group, the largest first ({done}/{len(groups)} groups done; "
+          f"every model ranked within its group: {run_dir / 'leaderboard.csv'}; per group: results.json's "
+          f"group_results)\n" + "\n".join(group_table(groups)), flush=True)
+    return True
 
 
 def _record_report_seconds(path: Path, seconds: float) -> None:

@@ -94,6 +94,30 @@ class StartMember:
 
 
 @dataclass(frozen=True)
+class StartBundle:
+    """Train `models` as one bundle (one fused model, `fleet.engines.bundle`) on the one rank of
+    `ranks`, on stream `layout.stream`; per model, as in `StartMember`: whether it resumes from
+    its checkpoint, the emulated device's epoch limit and its next rung."""
+
+    models: tuple[str, ...]
+    group_uid: int
+    ranks: tuple[int, ...]
+    layout: StreamLayout
+    source: StreamSource
+    first_chunk: int
+    round: int
+    resume: tuple[bool, ...]
+    epoch_limits: tuple[int | None, ...]
+    next_stops: tuple[int | None, ...]
+
+    def member(self, model: str) -> StartMember:
+        """What a `StartMember` of `model` alone on the bundle's rank would say."""
+        k = self.models.index(model)
+        return StartMember(model, self.group_uid, self.ranks, self.layout, self.source, self.first_chunk, self.round,
+                           self.resume[k], self.epoch_limits[k], self.next_stops[k])
+
+
+@dataclass(frozen=True)
 class Regroup:
     """From chunk `switch_chunk` on, the stream moves with `layout` (masters may join or leave)."""
 
@@ -119,9 +143,16 @@ class StartStream:
 
 @dataclass(frozen=True)
 class CheckpointModel:
-    """Master: checkpoint `model` at the next step boundary and leave the stream."""
+    """Master: checkpoint `model` at the next step boundary and leave the stream; a bundle's
+    master: checkpoint `models` (`model` first) at one step boundary, and they leave the bundle
+    (at one position in their epochs: a later job bundles them again)."""
 
     model: str
+    models: tuple[str, ...] = ()
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return self.models or (self.model,)
 
 
 @dataclass(frozen=True)
@@ -178,6 +209,7 @@ class EpochReport:
     start_s: float = 0.0  # the member's start, from its StartMember to its first batch (first report only)
     cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # the group's CPU seconds in steps, in all, samples trained
     val_samples: int = 0  # the samples it was validated on (its group's, with data.group_by)
+    bundle: tuple[str, ...] = ()  # the models of the bundle it trained in (its rates are the bundle's), else ()
 
 
 @dataclass(frozen=True)

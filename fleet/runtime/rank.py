@@ -26,12 +26,13 @@ import numpy as np
 from fleet.atomic import atomic_write_json
 from fleet.engines import get_framework
 from fleet.errors import UserError
-from fleet.host import cores_per_node, node_cores
+from fleet.host import node_cores
 from fleet.inspect import describe_ensemble, ensemble_counts, remember
 from fleet.runlock import RunLock
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.coordinator import Coordinator
+from fleet.runtime.control.host_use import HostUse
 from fleet.runtime.control.setup import (check_partitions, epoch_limits, plan_run, policy_for,
                                          prepare_run_dir, rates_decision, switch_candidates, write_run)
 from fleet.runtime.data.chunks import ChunkLayout
@@ -223,6 +224,20 @@ def _write_ranks(ctx, run_dir: Path) -> None:
     atomic_write_json(run_dir / RANKS_FILE, {"ranks": ranks})
 
 
+def host_use_of(ctx, plan) -> HostUse | None:
+    """Rank 0's sampler of the ranks' CPU (`fleet.runtime.control.host_use`), on a CPU job
+    whose ranks all run on its host; None elsewhere."""
+    cores = plan.basis.cores
+    hosts = {process.rpartition(" ")[0] for process in ctx.processes}
+    if cores is None or len(hosts) != 1:
+        return None
+    pids = [int(process.rpartition(" ")[2]) for process in ctx.processes]
+    cluster, ledger = ctx.spec.cluster, plan.ledger
+    preprocessors = len(ctx.topology.preprocessor_ranks())
+    return HostUse(pids, cores.cores,
+                   lambda: (cluster.gpus - len(ledger.free_gpus)) * cores.trainer_cores + preprocessors)
+
+
 def _said(line: str) -> None:
     """A line of rank 0's to the job's console."""
     print(f"fleet: {line}", flush=True)
@@ -326,11 +341,9 @@ def _visible_gpus(spec) -> int | None:
 
 
 def job_cores_per_node(ctx) -> float:
-    """The cores one node of the job has: rank 0's machine's, shared by the job's nodes there
-    (virtual nodes on one machine share its cores)."""
-    hosts = [process.rpartition(" ")[0] for process in ctx.processes]
-    nodes = [placement.node for placement in ctx.topology.placements]
-    return cores_per_node(node_cores(), hosts, nodes, hosts[0] if hosts else "")
+    """The cores of the machine a node of the job runs on (rank 0's); virtual nodes on one
+    machine share them (`SharedCores.nodes_per_host`)."""
+    return float(node_cores())
 
 
 def _rank0_setup(ctx) -> dict | str:
@@ -412,13 +425,17 @@ def _coordinate(ctx, options: TrainOptions) -> None:
         f"rates {plan.rates_source}; groups reduce with {collective}"
     )
 
+    for line in plan.fusion.lines():
+        console.banner(line)
+    for models, reason in plan.fusion.refused:
+        log.write("bundle_refused", models=list(models), reason=reason)
     named = partial(policy_for, spec)
     candidates = switch_candidates(spec, plan)
     rechoose = (lambda current, view, costs, going_on: reconsider(current, view, named, costs, candidates,
                                                                  current_s=going_on)) if candidates else None
     coordinator = Coordinator(ctx, plan.policy, plan.ledger, plan.records, log, console,
                               make_policy=lambda: named(plan.policy_name), reconsider=rechoose, policy_named=named,
-                              early=plan.early)
+                              early=plan.early, host_use=host_use_of(ctx, plan))
     coordinator.run()
     makespan = time.monotonic() - started
     result = write_run(ctx.spec, run_dir, coordinator, makespan, startup_s, plan)

@@ -41,7 +41,10 @@ What a decision may contain (the driver rejects anything else with :class:`Polic
     * ``launch``: new streams, or members that *join* a running stream (``StreamPlan.join``
       = that stream's id; they consume it from its current position on). Only ``PENDING``
       or ``PAUSED`` models; only GPUs that are free in ``view``; each GPU at most once;
-      each member at least one GPU.
+      each member at least one GPU. A *bundle* (``Member.models``, `fleet.schedule.bundling`)
+      is one member whose models all hold its GPUs: they are free again when its last model
+      leaves them (``ModelConverged.gpus`` and ``CheckpointCompleted.gpus`` name only GPUs
+      that came free).
     * ``checkpoint``: ids of ``RUNNING`` models to checkpoint and take off their GPUs (the
       GPUs are freed when their :class:`CheckpointCompleted` arrives). A model whose last
       epoch ends at that very instant converges instead, and :class:`ModelConverged` follows.
@@ -295,10 +298,23 @@ Event = Union[EpochCompleted, ModelConverged, CheckpointCompleted, ModelPromoted
 
 @dataclass(frozen=True)
 class Member:
-    """A model and the global GPU indices it trains on."""
+    """A model and the global GPU indices it trains on; or a *bundle*: several models of one
+    architecture trained as one fused model on the same GPUs (`models`, `model` its first).
+
+    Attributes:
+        model: the model's id (a bundle's first member).
+        gpus: the GPUs it trains on.
+        models: a bundle's members, in order; ``()`` for a member of one model.
+    """
 
     model: str
     gpus: tuple[int, ...]
+    models: tuple[str, ...] = ()
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The models this member trains: a bundle's, or its one model."""
+        return self.models or (self.model,)
 
 
 @dataclass(frozen=True)

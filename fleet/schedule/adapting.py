@@ -29,7 +29,7 @@ without an adapter.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -213,6 +213,11 @@ class Adapter:
 
     def observe(self, model: str, gpus: int, samples_per_s: float) -> None:
         self.tuner.observe(model, gpus, samples_per_s)
+
+    def part(self, models: Collection[str]) -> None:
+        """`models` are measured on their own from now on (`RateRefiner.part`): their rates were
+        estimated anew (`Driver.rates_estimated`)."""
+        self.tuner.refiner.part(models)
 
     def before_policy(self, event: Event, driver: Driver) -> None:
         """The books took `event` in: weigh measured rates, and reconsider the policy, where it may pay."""

@@ -13,7 +13,9 @@ and plans with those instead of what it would otherwise assume:
   preprocessors' per sample decoded (their waits and hand-offs included), in place of the
   profile's bare decoding, and the cores the coordinator kept busy;
 - the decoding limit: the preprocessors' cores over what a sample cost them;
-- a member's start and a checkpoint's seconds, as measured.
+- a member's start and a checkpoint's seconds, as measured;
+- on CPU nodes that the earlier run oversubscribed, the part of the cores its work got
+  (``core_share``: the cores' seconds its measured costs account for).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Calibration:
         coordinator_cores: cores the coordinator thread kept busy (on the first node).
         start_s: a member's mean start (launch to first batch), seconds.
         checkpoint_s: a save's mean seconds.
+        core_share: the part of an oversubscribed CPU node's cores the work got.
         outside_s: the earlier job's wall time outside its makespan (launch, start-up, report
             and shutdown), for the predicted wall time; None where not recorded.
     """
@@ -57,6 +60,7 @@ class Calibration:
     coordinator_cores: float | None = None
     start_s: float | None = None
     checkpoint_s: float | None = None
+    core_share: float | None = None
     outside_s: float | None = None
 
     @classmethod
@@ -72,7 +76,11 @@ class Calibration:
         key = "cpu_rate" if device == "cpu" else "compute_rate"
         figures = {name: _figure(record, name) for name in
                    ("trainer_overhead_s", "decode_core_s", "coordinator_cores", "start_s", "checkpoint_s")}
-        return cls(source, _rates(record.get("rates", {}), key), **figures, outside_s=_outside(overhead))
+        share = _figure(record, "core_share")
+        if share is not None and not 0 < share <= 1:
+            raise CalibrationError(f"prediction.measured.core_share: expected a number in (0, 1], got {share!r}")
+        return cls(source, _rates(record.get("rates", {}), key), **figures, core_share=share,
+                   outside_s=_outside(overhead))
 
     def rates_for(self, table: RateTable) -> RateTable:
         """`table` with each model's rates corrected by what was measured (see the module)."""
@@ -94,12 +102,13 @@ class Calibration:
         return math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
 
     def cores(self, cores: SharedCores | None) -> SharedCores | None:
-        """`cores` with the measured costs per sample (unchanged off CPU nodes)."""
+        """`cores` with the measured costs per sample and share of the cores (unchanged off CPU nodes)."""
         if cores is None:
             return None
         changes = {name: value for name, value in (("trainer_overhead_s", self.trainer_overhead_s),
                                                    ("decode_core_s", self.decode_core_s),
-                                                   ("coordinator_cores", self.coordinator_cores))
+                                                   ("coordinator_cores", self.coordinator_cores),
+                                                   ("share", self.core_share))
                    if value is not None}
         return replace(cores, **changes)
 

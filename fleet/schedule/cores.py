@@ -18,7 +18,10 @@ Each kind of work costs core-seconds per sample:
   while anything trains.
 
 A member waiting for data uses no core (the runtime's waits sleep where ranks outnumber
-cores). The quantities are measured (the profile's rates and decoding, the node's cores) or
+cores). Where a node's work wants more than its cores, it does not get all of them: hand-offs leave moments when every rank waits, and a process does what its costs per
+sample leave out (its loops, its messages). ``share`` is the part of the cores the work gets
+then, as measured by an earlier run or a pilot on an oversubscribed node (1 where none was).
+The quantities are measured (the profile's rates and decoding, the node's cores) or
 learned from an earlier run's measurements; they enter here as data.
 """
 
@@ -39,6 +42,10 @@ class SharedCores:
         trainer_overhead_s: core-seconds a member's trainers spend per sample outside their
             steps (receiving the stream, assembling batches).
         coordinator_cores: cores the coordinator keeps busy on the first node.
+        share: the part of `cores` a node's work gets where it wants more than the node has
+            (measured; see the module).
+        nodes_per_host: nodes that share one machine's `cores` (virtual nodes: 1 for real
+            nodes); their work is slowed together, by their machine's load.
     """
 
     cores: float
@@ -46,10 +53,16 @@ class SharedCores:
     decode_core_s: float = 0.0
     trainer_overhead_s: float = 0.0
     coordinator_cores: float = 0.0
+    share: float = 1.0
+    nodes_per_host: int = 1
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.trainer_cores >= 0:
             raise ValueError("cores must be positive and trainer_cores not negative")
+        if not 0 < self.share <= 1:
+            raise ValueError("share must be in (0, 1]")
+        if self.nodes_per_host < 1:
+            raise ValueError("nodes_per_host must be at least 1")
         if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores) < 0:
             raise ValueError("decode_core_s, trainer_overhead_s and coordinator_cores must not be negative")
 
@@ -65,5 +78,21 @@ class SharedCores:
         return trainers * self.trainer_cores / rate + self.trainer_overhead_s
 
     def slowdown(self, load: float) -> float:
-        """The factor (at most 1) a node's work moves at when it would use `load` cores."""
-        return 1.0 if load <= self.cores else self.cores / load
+        """The factor (at most 1) a node's work moves at when it would use `load` cores (of
+        which it gets `share` when it wants more than the node has)."""
+        usable = self.cores * self.share
+        return 1.0 if load <= usable else usable / load
+
+    def node_slowdowns(self, loads: dict[int, float]) -> dict[int, float]:
+        """Per node, the factor its work moves at, its `loads` (cores wanted, by node index)
+        summed over the nodes of each machine (`nodes_per_host` consecutive nodes)."""
+        hosts: dict[int, float] = {}
+        for node, load in loads.items():
+            hosts[node // self.nodes_per_host] = hosts.get(node // self.nodes_per_host, 0.0) + load
+        return {node: self.slowdown(hosts[node // self.nodes_per_host]) for node in loads}
+
+    def oversubscribed(self, trainers: int, preprocessors: int) -> bool:
+        """Whether a node of `trainers` busy trainers and `preprocessors` decoding (each node of
+        a machine that many) wants more than its machine's cores (where a measured `share`
+        means something)."""
+        return (trainers * self.trainer_cores + preprocessors) * self.nodes_per_host > self.cores

@@ -10,6 +10,8 @@ the two is a `World`: it says what time it is and carries the decisions out.
 Calls from the world (one thread; each may call back into the world before it returns)
     ``start()`` once; then, as things happen, ``epoch_completed``, ``converged``,
     ``checkpointed``, ``rate_measured`` (a model's samples/s over an epoch, for the adapter),
+    ``rates_estimated`` (models' rates estimated anew before they report any: an adaptive
+    search's models, once asked),
     and with partitioned data ``visit_completed`` (a visit ended: the world
     hops the model by itself and reports ``checkpointed``, or ``converged`` instead of both
     when the stop rule ended it there); ``interrupt()`` on the checkpoint signal (every running model is
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -56,6 +58,7 @@ from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
 from fleet.schedule.grouping import check_one_group
 from fleet.schedule.ledger import Ledger, stream_partition
 from fleet.schedule.partitions import Partitions
+from fleet.schedule.rates import reestimated
 from fleet.schedule.rung_keeper import RungKeeper
 
 if TYPE_CHECKING:  # annotations only: the adapter's simulations import this module
@@ -110,6 +113,23 @@ class World(Protocol):
 
     def rung_passed(self, model: str) -> None:
         """The running model may train on past the rung it has just reached."""
+
+
+def check_decision(decision: object, name: str, ledger: Ledger) -> None:
+    """Raise `PolicyError` where policy `name`'s `decision` cannot be carried out on `ledger`'s books."""
+    if not isinstance(decision, Decision):
+        raise PolicyError(f"{name}: returned {decision!r}, not a Decision")
+    if decision.end_round and (decision.launch or decision.checkpoint):
+        raise PolicyError(f"{name}: end_round cannot be combined with other actions")
+    if ledger.partitions is not None and (decision.end_round or decision.checkpoint):
+        raise PolicyError(f"{name}: visits of partitioned data are not cut short (no checkpoint, no end_round)")
+    for model in decision.checkpoint:
+        state = ledger.model(model).state
+        if state is not ModelState.RUNNING:
+            raise PolicyError(f"{name}: cannot checkpoint {model}, it is {state.value}")
+    if decision.launch:
+        ledger.check_launch(decision.launch, name, decision.checkpoint)
+        check_one_group(decision.launch, name, ledger.rates, ledger.streams)  # data.group_by
 
 
 class Driver:
@@ -209,6 +229,14 @@ class Driver:
         if gpus:
             self.adapter.observe(model, gpus, samples_per_s)
 
+    def rates_estimated(self, factors: Mapping[str, float]) -> None:
+        """Models of `factors` train at their planned rates times their factor (an adaptive search
+        asked their architecture, `fleet.schedule.rates.reestimated`): the books plan with that
+        from now on, and the adapter measures them on their own."""
+        self.ledger.rates = reestimated(self.ledger.rates, factors)
+        if self.adapter is not None:
+            self.adapter.part(factors)
+
     def checkpointed(self, model: str, epochs: int) -> None:
         """A model's checkpoint is done: it is paused (held at a rung, or stopped, where early
         stopping decided so meanwhile) and its GPUs are free."""
@@ -304,7 +332,7 @@ class Driver:
         decision = call(view)
         elapsed = time.perf_counter() - began
         self.planning_s += elapsed
-        self._check(decision)
+        check_decision(decision, self.name, self.ledger)
         self._apply(decision, elapsed)
         if self._stalled():
             raise PolicyError(f"{self.name}: stalled with {self.ledger.unfinished} models left")
@@ -313,21 +341,6 @@ class Driver:
         """Nothing holds a GPU, nothing is about to be reported, and models are left."""
         idle = self.ledger.drained and not self.ledger.ids_in(ModelState.CHECKPOINTING)
         return idle and not self._later and not self.finished
-
-    def _check(self, decision: object) -> None:
-        if not isinstance(decision, Decision):
-            raise PolicyError(f"{self.name}: returned {decision!r}, not a Decision")
-        if decision.end_round and (decision.launch or decision.checkpoint):
-            raise PolicyError(f"{self.name}: end_round cannot be combined with other actions")
-        if self.ledger.partitions is not None and (decision.end_round or decision.checkpoint):
-            raise PolicyError(f"{self.name}: visits of partitioned data are not cut short (no checkpoint, no end_round)")
-        for model in decision.checkpoint:
-            state = self.ledger.model(model).state
-            if state is not ModelState.RUNNING:
-                raise PolicyError(f"{self.name}: cannot checkpoint {model}, it is {state.value}")
-        if decision.launch:
-            self.ledger.check_launch(decision.launch, self.name, decision.checkpoint)
-            check_one_group(decision.launch, self.name, self.ledger.rates, self.ledger.streams)  # data.group_by
 
     def _apply(self, decision: Decision, planning_s: float) -> None:
         if decision.end_round:
@@ -350,7 +363,8 @@ class Driver:
         for plan in decision.launch:
             stream = self.ledger.open_stream() if plan.join is None else plan.join
             for member in plan.members:
-                self.ledger.reserve(member.model, member.gpus, stream)
+                for model in member.ids:  # a bundle's models hold its GPUs together
+                    self.ledger.reserve(model, member.gpus, stream)
             launches.append(Launch(stream, plan.members, plan.join is not None,
                                    stream_partition(plan, self.ledger.partitions), plan.own_decoding))
         self.world.launch(launches, new_round, planning_s)

@@ -42,12 +42,13 @@ def check_launch(
         if plan.own_decoding and (plan.join is not None or len(plan.members) != 1):
             raise PolicyError(f"{policy}: only a new stream of one member decodes its own data")
         for member in plan.members:
-            state = state_of(member.model)
-            if member.model in launched:
-                raise PolicyError(f"{policy}: {member.model} launched twice")
-            launched.add(member.model)
-            if state not in (ModelState.PENDING, ModelState.PAUSED):
-                raise PolicyError(f"{policy}: cannot launch {member.model}, it is {state.value}")
+            for model in member.ids:  # a bundle's models share its GPUs
+                state = state_of(model)
+                if model in launched:
+                    raise PolicyError(f"{policy}: {model} launched twice")
+                launched.add(model)
+                if state not in (ModelState.PENDING, ModelState.PAUSED):
+                    raise PolicyError(f"{policy}: cannot launch {model}, it is {state.value}")
             if not member.gpus:
                 raise PolicyError(f"{policy}: {member.model} launched on no GPU")
             for g in member.gpus:
@@ -115,8 +116,8 @@ class Ledger:
             for p, e in zip(rates.models, epochs_estimate)
         ]
         self._unfinished = sum(v.state is not ModelState.CONVERGED for v in self.views)
-        self.owner = [""] * total_gpus
-        self._free = list(range(total_gpus))  # the GPUs no model owns, ascending (kept as they change)
+        self.holders = [0] * total_gpus  # models holding each GPU (a bundle's models share theirs)
+        self._free = list(range(total_gpus))  # the GPUs no model holds, ascending (kept as they change)
         self.streams: dict[int, list[str]] = {}
         self.next_stream = 0
         self.round = 0
@@ -201,7 +202,7 @@ class Ledger:
         running = {s for s, members in self.streams.items() if not leaving.issuperset(members) or not members}
         check_launch(
             plans, policy, lambda model_id: self.model(model_id).state,
-            lambda g: 0 <= g < self.total_gpus and not self.owner[g], running,
+            lambda g: 0 <= g < self.total_gpus and not self.holders[g], running,
         )
         if self.partitions is not None:
             check_visits(plans, policy, self.partitions, lambda model_id: self.model(model_id).visited)
@@ -222,12 +223,13 @@ class Ledger:
         return stream
 
     def reserve(self, model_id: str, gpus: tuple[int, ...], stream: int) -> None:
-        """The model runs on `gpus` in `stream` from now on."""
+        """The model runs on `gpus` in `stream` from now on (beside the other models of its
+        bundle, reserved on the same GPUs)."""
         self._member_rates.pop(model_id, None)
         for g in gpus:
-            if not self.owner[g]:
+            if not self.holders[g]:
                 del self._free[bisect.bisect_left(self._free, g)]
-            self.owner[g] = model_id
+            self.holders[g] += 1
         self.streams[stream].append(model_id)
         self._stream_views.pop(stream, None)
         self._set(model_id, state=ModelState.RUNNING, gpus=tuple(gpus), stream=stream)
@@ -286,17 +288,21 @@ class Ledger:
         self._set(model_id, state=ModelState.CHECKPOINTING, stream=None)
 
     def release(self, model_id: str, state: ModelState) -> tuple[int, ...]:
-        """Free the model's GPUs; it is now `state` (CONVERGED, PAUSED or HELD). Returns the GPUs."""
+        """The model leaves its GPUs; it is now `state` (CONVERGED, PAUSED or HELD). Returns the
+        GPUs that came free: all of them, but none while other models of its bundle hold them."""
         view = self.model(model_id)
         if view.state is ModelState.RUNNING:
             self._leave_stream(model_id)
         self._member_rates.pop(model_id, None)
+        freed = []
         for g in view.gpus:
-            if self.owner[g]:
-                bisect.insort(self._free, g)
-            self.owner[g] = ""
+            if self.holders[g]:
+                self.holders[g] -= 1
+                if not self.holders[g]:
+                    bisect.insort(self._free, g)
+                    freed.append(g)
         self._set(model_id, state=state, gpus=(), stream=None)
-        return view.gpus
+        return tuple(freed)
 
     def _leave_stream(self, model_id: str) -> None:
         stream = self.model(model_id).stream

@@ -17,7 +17,7 @@ rate part of ``profile.json`` to and from plain dicts; reading and writing the f
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,9 @@ PROFILE_SCHEMA = 1
 
 _KNOWN_MODEL_KEYS = frozenset({"id", "rates", "epochs", "param_bytes"})
 _KNOWN_TOP_KEYS = frozenset({"schema", "gpus_per_node", "samples_per_epoch", "models"})
+TIMED_AS = "timed_as"
+"""A profile entry's field naming the model whose measurements stand for it: both train at one
+speed (`fleet.profiling.plan.timed_as`), so they are measured as one."""
 
 
 class ProfileFormatError(ValueError):
@@ -249,6 +252,49 @@ class RateTable:
         profiles = tuple(_model_from_dict(entry, f"models[{k}]") for k, entry in enumerate(models))
         extra = {k: v for k, v in data.items() if k not in _KNOWN_TOP_KEYS}
         return cls(profiles, gpn, samples, extra)
+
+
+def timed_as_of(table: RateTable) -> dict[str, str]:
+    """Each model of `table` measured as another (its `TIMED_AS`) -> that model."""
+    return {p.id: p.extra[TIMED_AS] for p in table.models if TIMED_AS in p.extra}
+
+
+def parted(timed_as: Mapping[str, str], models: Collection[str]) -> dict[str, str]:
+    """`timed_as` (a model -> the model measured for it) with each of `models` measured on its
+    own: out of its group, and a group it was measured for is measured for by its first other
+    member (in `timed_as`'s order) instead."""
+    out = {m: r for m, r in timed_as.items() if m not in models}
+    for model in models:
+        members = [m for m, r in out.items() if r == model]
+        if members:
+            del out[members[0]]
+            out.update({m: members[0] for m in members[1:]})
+    return out
+
+
+def reestimated(table: RateTable, factors: Mapping[str, float]) -> RateTable:
+    """`table` with each model of `factors` at its rates times its factor and measured on its
+    own from now on (`parted`): an adaptive search's model, whose architecture is known once it
+    is asked, no longer trains at the speed of the placeholders it was planned with.
+
+    Raises:
+        ValueError: a factor is not a finite positive number.
+    """
+    bad = next((m for m, f in factors.items() if not (math.isfinite(f) and f > 0)), None)
+    if bad is not None:
+        raise ValueError(f"{bad}: a rate factor must be finite and > 0, got {factors[bad]!r}")
+    timing = parted(timed_as_of(table), factors)
+    profiles = []
+    for p in table.models:
+        extra, rates = p.extra, p.rates
+        if extra.get(TIMED_AS) != timing.get(p.id):
+            extra = {k: v for k, v in extra.items() if k != TIMED_AS}
+            extra.update({TIMED_AS: timing[p.id]} if p.id in timing else {})
+        if p.id in factors:
+            rates = tuple(r * factors[p.id] for r in rates)
+        same = extra is p.extra and rates is p.rates
+        profiles.append(p if same else ModelProfile(p.id, rates, p.epochs, p.param_bytes, extra))
+    return RateTable(tuple(profiles), table.gpus_per_node, table.samples_per_epoch, table.extra)
 
 
 def _rate_row(measured: Sequence[float], max_gpus: int, gpus_per_node: int) -> list[float]:

@@ -18,11 +18,11 @@ plan place it differently).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from fleet.schedule.costs import Overheads
-from fleet.schedule.rates import ModelProfile, RateTable
+from fleet.schedule.rates import ModelProfile, RateTable, parted, timed_as_of
 from fleet.schedule.simulator import Cluster, Scenario, simulate, whole_epochs
 
 EMA_WEIGHT = 0.5  # weight of the newest measurement
@@ -60,7 +60,7 @@ class RateRefiner:
     def __init__(self, rates: RateTable | None = None) -> None:
         """`rates`: the table whose `timed_as` entries say which models are measured as one."""
         self.measured: dict[tuple[str, int], float] = {}
-        self.timed_as = {p.id: p.extra["timed_as"] for p in (rates.models if rates else ()) if "timed_as" in p.extra}
+        self.timed_as = timed_as_of(rates) if rates else {}
 
     def observe(self, model: str, m: int, rate: float) -> None:
         if not (rate > 0 and math.isfinite(rate)):
@@ -68,6 +68,18 @@ class RateRefiner:
         key = (self.timed_as.get(model, model), m)
         old = self.measured.get(key)
         self.measured[key] = rate if old is None else EMA_WEIGHT * rate + (1 - EMA_WEIGHT) * old
+
+    def part(self, models: Collection[str]) -> None:
+        """`models` are measured on their own from now on (`fleet.schedule.rates.parted`); what
+        was measured under one of them for its group stays with the group's next member (else it
+        is dropped: it was measured at the speed they leave)."""
+        before = self.timed_as
+        self.timed_as = parted(before, models)
+        for key, m in [k for k in self.measured if k[0] in models]:
+            heir = next((self.timed_as.get(x, x) for x, r in before.items() if r == key and x not in models), None)
+            rate = self.measured.pop((key, m))
+            if heir is not None:
+                self.measured[(heir, m)] = rate
 
     def propose(self, rates: RateTable) -> RateTable:
         """`rates` with the measurements folded in (models without any are unchanged)."""

@@ -62,6 +62,7 @@ from fleet.schedule._base import ModelState, Policy, PolicyError
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
 from fleet.schedule.early_stop import EarlyStopSettings, RungDecision, create_early_stopping
+from fleet.schedule.grouping import group_of
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
@@ -151,6 +152,11 @@ def resumed_scenario(scenario: Scenario, result: SimResult) -> Scenario | None:
     )
 
 
+def _groups(rates: RateTable) -> dict[str, str]:
+    """Each model's group (learning over groups), where it has one: early stopping's cohorts."""
+    return {model: group for model in rates.ids if (group := group_of(rates, model)) is not None}
+
+
 class _Run:
     """One simulated run: the `World` its `Driver` runs the policy in; :meth:`run` is the
     event loop. It supplies virtual time (`EventQueue`) and the physics of streams
@@ -163,7 +169,8 @@ class _Run:
         self.n = scenario.rates.samples_per_epoch
         self.ledger = self._ledger(scenario)
         adapter = adapt(self.ledger, policy, self, overheads) if adapt is not None else None
-        early = create_early_stopping(early_stop, self.ledger.rates.ids) if early_stop is not None else None
+        early = None if early_stop is None else create_early_stopping(early_stop, self.ledger.rates.ids,
+                                                                      _groups(self.ledger.rates))
         self.rung_decisions: list[RungDecision] = []
         self.driver = Driver(policy, self.ledger, self, adapter, early)
         self.switches: list[SwitchRecord] = []

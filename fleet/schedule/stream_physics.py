@@ -292,7 +292,7 @@ class StreamPhysics:
         return shares
 
     def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float]) -> dict[int, float]:
-        """Per node, the factor its work moves at: its cores over the load of the streams
+        """Per node, the factor its work moves at: its machine's cores over the load of the streams
         moving at `paces` (trainers where their members are, decoding spread over all nodes or
         on the member's node for a stream it decodes itself, the coordinator on the first)."""
         cores, cluster = self.scenario.cores, self.scenario.cluster
@@ -309,7 +309,7 @@ class StreamPhysics:
             if stream.own_decode_rate is None:
                 for k in load:
                     load[k] += pace * cores.decode_core_s / stream.decode_scale / cluster.nodes
-        return {k: cores.slowdown(v) for k, v in load.items()}
+        return cores.node_slowdowns(load)
 
     def _repace_one(self, stream: StreamMotion, decode_share: float) -> None:
         stream.sync(self.now)

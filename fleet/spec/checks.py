@@ -18,10 +18,12 @@ from fleet.spec.search import ModelSpec, missing_package
 from fleet.spec.sections import (
     CenterCropOp,
     DataSpec,
+    Fuse,
     NormalizeOp,
     Op,
     RandomCropOp,
     ResizeOp,
+    RuntimeSpec,
     Source,
     SchedulerSpec,
     StopMetric,
@@ -155,6 +157,19 @@ def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
                         "policy)")
 
 
+def check_fusion(data: DataSpec, runtime: RuntimeSpec) -> None:
+    """`runtime.fuse: always` where no bundle is built: model hopping (partitioned data) and
+    learning over groups (`data.group_by`)."""
+    if runtime.fuse is not Fuse.ALWAYS:
+        return
+    if data.partitioned:
+        raise SpecError("runtime.fuse: always: bundles are not built for partitioned data (model hopping); use auto "
+                        "or never")
+    if data.group_by is not None:
+        raise SpecError("runtime.fuse: always: bundles are not built for learning over groups (data.group_by); use "
+                        "auto or never")
+
+
 GROUPED_POLICIES = (*GROUP_POLICIES, "baseline")
 """The policies that may train models of groups (`data.group_by`): those of learning over
 groups (`GROUP_POLICIES`: ``grouped`` and its baselines ``group-task``, ``model-task``,
@@ -175,15 +190,10 @@ def check_groups(data: DataSpec, models: tuple[ModelSpec, ...], entries: tuple[i
                         "configuration is trained on every group of data.group_by)")
 
 
-def check_grouped_policy(data: DataSpec, scheduler: SchedulerSpec, ensemble: bool = False) -> None:
-    """Models of groups run only under a policy that never puts two groups in one stream, and
-    without an `ensemble` section or early stopping (per group, neither is built yet)."""
-    if data.group_by is not None and ensemble:
-        raise SpecError("ensemble: ensembles per group (data.group_by) are not built yet; leave the section out")
-    early = scheduler.early_stop
-    if data.group_by is not None and early is not None and early.method != "none":
-        raise SpecError("scheduler.early_stop: rungs per group (data.group_by) are not built yet; early stopping "
-                        "would compare models of different groups: leave it out")
+def check_grouped_policy(data: DataSpec, scheduler: SchedulerSpec) -> None:
+    """Models of groups run only under a policy that never puts two groups in one stream (early
+    stopping compares the models of one group at each rung, `fleet.schedule.early_stop`'s
+    cohorts; an `ensemble` section makes one ensemble per group)."""
     if data.group_by is not None and scheduler.policy not in (*GROUPED_POLICIES, "auto"):
         raise SpecError(f"scheduler.policy: {scheduler.policy!r} may share a stream between models of different "
                         f"groups; with data.group_by use {', '.join(GROUPED_POLICIES)} or auto")

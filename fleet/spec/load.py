@@ -15,6 +15,7 @@ from fleet.spec.checks import (
     check_data,
     check_data_path,
     check_early_stop,
+    check_fusion,
     check_groups,
     check_grouped_policy,
     check_hopping,
@@ -281,7 +282,9 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     scheduler = check_early_stop(validate(SchedulerSpec, raw.scheduler, ("scheduler",)), models, entries)
     check_hopping(data, scheduler)
     check_search(data, scheduler, models, entries)
-    check_grouped_policy(data, scheduler, raw.ensemble is not None)
+    check_grouped_policy(data, scheduler)
+    runtime = validate(RuntimeSpec, raw.runtime, ("runtime",))
+    check_fusion(data, runtime)
     return Spec(
         name=raw.name,
         seed=raw.seed,
@@ -293,7 +296,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
         train=train,
         scheduler=scheduler,
         cluster=validate(ClusterSpec, raw.cluster, ("cluster",)),
-        runtime=validate(RuntimeSpec, raw.runtime, ("runtime",)),
+        runtime=runtime,
         ensemble=None if raw.ensemble is None else validate(EnsembleSpec, raw.ensemble, ("ensemble",)),
         entries=entries,
     )

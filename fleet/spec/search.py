@@ -21,6 +21,7 @@ import math
 import random
 import re
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
@@ -97,6 +98,16 @@ class Dimension(Section):
         return (lo + hi) // 2 if self.size is None else [(lo + hi) // 2] * self.size
 
 
+    def ends(self) -> list[Any]:
+        """The values at the ends of the dimension: a choice's items, a range's low and high
+        (with ``size: k``, k lows and k highs): among them a searched architecture's smallest
+        and largest (`fleet.inspect.search_costs`)."""
+        if self.choice is not None:
+            return list(self.choice)
+        low, high = self.uniform or self.loguniform or self.int_range  # type: ignore[misc]
+        return [low, high] if self.size is None else [[low] * self.size, [high] * self.size]
+
+
 class SearchSlot(Section):
     """A placeholder model of an adaptive search: the `index`-th model study `study` asks with
     `sampler` over `space`, of `budget` in all (a resolved spec writes it as the model's
@@ -115,6 +126,20 @@ class SearchSlot(Section):
         if self.index >= self.budget:
             raise ValueError(f"index {self.index} is not below budget {self.budget}")
         return self
+
+
+def searches_of(models: Sequence[ModelSpec]) -> dict[str, dict[str, Any]]:
+    """What a plan can say of each adaptive search among `models` before it runs,
+    by study: its ``sampler``, ``budget``, first and last ``models`` and searched ``space`` keys."""
+    out: dict[str, dict[str, Any]] = {}
+    for model in models:
+        slot = model.search
+        if slot is None:
+            continue
+        facts = out.setdefault(slot.study, {"sampler": slot.sampler, "budget": slot.budget, "models": [model.id] * 2,
+                                            "space": list(slot.space)})
+        facts["models"][1] = model.id
+    return out
 
 
 def middle_values(space: dict[str, Dimension]) -> dict[str, Any]:

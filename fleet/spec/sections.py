@@ -476,8 +476,16 @@ class ClusterSpec(Section):
 _IN_MEMORY = "held in memory on every rank"
 
 
+class Fuse(str, Enum):
+    """`runtime.fuse`: whether models of one architecture train as fused bundles (issue 49)."""
+
+    AUTO = "auto"  # on CUDA devices, where a bundle pays
+    ALWAYS = "always"  # on any device
+    NEVER = "never"
+
+
 class RuntimeSpec(Section):
-    """Queue sizes, timeouts and the gradient collective of the MPI runtime."""
+    """Queue sizes, timeouts, the gradient collective and fused bundles of the MPI runtime."""
 
     collective: str = "auto"  # one of the collectives registry's kinds()
     poll: Literal["auto", "busy", "sleep"] = "auto"  # how data waits poll MPI; auto: busy if the node has the cores
@@ -487,6 +495,7 @@ class RuntimeSpec(Section):
     qd_batches: Annotated[PositiveInt, at_most(10_000, _IN_MEMORY)] = 10
     timeout_s: Annotated[PositiveFloat, at_most(7 * 86_400, "a week: a wait longer than that is a hang")] = 600.0
     shared_memory: bool = True  # chunks read in place by the masters of their preprocessor's node
+    fuse: Fuse = Fuse.AUTO  # models of one architecture on one stream train as one fused model
 
     @field_validator("collective")
     @classmethod

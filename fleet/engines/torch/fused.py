@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fleet.engines._base import check_evaluate, check_state
+from fleet.engines._base import check_evaluate, check_predict, check_state
 from fleet.engines.fusion import bundle_refusal
 from fleet.engines.options import EngineOptions
 from fleet.engines.schedule import epoch_lr
@@ -200,9 +200,37 @@ class FusedTorchEngine:
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, dict[str, float]]:
         """Each member's ``{"loss", "accuracy"}`` in eval mode, without gradients, by model id."""
+        return {model_id: metrics for model_id, (metrics, _) in self._evaluated(x, y, batch_size, False).items()}
+
+    def evaluate_with_probabilities(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256
+                                    ) -> dict[str, tuple[dict[str, float], np.ndarray]]:
+        """`evaluate`'s metrics and, from the same forward passes, each sample's class
+        probabilities (float32 ``(N, classes)``, the softmax of the member's outputs), by model id."""
+        return self._evaluated(x, y, batch_size, True)
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> dict[str, np.ndarray]:
+        """Each member's class probabilities of `x` (float32 ``(N, classes)``) in eval mode, by model id."""
+        check_predict(len(x), batch_size)
+        parts = []
+        with torch.no_grad():
+            for start in range(0, len(x), batch_size):
+                rows = x[start:start + batch_size]
+                inputs, _ = batch_tensors(rows, np.zeros(len(rows), np.int64), self.input_shape, self._who(),
+                                          self.device)
+                parts.append(torch.softmax(self._net.logits(self._weights, {}, inputs, training=False).float(), dim=2))
+        stacked = torch.cat(parts, dim=1).cpu().numpy()
+        return {model_id: stacked[k] for k, model_id in enumerate(self.model_ids)}
+
+    def parameter_count(self, model_id: str) -> int:
+        """The member's trainable parameters (its `TorchEngine.num_parameters`)."""
+        return self._member(model_id).num_parameters
+
+    def _evaluated(self, x: np.ndarray, y: np.ndarray, batch_size: int, keep: bool) -> dict[str, tuple]:
+        """Each member's metrics and, where `keep`, its probabilities from the same passes."""
         count = len(x)
         check_evaluate(count, len(y), batch_size)
         sums = torch.zeros((2, len(self._members)), device=self.device)
+        kept = []
         with torch.no_grad():
             for start in range(0, count, batch_size):
                 inputs, targets = batch_tensors(x[start:start + batch_size], y[start:start + batch_size],
@@ -210,8 +238,12 @@ class FusedTorchEngine:
                 logits = self._net.logits(self._weights, {}, inputs, training=False)
                 correct = (logits.argmax(dim=2) == targets).sum(dim=1).to(sums.dtype)
                 sums += torch.stack([member_losses(logits, targets, "sum"), correct])
+                if keep:
+                    kept.append(torch.softmax(logits.float(), dim=2))
         loss, correct = (sums / count).tolist()
-        return {model_id: {"loss": l, "accuracy": c} for model_id, l, c in zip(self.model_ids, loss, correct)}
+        probabilities = torch.cat(kept, dim=1).cpu().numpy() if keep else None
+        return {model_id: ({"loss": l, "accuracy": c}, None if probabilities is None else probabilities[k])
+                for k, (model_id, l, c) in enumerate(zip(self.model_ids, loss, correct))}
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -60,10 +60,11 @@ class RunAccount:
         """An epoch report of a model training on `group_size` GPUs; returns its record."""
         record = self.records[report.model]
         record.epochs = report.epoch
-        record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason")})
+        record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason", "bundle")})
         self.count_checkpoint(report.checkpoint_s, group_size)
         self._count_start(report.start_s)
-        self.costs.epoch(report, group_size)
+        if not report.bundle:  # a bundle's rates and CPU time are not its models' own
+            self.costs.epoch(report, group_size)
         if report.stop_reason is not None:
             record.converged, record.stop_reason = True, report.stop_reason
         return record
@@ -98,11 +99,12 @@ class RunAccount:
         start = self.start_s / self.starts if self.starts else 0.0
         return Overheads(latency_s=each, bandwidth=float("inf"), planning_s=0.0, start_s=start)
 
-    def measured_costs(self, makespan: float) -> dict:
+    def measured_costs(self, makespan: float, core_share: float | None = None) -> dict:
         """results.json's ``prediction.measured``: what this run's steps, trainers,
-        preprocessors, coordinator (over `makespan`), starts and saves cost (`MeasuredCosts`)."""
+        preprocessors, coordinator (over `makespan`), starts and saves cost, and the part of an
+        oversubscribed CPU node's cores its work got (`MeasuredCosts`)."""
         return self.costs.record(self.start_s / self.starts if self.starts else None,
-                                 self.checkpoint_s / self.saves if self.saves else None, makespan)
+                                 self.checkpoint_s / self.saves if self.saves else None, makespan, core_share)
 
     # -- plan.json ----------------------------------------------------------------------------
 

@@ -39,6 +39,12 @@ class Console:
             how = "resumes" if resume else "starts"
             self._print(f"   {model:<18} {how} on {self.slot} {format_gpus(gpus)} (stream {stream})")
 
+    def bundle(self, models: tuple[str, ...], gpus: tuple[int, ...], key: str) -> None:
+        """A bundle starts: its models train as one fused model on one trainer slot."""
+        if not self.quiet:
+            self._print(f"   bundle of {len(models)} on {self.slot} {format_gpus(gpus)}: {', '.join(models)} "
+                        f"train as one fused model ({key})")
+
     def shared_stream(self, stream: int, models: list[str]) -> None:
         """A new stream of several models: they share one decoded sample stream."""
         if not self.quiet and len(models) > 1:

@@ -22,6 +22,7 @@ from fleet.report.tensorboard import ScalarBoard
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.console import Console
+from fleet.runtime.control.host_use import HostUse
 from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.rungs import RungLog
 from fleet.runtime.control.search import RunSearch
@@ -61,8 +62,23 @@ class EarlyStopped:
     samples_per_s: float
 
 
+def epoch_fields(report: EpochReport) -> dict:
+    """An epoch report as its `epoch` event (`bundle` only where the model trained in one)."""
+    fields = dict(report.__dict__)
+    if not report.bundle:
+        del fields["bundle"]
+    return fields
+
+
 def epochs_text(count: int) -> str:
     return f"{count} epoch" if count == 1 else f"{count} epochs"
+
+
+def stop_metric(spec, report: EpochReport) -> float | None:
+    """The model's stop-rule metric after the epoch, lower is better (for the forecasts)."""
+    loss = spec.model(report.model).train.stop.metric.value == "val_loss"
+    value = report.val_loss if loss else -report.val_accuracy
+    return value if math.isfinite(value) else None
 
 
 class Coordinator:
@@ -72,8 +88,10 @@ class Coordinator:
     def __init__(self, ctx: RunContext, policy: Policy, ledger: Ledger, records: dict[str, ModelRecord],
                  log: EventLog, console: Console, make_policy: Callable[[], Policy] | None = None,
                  reconsider: Callable[[str, ClusterView, Overheads, float | None], PolicySwitch | None] | None = None,
-                 policy_named: Callable[[str], Policy] | None = None, early: EarlyStopping | None = None):
+                 policy_named: Callable[[str], Policy] | None = None, early: EarlyStopping | None = None,
+                 host_use: HostUse | None = None):
         self.ctx, self.ledger, self.log, self.console = ctx, ledger, log, console
+        self.host_use = host_use  # samples the ranks' CPU on a CPU job sharing one host
         self.started = time.monotonic()
         self.account = RunAccount(records)
         self.membership = Membership(ctx, ledger, self.account, self._send, log, console)
@@ -120,6 +138,8 @@ class Coordinator:
         self.driver.start()
         while not self.driver.finished or self.membership.busy:
             self._handle(self._next_report())
+        if self.host_use is not None:
+            self.host_use.sample()
         self._broadcast_command(Shutdown("checkpointed" if self.interrupted else "done"))
         self.account.costs.coordinator_cpu_s = time.thread_time() - cpu_started
 
@@ -137,7 +157,10 @@ class Coordinator:
         sleeps = IDLE.sleeps()
         while True:
             self._check_signal()  # before any report: a steady flow of them must not hold these back
+            self.membership.send_checkpoints()  # what the last decisions asked of bundles
             self._keepalive()
+            if self.host_use is not None:
+                self.host_use.tick()
             if self.membership.local_reports:
                 return self.membership.local_reports.popleft()
             message = self.ctx.ctrl.improbe(tag=Tag.REPORT)
@@ -188,27 +211,22 @@ class Coordinator:
         self.account.epoch(report, group_size)
         self.console.epoch(report.model, report.epoch, report.train_loss, report.val_accuracy,
                            report.samples_per_s, report.stream_samples_per_s)
-        self.log.write("epoch", **report.__dict__)
+        self.log.write("epoch", **epoch_fields(report))
         self._board_epoch(report)
         planned_rate = report.samples_per_s * self.ctx.epoch_scale(report.model)  # grouped: epoch-equivalent
-        self.driver.rate_measured(report.model, planned_rate)
+        if not report.bundle:  # a bundle's rate is not its models' own
+            self.driver.rate_measured(report.model, planned_rate)
         if report.stop_reason is None and self.visits is not None:
-            self.epoch_metrics[report.model] = self._stop_metric(report)  # the epoch ends with the hop
+            self.epoch_metrics[report.model] = stop_metric(self.ctx.spec, report)  # the epoch ends with the hop
             return
         if report.stop_reason is None:
-            self.driver.epoch_completed(report.model, report.epoch, planned_rate, self._stop_metric(report))
+            self.driver.epoch_completed(report.model, report.epoch, planned_rate, stop_metric(self.ctx.spec, report))
             return
         self.membership.leave(self.ledger.model(report.model).stream, report.model)
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
         self.search.ended(report.model)
         self.driver.converged(report.model, report.epoch, planned_rate)
-
-    def _stop_metric(self, report: EpochReport) -> float | None:
-        """The model's stop-rule metric after the epoch, lower is better (for the forecasts)."""
-        loss = self.ctx.spec.model(report.model).train.stop.metric.value == "val_loss"
-        value = report.val_loss if loss else -report.val_accuracy
-        return value if math.isfinite(value) else None
 
     def _board_epoch(self, report: EpochReport) -> None:
         """The epoch's TensorBoard scalars; a disk that refuses them stops them, not the run."""
@@ -226,10 +244,8 @@ class Coordinator:
         self.membership.on_left(report)
         self.account.left(report)
         self.log.write("member_left", **report.__dict__)
-        if self.visits is not None and report.visited is not None and report.converged:
-            self.visits.ended(report.model, self._visit_epoch(report), self.now())
-        elif self.visits is not None and report.visited is None:
-            self.visits.dropped(report.model)
+        if self.visits is not None:  # sent after the save: the checkpoint that records its visit is committed
+            self.visits.left(report.model, report.visited, self._visit_epoch(report), self.now())
         if report.converged:
             return
         self.account.count_checkpoint(report.checkpoint_s, len(self.ledger.model(report.model).gpus))
@@ -241,8 +257,8 @@ class Coordinator:
 
     def _visit_ended(self, report: VisitEnded) -> None:
         """A visit of partitioned data ended and the model hops (its checkpoint is being saved):
-        in the visit log, and to the driver, which counts it (a model that converged on its
-        visit only leaves: `_on_left` logs its visit)."""
+        to the driver, which counts it, and to the visit log, which logs it at the leave, once
+        the checkpoint is committed (a model that converged on its visit only leaves)."""
         partition = self.visits.ended(report.model, self._visit_epoch(report), self.now())
         self.membership.leave(report.stream, report.model)  # its stream ends with its pass: out of it
         metric = self.epoch_metrics.pop(report.model, None)
@@ -297,13 +313,14 @@ class Coordinator:
             self.console.banner(f"round {self.ledger.round}")
             self.account.new_round(self.ledger.round)
         new_streams = sum(not launch.join for launch in launches)
-        self.search.launching([m.model for launch in launches for m in launch.members])
+        factors = self.search.launching([model for launch in launches for m in launch.members for model in m.ids])
+        if factors:  # asked models: planned at their own architecture's rates from now on
+            self.driver.rates_estimated(factors)
         for launch in launches:
-            members = [(m.model, m.gpus) for m in launch.members]
-            for model, gpus in members if self.visits is not None else ():
-                self.visits.started(model, launch.partition, list(gpus), self.now())
+            for member in launch.members if self.visits is not None else ():
+                self.visits.started(member.model, launch.partition, list(member.gpus), self.now())
             if launch.join:
-                self.membership.join(launch.stream, members)
+                self.membership.join(launch.stream, launch.members)
             else:
-                self.membership.start_stream(launch.stream, members, new_streams, launch.partition,
+                self.membership.start_stream(launch.stream, launch.members, new_streams, launch.partition,
                                              launch.own_decoding)

@@ -11,7 +11,10 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
 - ``decode_core_s``: core-seconds the preprocessors' decoding loops spent per sample they
   decoded (their waits and hand-offs included; not their start-up, nor rank 0's coordinator);
 - ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
-- ``start_s`` and ``checkpoint_s``: a member's mean start and a save's mean seconds.
+- ``start_s`` and ``checkpoint_s``: a member's mean start and a save's mean seconds;
+- ``core_share``, on CPU nodes whose ranks want more than their cores: the part of the cores
+  the work the above account for got (`fleet.runtime.control.host_use`; the rest went to
+  moments when every rank waited and to what the costs per sample leave out).
 
 `fleet.schedule.calibration` turns such a record into the rates and costs a later run of the
 same spec predicts with (``fleet run --calibrate-from DIR``; a resumed job learns from its own).
@@ -71,9 +74,11 @@ class MeasuredCosts:
         books[0] = max(books[0], report.cpu_s)
         books[1] += report.decoded
 
-    def record(self, start_s: float | None, checkpoint_s: float | None, makespan: float = 0.0) -> dict:
+    def record(self, start_s: float | None, checkpoint_s: float | None, makespan: float = 0.0,
+               core_share: float | None = None) -> dict:
         """``prediction.measured`` of results.json (figures it has no measure of are left out);
-        `makespan`: the run's seconds, over which the coordinator's CPU is spread."""
+        `makespan`: the run's seconds, over which the coordinator's CPU is spread; `core_share`:
+        the part of an oversubscribed CPU node's cores the work got (`core_share_over`)."""
         rates: dict[str, dict[str, dict[str, float]]] = {}
         for (model, size), group in sorted(self.groups.items()):
             entry = {}
@@ -95,4 +100,18 @@ class MeasuredCosts:
         for key, value in (("start_s", start_s), ("checkpoint_s", checkpoint_s)):
             if value is not None:
                 record[key] = value
+        if core_share is not None:
+            record["core_share"] = core_share
         return record
+
+    def accounted_core_s(self) -> float:
+        """Core-seconds the run's measured costs account for: its trainers' (steps and the rest),
+        its preprocessors' decoding loops and its coordinator."""
+        trainers = sum(g.cpu_s for g in self.groups.values())
+        return trainers + sum(cpu for cpu, _ in self.preprocessors.values()) + (self.coordinator_cpu_s or 0.0)
+
+    def core_share_over(self, cores: float, makespan: float) -> float | None:
+        """The core-seconds accounted for over `cores` x `makespan`: the part of the cores the
+        work got, tail and all (where the ranks' own CPU was not sampled: `fleet.runtime.control.host_use`)."""
+        accounted = self.accounted_core_s()
+        return min(1.0, accounted / (cores * makespan)) if accounted > 0 and cores > 0 and makespan > 0 else None

@@ -40,6 +40,7 @@ from fleet.runtime.protocol import (
     Tag,
     stream_tag,
 )
+from fleet.schedule import Member
 from fleet.schedule.ledger import Ledger
 
 
@@ -62,6 +63,8 @@ class Membership:
         self.ledger, self.account, self.send, self.log, self.console = ledger, account, send, log, console
         self.books = StreamBooks()
         self.starter = StreamStarter(ctx, ledger, self.books, send, log, console)
+        self.bundle_of: dict[str, str] = {}  # a model of a bundle -> the bundle's key (its first model)
+        self.checkpoints_due: dict[str, tuple[int, list[str]]] = {}  # bundle key -> (its rank, models to checkpoint)
 
     @property
     def busy(self) -> bool:
@@ -83,55 +86,90 @@ class Membership:
 
     # -- what the policy decided ------------------------------------------------------------
 
-    def start_stream(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]], launching: int,
+    def start_stream(self, stream_id: int, members: Sequence[Member], launching: int,
                      partition: int | None = None, own_decoding: bool = False) -> None:
-        """A new stream of `members` ((model, GPUs)); `launching`: new streams in this decision;
-        `partition`: the partition its members visit (partitioned data); `own_decoding`: its master decodes it."""
-        groups = [self.starter.new_group(model, gpus) for model, gpus in members]
-        for group in groups:
-            self.account.record_member(group.model, group.gpus, stream_id)
+        """A new stream of `members` (a model or a bundle each, on its GPUs); `launching`: new
+        streams in this decision; `partition`: the partition its members visit (partitioned
+        data); `own_decoding`: its master decodes it."""
+        groups = [self._new_group(member, stream_id) for member in members]
         self.starter.open_stream(stream_id, groups, launching, partition, own_decoding)
 
-    def join(self, stream_id: int, members: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+    def join(self, stream_id: int, members: Sequence[Member]) -> None:
         """`members` join running stream `stream_id` at its next regroup."""
         live = self.books.streams[stream_id]
-        for model, gpus in members:
-            group = self.starter.new_group(model, gpus)
-            live.joining.append(group)
-            self.account.record_member(model, gpus, stream_id)
+        live.joining.extend(self._new_group(member, stream_id) for member in members)
         self._request_change(live)
 
+    def _new_group(self, member: Member, stream_id: int) -> Group:
+        """The group of a member (a bundle's: keyed by its first model), recorded in the round's plan."""
+        group = self.starter.new_group(member.model, member.gpus, member.models)
+        for model in member.ids:
+            self.account.record_member(model, member.gpus, stream_id)
+            self.bundle_of.pop(model, None)
+            if member.models:
+                self.bundle_of[model] = member.model
+        return group
+
     def checkpoint(self, model: str) -> None:
-        """Checkpoint `model` and take it off its stream (a join not yet made is dropped)."""
-        live = self.books.holding(model)
+        """Checkpoint `model` and take it off its stream (a join not yet made is dropped); a
+        model of a bundle leaves the bundle, which trains on with the others."""
+        key = self.bundle_of.get(model, model)
+        live = self.books.holding(key)
         if live is None:
             return  # leaving its stream already
-        if model not in live.groups:
-            self._cancel_join(live, model)
+        if key not in live.groups:
+            self._cancel_join(live, key, model)
             return
-        self.send(CheckpointModel(model), live.groups[model].ranks[0], Tag.TRAINER)
+        group = live.groups[key]
+        if model in group.left:
+            return  # it left its bundle already
+        if group.models:
+            self.checkpoints_due.setdefault(key, (group.ranks[0], []))[1].append(model)
+        else:
+            self.send(CheckpointModel(model), group.ranks[0], Tag.TRAINER)
         self.leave(live.layout.stream, model)
+
+    def send_checkpoints(self) -> None:
+        """The checkpoints of bundles' models asked since the last call, one command per bundle:
+        the models a decision checkpoints leave their bundle at one step, at one position in
+        their epochs, so that a later launch bundles them again. (Called by the coordinator
+        before it waits for the next report.)"""
+        for rank, models in self.checkpoints_due.values():
+            self.send(CheckpointModel(models[0], tuple(models)), rank, Tag.TRAINER)
+        self.checkpoints_due.clear()
 
     def verdict(self, model: str, verdict: RungVerdict) -> None:
         """Early stopping's verdict to the master of `model`, which waits at its rung."""
-        live = self.books.holding(model)
-        if live is not None and model in live.groups:
-            self.send(verdict, live.groups[model].ranks[0], Tag.TRAINER)
+        key = self.bundle_of.get(model, model)
+        live = self.books.holding(key)
+        if live is not None and key in live.groups:
+            self.send(verdict, live.groups[key].ranks[0], Tag.TRAINER)
 
     def leave(self, stream_id: int | None, model: str) -> None:
-        """`model`'s group leaves its stream at the next regroup (converged or checkpointing)."""
+        """`model`'s group leaves its stream at the next regroup (converged or checkpointing);
+        a bundle's, once its last model left it."""
         live = self.books.streams.get(stream_id) if stream_id is not None else None
-        if live is None or model not in live.groups:
+        key = self.bundle_of.get(model, model)
+        if live is None or key not in live.groups:
             return
-        live.leaving.add(model)
+        group = live.groups[key]
+        group.left.add(model)
+        if group.training:
+            return  # the others train on in the bundle
+        live.leaving.add(key)
         self._request_change(live)
 
-    def _cancel_join(self, live: LiveStream, model: str) -> None:
+    def _cancel_join(self, live: LiveStream, key: str, model: str) -> None:
         """A model whose join has not happened yet (the checkpoint signal, or an end of round,
-        between the join and its regroup): the join is dropped, and the model leaves as if it
-        had checkpointed at once; its last checkpoint, if any, stays its state."""
-        group = next(g for g in live.joining if g.model == model)
-        live.joining.remove(group)
+        between the join and its regroup): the join is dropped (a bundle's once none of its
+        models is left to start), and the model leaves as if it had checkpointed at once; its
+        last checkpoint, if any, stays its state."""
+        group = next(g for g in live.joining if g.model == key)
+        if model in group.left:
+            return  # dropped already
+        group.left.add(model)
+        if not group.training:
+            live.joining.remove(group)
         self.account.rerecord({model}, live.layout.stream, None)
         record = self.account.records[model]
         self.books.groups_open += 1  # the report below closes it
@@ -178,7 +216,7 @@ class Membership:
         masters = tuple(g.ranks[0] for g in live.groups.values())
         end = old.end
         if end is not None:
-            ends = (self.starter.member_end(g.model, switch, live.source) for g in joining)
+            ends = (self.starter.group_end(g, switch, live.source) for g in joining)
             end = max(end, live.claimed_end, *ends)
         live.layout = StreamLayout(old.stream, old.version + 1, old.preprocessors, masters, end)
         live.last_switch, live.pausing = switch, False
@@ -202,10 +240,10 @@ class Membership:
     def _restream(self, ended: int, groups: list[Group]) -> None:
         """Start `groups`, which were to join stream `ended`, on a new stream."""
         stream_id = self.ledger.open_stream()
-        moved = {g.model for g in groups}
-        for group in groups:
-            self.ledger.move(group.model, stream_id)
-        self.account.rerecord(moved, ended, stream_id)
+        moved = [m for g in groups for m in g.training]
+        for model in moved:
+            self.ledger.move(model, stream_id)
+        self.account.rerecord(set(moved), ended, stream_id)
         self.log.write("restream", ended=ended, stream=stream_id, members=sorted(moved))
         self.starter.open_stream(stream_id, groups, launching=1)
 

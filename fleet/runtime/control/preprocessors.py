@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from fleet.profiling.document import decode_rates
 from fleet.profiling.plan import needed_preprocessors
+from fleet.schedule.bundling import bundle_rate
 from fleet.schedule.rates import RateTable
 
 
@@ -30,12 +31,13 @@ def pick_preprocessors(topology, busy: Iterable[tuple[int, ...]], master_ranks: 
     return tuple(sorted(ranked[:share]))
 
 
-def preprocessors_needed(rates: RateTable, members: Iterable[tuple[str, int]]) -> int | None:
-    """Preprocessors that keep up with a stream of `members` ((model, GPU count) pairs) at its
-    pace (the slowest member at the current, possibly refined, rates), from the profile's decode
-    throughput; None without one."""
+def preprocessors_needed(rates: RateTable, members: Iterable[tuple[tuple[str, ...], int]]) -> int | None:
+    """Preprocessors that keep up with a stream of `members` ((models, GPU count) pairs: one
+    model, or a bundle's, which moves at the bundle's rate) at its pace (the slowest member at
+    the current, possibly refined, rates), from the profile's decode throughput; None without one."""
     decode = decode_rates(rates.extra.get("preprocessing", {}))
     if not decode:
         return None
-    pace = min(rates.rate(model, gpus) for model, gpus in members)
+    pace = min(bundle_rate(rates, models) if len(models) > 1 else rates.rate(models[0], gpus)
+               for models, gpus in members)
     return needed_preprocessors([pace], decode, nodes=1)

@@ -164,11 +164,12 @@ def resume_early_stopping(log: RungLog, metric: str, curves: Mapping[str, Sequen
 
 def start_early_stopping(run_dir: str | os.PathLike, settings: EarlyStopSettings, models: Sequence[str],
                          metric: str, curves: Mapping[str, Sequence[Mapping]],
-                         ended: Mapping[str, int]) -> ResumedRungs | None:
+                         ended: Mapping[str, int], groups: Mapping[str, str] | None = None) -> ResumedRungs | None:
     """The run's early stopping (None with method ``none``): its setting checked against the
-    recorded one, its decisions restored (see `resume_early_stopping`)."""
+    recorded one, its decisions restored (see `resume_early_stopping`); with `groups` (each
+    model's group, `data.group_by`), each rung compares the models of one group only."""
     RungLog.check_setting(run_dir, settings)
     if settings.method == "none":
         return None
-    log = RungLog(run_dir, create_early_stopping(settings, models))
+    log = RungLog(run_dir, create_early_stopping(settings, models, groups))
     return resume_early_stopping(log, metric, curves, ended)

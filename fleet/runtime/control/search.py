@@ -7,17 +7,25 @@ synced line of ``search/asked.jsonl`` (`fleet.spec.asked`), then into the run's 
 ranks). A trial asked but never recorded is the next ask's (`Study.ask`); a model recorded
 keeps its values across requeues. Told: the best value of the stop metric over the model's
 epochs when it converges; a model early stopping stopped is a pruned trial, at its rung.
+
+A placeholder was planned at the rates of the space's middle values; once asked, its rates are
+those times its FLOPs per sample over the asked model's (the estimator of unprofiled models,
+`fleet.runtime.control.rates_source`), which `RunSearch.launching` returns for the driver
+(`Driver.rates_estimated`) before the model starts: the planners see the asked architecture's
+rates from then on, and measure them on their own.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fleet.atomic import atomic_write_text
+from fleet.errors import UserError
+from fleet.inspect import describe_model
 from fleet.runtime.control.rungs import lower_is_better
 from fleet.runtime.control.study import Study
 from fleet.spec import ModelSpec, Spec
@@ -37,6 +45,36 @@ def ended_results(records: Mapping[str, Any]) -> tuple[dict[str, list], dict[str
     ended = {m: r.history for m, r in records.items() if r.converged}
     stopped = {m: len(r.history) for m, r in records.items() if r.converged and r.rung is not None}
     return ended, stopped
+
+
+FlopsCounter = Callable[[Spec, str], int]
+"""``(spec, model id) -> the model's forward FLOPs per sample``."""
+
+
+def flops_counter(ctx: Any) -> FlopsCounter | None:
+    """A run's `FlopsCounter`: its framework's zoo counts each architecture once, at the run's
+    input shape and classes (`fleet.inspect.describe_model`); None on the emulated device, whose
+    steps take each model's own rates (by id) whatever its architecture."""
+    if ctx.device == "emulated":
+        return None
+
+    def count(spec: Spec, model_id: str) -> int:
+        index = next(k for k, m in enumerate(spec.models) if m.id == model_id)
+        return describe_model(spec, index, ctx.input_shape, ctx.num_classes).stats.flops_per_sample
+
+    return count
+
+
+def rate_factor(count: FlopsCounter, before: Spec, after: Spec, model_id: str) -> tuple[float | None, str]:
+    """How much faster than planned asked model `model_id` is estimated to train: its FLOPs per
+    sample as a placeholder (in `before`) over those asked (in `after`); None when they cannot
+    be counted. With what to say of it."""
+    try:
+        planned, asked = (max(1, count(spec, model_id)) for spec in (before, after))
+    except UserError as exc:
+        return None, f"rates kept at the placeholder's (its FLOPs not counted: {exc})"
+    factor = planned / asked
+    return factor, f"planned at {factor:.3g}x the placeholder's rate ({planned / 1e6:,.3g} -> {asked / 1e6:,.3g} MFLOPs/sample)"
 
 
 class SearchBook:
@@ -126,20 +164,29 @@ class RunSearch:
     def __init__(self, ctx: Any, records: Mapping[str, Any], log: Any, console: Any):
         self.ctx, self.records, self.log, self.console = ctx, records, log, console
         self.book = SearchBook(ctx.run_dir, ctx.spec) if searched(ctx.spec) else None
+        self.count = flops_counter(ctx) if self.book is not None else None
         if self.book is not None:  # a resumed run: results of models that ended before its last job told
             self.book.catch_up(*ended_results(records))
 
-    def launching(self, models: Sequence[str]) -> None:
+    def launching(self, models: Sequence[str]) -> dict[str, float]:
         """Placeholders about to start for the first time are asked now: recorded, and in the
-        run's spec, before their `StartMember` goes out."""
+        run's spec, before their `StartMember` goes out. Returns the factor of each asked
+        model's planned rates (`rate_factor`), for `Driver.rates_estimated`."""
+        factors: dict[str, float] = {}
         for model in models if self.book is not None else ():
-            if self.book.ask(model) is not None:
-                self.ctx.spec = self.book.spec
-                record = self.book.asked[model]
-                self.log.write("asked", model=model, study=record["study"], trial=record["trial"],
-                               values=record["values"])
-                self.console.left(model, f"asked by study {record['study']} (trial {record['trial']}): "
-                                         f"{record['values']}")
+            before = self.book.spec
+            if self.book.ask(model) is None:
+                continue
+            self.ctx.spec = self.book.spec
+            factor, said = (None, "") if self.count is None else rate_factor(self.count, before, self.book.spec, model)
+            if factor is not None:
+                factors[model] = factor
+            record = self.book.asked[model]
+            self.log.write("asked", model=model, study=record["study"], trial=record["trial"],
+                           values=record["values"], rate_factor=factor)
+            self.console.left(model, f"asked by study {record['study']} (trial {record['trial']}): "
+                                     f"{record['values']}" + (f"; {said}" if said else ""))
+        return factors
 
     def ended(self, model: str) -> None:
         if self.book is not None:

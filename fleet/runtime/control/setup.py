@@ -8,6 +8,7 @@ PAUSED with their epochs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,12 +26,15 @@ from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
+from fleet.runtime.control.fusing import Fusion, plan_fusion
+from fleet.runtime.control.host_use import core_share
 from fleet.runtime.control.rates_source import (STEPS_FILE, emulated_epochs, estimated_profile, load_run_profile,
                                                 load_timed_steps)
 from fleet.runtime.control.rungs import ResumedRungs, start_early_stopping
 from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
+from fleet.schedule.bundling import Bundled
 from fleet.schedule.calibration import Calibration
 from fleet.schedule.choice import (AUTO, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
                                    switch_targets)
@@ -79,6 +83,7 @@ class RunPlan:
     early: EarlyStopping | None = None  # early stopping across models, restored from the run directory
     forecast: RunForecast | None = None  # what the run expects of itself (results.json's prediction)
     basis: PredictionBasis = PredictionBasis()  # what the predictions take besides the rates
+    fusion: Fusion = Fusion()  # the job's bundles (`runtime.fuse`): `policy` plans each as one unit
 
     def choice_record(self, switches: Sequence[PolicySwitch] = ()) -> dict:
         """What results.json says of `policy: auto`'s choice ({} for a policy the spec named),
@@ -325,6 +330,8 @@ def switch_candidates(spec: Spec, plan: "RunPlan") -> tuple[str, ...]:
     (visits are re-planned at every hop anyway) or for a policy the spec named."""
     if plan.choice is None or plan.ledger.partitions is not None or spec.data.group_by is not None:
         return ()
+    if plan.fusion.bundles:  # the candidates' predictions know no bundles
+        return ()
     return switch_targets(plan.policy)
 
 
@@ -378,17 +385,23 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     policy, choice = chosen_policy(spec, todo, estimates, decode_rate, epochs_done, ledger, basis)
     candidates = candidates_for(spec)
     name = choice.name if choice else (candidates[0] if spec.scheduler.policy == AUTO else spec.scheduler.policy)
+    positions = {i: int(infos[i]["epoch_samples"]) for i in resumed}
+    fusion = plan_fusion(spec, [p.id for p in remaining], positions, spec.cluster.gpus)
+    if fusion.bundles:
+        policy = Bundled(policy, fusion.bundles)
     plan = RunPlan(todo, source, policy, ledger, records, resumed, converged, choice, name,
-                   rungs.early if rungs else None, basis=basis)
+                   rungs.early if rungs else None, basis=basis, fusion=fusion)
     plan.forecast = run_forecast(spec, plan, estimates, decode_rate, epochs_done)
     return plan
 
 
 def run_cores(spec: Spec, rates: RateTable, calibration: Calibration | None, cores: float | None) -> SharedCores | None:
     """The cores a CPU run's trainers and preprocessors share: the profile's node's (else
-    `cores`, else this process's), at the costs an earlier run measured where there is one."""
+    `cores`, else this process's; virtual nodes share one machine's), at the costs an earlier
+    run measured where there is one."""
     cluster = spec.cluster
-    sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores())
+    sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores(),
+                           cluster.nodes if cluster.virtual_nodes else 1)
     return calibration.cores(sharing) if calibration else sharing
 
 
@@ -424,7 +437,8 @@ def _early_stopping(spec: Spec, run_dir: Path, records: dict[str, ModelRecord],
     metric = spec.models[0].train.stop.metric.value  # one metric for all (the spec's cross-checks)
     curves = {m: r.history for m, r in records.items() if r.history}
     ended = {m: records[m].epochs for m in converged}
-    rungs = start_early_stopping(run_dir, settings, [m.id for m in spec.models], metric, curves, ended)
+    rungs = start_early_stopping(run_dir, settings, [m.id for m in spec.models], metric, curves, ended,
+                                 model_groups(spec))
     for decision in rungs.early.decisions if rungs else ():
         if decision.model in rungs.stopped and decision.verdict is Verdict.STOPPED:
             records[decision.model].stopped_early(rungs.early.rungs(decision.model).index(decision.rung))
@@ -476,13 +490,36 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
-        prediction=prediction_record(plan, makespan, coordinator.interrupted, account.measured_costs(makespan)),
+        prediction=prediction_record(plan, makespan, coordinator.interrupted,
+                                     account.measured_costs(makespan, measured_core_share(spec, plan, coordinator,
+                                                                                          makespan))),
         groups=model_groups(spec),
     )
     write_results(run_dir, result)
     rounds = {"policy": policy, "gpus_per_node": spec.cluster.gpus_per_node, "rounds": account.plan_rounds}
     atomic_write_json(run_dir / "plan.json", rounds)
     return result
+
+
+def measured_core_share(spec: Spec, plan: RunPlan, coordinator, makespan: float) -> float | None:
+    """The part of its nodes' cores (as the predictions count them) a CPU run's measured work
+    got, where its trainers and preprocessors want more than a node has: from its ranks' CPU
+    as rank 0 sampled it where they share one host (`host_use`), else over the whole makespan;
+    None on GPUs or where the ranks fit."""
+    cores = plan.basis.cores
+    if cores is None or not cores.oversubscribed(spec.cluster.gpus_per_node, node_preprocessors(spec, plan.rates)):
+        return None
+    simulated = cores.cores * math.ceil(spec.cluster.nodes / cores.nodes_per_host)  # every machine's cores
+    costs = coordinator.account.costs
+    if coordinator.host_use is not None:
+        return core_share(coordinator.host_use, costs.accounted_core_s(), simulated)
+    return costs.core_share_over(simulated, makespan)
+
+
+def node_preprocessors(spec: Spec, rates: RateTable) -> int:
+    """Preprocessor processes on one node (the most any node has)."""
+    cluster = spec.cluster
+    return math.ceil(preprocessor_count(cluster.preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes)
 
 
 def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict) -> dict:
@@ -518,7 +555,7 @@ def results_from_log(spec: Spec, run_dir: Path) -> RunResult:
         if record is None:
             continue
         if event["event"] == "epoch" and event["epoch"] <= kept[event["model"]]:
-            entry = {k: v for k, v in event.items() if k not in ("event", "time", "model", "stop_reason")}
+            entry = {k: v for k, v in event.items() if k not in ("event", "time", "model", "stop_reason", "bundle")}
             record.history = [h for h in record.history if h["epoch"] < entry["epoch"]] + [entry]
             record.epochs = entry["epoch"]
             record.converged, record.stop_reason = event["stop_reason"] is not None, event["stop_reason"]

@@ -14,13 +14,14 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from fleet.engines.fusion import fusion_text
 from fleet.runtime.context import RunContext
 from fleet.runtime.control.console import Console
 from fleet.runtime.control.preprocessors import pick_preprocessors, preprocessors_needed
 from fleet.runtime.control.streams import Group, LiveStream, StreamBooks
 from fleet.runtime.data.chunks import resumed_end_chunk
 from fleet.runtime.events import EventLog
-from fleet.runtime.protocol import StartMember, StartStream, StreamLayout, StreamSource, Tag
+from fleet.runtime.protocol import StartBundle, StartMember, StartStream, StreamLayout, StreamSource, Tag
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule.ledger import Ledger
 from fleet.spec import Spec
@@ -64,11 +65,12 @@ class StreamStarter:
         self.store = CheckpointStore(ctx.run_dir)
         self.groups_started = 0
 
-    def new_group(self, model: str, gpus: tuple[int, ...]) -> Group:
-        """The group of trainers of `gpus` for `model`, with the next group id."""
+    def new_group(self, model: str, gpus: tuple[int, ...], models: tuple[str, ...] = ()) -> Group:
+        """The group of trainers of `gpus` for `model` (or for a bundle of `models`, `model` its
+        first), with the next group id."""
         self.groups_started += 1
         ranks = tuple(self.topology.trainer_rank(g) for g in gpus)
-        return Group(model, ranks, tuple(gpus), self.groups_started)
+        return Group(model, ranks, tuple(gpus), self.groups_started, tuple(models))
 
     def open_stream(self, stream_id: int, groups: list[Group], launching: int, partition: int | None = None,
                     own_decoding: bool = False) -> None:
@@ -78,12 +80,14 @@ class StreamStarter:
         masters = tuple(g.ranks[0] for g in groups)
         preprocessors = masters if own_decoding else pick_preprocessors(
             self.topology, self.books.staying_preprocessors(), masters, launching, nodes)
-        source = self._source([g.model for g in groups], partition)
-        end = max(self.member_end(g.model, 0, source) for g in groups)
+        models = [m for g in groups for m in g.training]
+        source = self._source(models, partition)
+        end = max(self.group_end(g, 0, source) for g in groups)
         layout = StreamLayout(stream_id, 0, preprocessors, masters, end)
         live = self.books.streams[stream_id] = LiveStream(layout, source, self.ledger.round)
-        need = None if own_decoding else preprocessors_needed(self.ledger.rates, [(g.model, len(g.gpus)) for g in groups])
-        self.log.write("stream_start", stream=stream_id, members=[g.model for g in groups],
+        need = None if own_decoding else preprocessors_needed(self.ledger.rates, [(g.training, len(g.gpus))
+                                                                                  for g in groups])
+        self.log.write("stream_start", stream=stream_id, members=models,
                        preprocessors=list(preprocessors), round=self.ledger.round, preprocessors_needed=need, end=end,
                        partition=partition, own_decoding=own_decoding)
         if need is not None and need > len(preprocessors):
@@ -91,14 +95,18 @@ class StreamStarter:
                                 f"{len(preprocessors)}: its members may wait for data")
         for rank in preprocessors:
             self.send(StartStream(layout, source), rank, Tag.PREPROCESSOR)
-        self.console.shared_stream(stream_id, [g.model for g in groups])
+        self.console.shared_stream(stream_id, models)
         for group in groups:
             self.start_group(live, group, first_chunk=0)
 
     def start_group(self, live: LiveStream, group: Group, first_chunk: int) -> None:
-        """`StartMember` to every rank of `group`, which takes stream `live` from `first_chunk`."""
-        stream_group(self.ctx.spec, [group.model], live.source.group)
+        """`StartMember` to every rank of `group` (`StartBundle` to a bundle's one rank), which
+        takes stream `live` from `first_chunk`."""
+        stream_group(self.ctx.spec, list(group.ids), live.source.group)
         live.groups.setdefault(group.model, group)
+        if group.models:
+            self._start_bundle(live, group, first_chunk)
+            return
         resume = self.store.latest_info(group.model) is not None
         limit = self.ctx.epoch_limits.get(group.model)
         model = self.ctx.spec.model(group.model)
@@ -111,6 +119,29 @@ class StreamStarter:
         self.console.member(group.model, group.gpus, live.layout.stream, resume)
         self.log.write("member_start", model=group.model, stream=live.layout.stream, gpus=list(group.gpus),
                        ranks=list(group.ranks), first_chunk=first_chunk, resume=resume)
+
+    def _start_bundle(self, live: LiveStream, group: Group, first_chunk: int) -> None:
+        """`StartBundle` to the bundle's rank, for its models that have not left it (a join
+        dropped for some of them before it happened); a `member_start` for each model."""
+        models = group.training
+        resume = tuple(self.store.latest_info(m) is not None for m in models)
+        command = StartBundle(models, group.uid, group.ranks, live.layout, live.source, first_chunk, self.ledger.round,
+                              resume, tuple(self.ctx.epoch_limits.get(m) for m in models),
+                              tuple(self.ledger.model(m).next_stop for m in models))
+        self.books.groups_open += len(models)  # each model's leave report closes one
+        for rank in group.ranks:
+            self.send(command, rank, Tag.TRAINER)
+        key = fusion_text(self.ctx.spec.model(models[0]))
+        self.log.write("bundle_formed", models=list(models), key=key, stream=live.layout.stream, gpus=list(group.gpus))
+        self.console.bundle(models, group.gpus, key)
+        for model, resumed in zip(models, resume):
+            self.console.member(model, group.gpus, live.layout.stream, resumed)
+            self.log.write("member_start", model=model, stream=live.layout.stream, gpus=list(group.gpus),
+                           ranks=list(group.ranks), first_chunk=first_chunk, resume=resumed, bundle=list(models))
+
+    def group_end(self, group: Group, first_chunk: int, source: StreamSource) -> int:
+        """`member_end` of the group's model, or the furthest of a bundle's models."""
+        return max(self.member_end(m, first_chunk, source) for m in group.training)
 
     def member_end(self, model: str, first_chunk: int, source: StreamSource) -> int:
         """The stream chunk after the one where `model`, taking the stream from `first_chunk`,

@@ -15,10 +15,25 @@ from fleet.runtime.protocol import StreamDone, StreamLayout, StreamSource
 
 @dataclass
 class Group:
+    """The trainers of one model, or of a bundle (`models`; `model`, its first, is its key in
+    its stream's books), and the models of a bundle that left it while the others train on."""
+
     model: str
     ranks: tuple[int, ...]
     gpus: tuple[int, ...]
     uid: int
+    models: tuple[str, ...] = ()
+    left: set[str] = field(default_factory=set)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The models it trains: a bundle's, or its one model."""
+        return self.models or (self.model,)
+
+    @property
+    def training(self) -> tuple[str, ...]:
+        """Its models that have not left it."""
+        return tuple(m for m in self.ids if m not in self.left)
 
 
 @dataclass

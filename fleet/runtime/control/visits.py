@@ -3,9 +3,11 @@
 One line per visit that ended (a model's pass over one partition): ``model``, ``epoch`` (the
 model's epoch the visit belongs to, from 1), ``partition``, ``gpus``, ``start`` and ``end``
 (seconds on the job's clock), ``job`` (which start of the run: 0, then one more per resume).
-Lines are appended as visits end and survive a kill. The checkpoint a visit ends with is the
-truth about what a model visited (a resumed job continues from it); a visit whose checkpoint
-was saved but whose line was lost to a kill is written on resume with ``"recovered": true``.
+The checkpoint a visit ends with is the truth about what a model visited (a resumed job
+continues from it), so a visit's line is appended only once that checkpoint is committed (its
+group's leave report comes after the save), never when the pass ends: a kill in between
+leaves no line for a visit the resumed model trains again. A visit whose checkpoint was
+committed but whose line was lost to a kill is written on resume with ``"recovered": true``.
 """
 
 from __future__ import annotations
@@ -41,20 +43,30 @@ class VisitLog:
         self.job = 1 + max((line.get("job", 0) for line in lines), default=-1)
         self.logged = {(line["model"], line["epoch"], line["partition"]) for line in lines}
         self.open: dict[str, tuple[int, list[int], float]] = {}  # model -> (partition, gpus, start)
+        self.saving: dict[str, dict] = {}  # model -> the line of its ended visit, until its checkpoint commits
 
     def started(self, model: str, partition: int, gpus: list[int], at: float) -> None:
         self.open[model] = (partition, gpus, at)
 
     def ended(self, model: str, epoch: int, at: float) -> int:
-        """Log the visit `model` had started; returns its partition."""
+        """The pass of the visit `model` had started (in its epoch `epoch`) is over at `at`; its
+        line waits for the checkpoint that records it (`left`). Returns its partition."""
         partition, gpus, start = self.open.pop(model)
-        self._write({"model": model, "epoch": epoch, "partition": partition, "gpus": gpus,
-                     "start": round(start, 3), "end": round(at, 3), "job": self.job})
+        self.saving[model] = {"model": model, "epoch": epoch, "partition": partition, "gpus": gpus,
+                              "start": round(start, 3), "end": round(at, 3), "job": self.job}
         return partition
 
-    def dropped(self, model: str) -> None:
-        """The model's visit was cut short (the checkpoint signal): no visit."""
-        self.open.pop(model, None)
+    def left(self, model: str, visited: int | None, epoch: int, at: float) -> None:
+        """The group of `model` left, having saved the checkpoint that records its visit: log
+        the visit. `visited` is None for a visit cut short (the checkpoint signal), which is no
+        visit; a visit not said to end before (the model converged on it, and its epoch's save
+        recorded it) ends now, at `at` in `epoch`."""
+        if visited is None:
+            self.open.pop(model, None)
+            return
+        if model not in self.saving:
+            self.ended(model, epoch, at)
+        self._write(self.saving.pop(model))
 
     def recover(self, partitions: int, epochs_done: Mapping[str, int], visited: Mapping[str, tuple[int, ...]]) -> None:
         """Write the visits the checkpoints hold and the log lacks (a kill between the two): those

@@ -10,14 +10,22 @@ import numpy as np
 
 from fleet.report.predictions import TEST, VALIDATION, Checkpoint, commit_best, improves, write_labels
 from fleet.runtime.context import RunContext
+from preprocess.grouped import unique_parts
 
 
 def keeps_predictions(ctx: RunContext) -> bool:
-    """Every model is validated on the same samples, unless partitioned data validates each
-    epoch on its own node's partition (`data.validation: local`) or each model of grouped data
-    on its group's (`data.group_by`; ensembles per group are not built yet): then none are kept."""
+    """Every model is validated on the same samples (with `data.group_by`, every model of a
+    group on its group's), unless partitioned data validates each epoch on its own node's
+    partition (`data.validation: local`): then none are kept."""
     data = ctx.spec.data
-    return not (data.partitioned and data.validation == "local") and data.group_by is None
+    return not (data.partitioned and data.validation == "local")
+
+
+def group_part(spec: Any, model: Any) -> str | None:
+    """The id part of `model`'s group, which names its group's labels files (None: no group)."""
+    if model.group is None:
+        return None
+    return unique_parts({m.group for m in spec.models if m.group is not None})[model.group]
 
 
 class BestPredictions:
@@ -32,6 +40,7 @@ class BestPredictions:
     def __init__(self, ctx: RunContext, model: Any, is_master: bool):
         self.ctx, self.model = ctx, model
         self.active = is_master and keeps_predictions(ctx)
+        self.group = group_part(ctx.spec, model) if self.active else None
 
     def epoch_ended(self, engine: Any, history: list[dict], probabilities: np.ndarray | None,
                     saved: Any | None) -> None:
@@ -45,11 +54,11 @@ class BestPredictions:
             return
         run_dir = self.ctx.run_dir
         val_labels = self.ctx.validation_of(self.model.group)[1]
-        write_labels(run_dir, VALIDATION, val_labels)
+        write_labels(run_dir, VALIDATION, val_labels, self.group)
         kept = {VALIDATION: probabilities}
         test = self.ctx.test_of(self.model.group)
         if test is not None:
             kept[TEST] = engine.predict(test[0])
-            write_labels(run_dir, TEST, test[1])
+            write_labels(run_dir, TEST, test[1], self.group)
         checkpoint = None if saved is None else Checkpoint(saved.path, saved.sha256, saved.bytes)
         commit_best(run_dir, self.model.id, int(history[-1]["epoch"]), {metric: values[-1]}, kept, checkpoint)

@@ -36,14 +36,31 @@ class Member:
     engine: object
 
 
-def chosen_models(run_dir: Path, model: str | None) -> dict[str, float]:
-    """The models to apply and their weights: `model` alone, else the run's ``ensemble.json``."""
+def chosen_models(run_dir: Path, model: str | None, group: str | None = None) -> dict[str, float]:
+    """The models to apply and their weights: `model` alone, else the run's ``ensemble.json``
+    (with groups, the ensemble of `group`, a raw key)."""
     if model is not None:
         return {model: 1.0}
     doc = read_ensemble(run_dir)
     if doc is None:
         raise UserError(f"{run_dir}: no {ENSEMBLE}: run 'fleet ensemble {run_dir}' first, or name one model with --model")
+    if "groups" in doc:
+        doc = _group_ensemble(doc, group, run_dir)
+    elif group is not None:
+        raise UserError(f"--group: {run_dir / ENSEMBLE} holds one ensemble of the whole run, not one per group")
     return {m["model"]: float(m["weight"]) for m in doc["members"]}
+
+
+def _group_ensemble(doc: dict, group: str | None, run_dir: Path) -> dict:
+    """The ensemble of `group` in a per-group ``ensemble.json`` (UserError: none named, or unknown)."""
+    keys = list(doc["groups"])
+    shown = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")
+    if group is None:
+        raise UserError(f"{run_dir / ENSEMBLE}: one ensemble per group (data.group_by): name one with --group KEY "
+                        f"({shown}), or a model with --model")
+    if group not in doc["groups"]:
+        raise UserError(f"--group: {group!r} has no ensemble in {run_dir / ENSEMBLE} (its groups: {shown})")
+    return doc["groups"][group]
 
 
 def load_members(spec: Spec, run_dir: Path, weights: dict[str, float], device: str) -> list[Member]:

@@ -11,7 +11,7 @@ evaluates, checkpoints and reports, and the group goes on or leaves.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
@@ -33,14 +33,17 @@ from fleet.runtime.protocol import (
     KeepAlive,
     MemberLeft,
     Shutdown,
+    StartBundle,
     StartMember,
     Tag,
     VisitEnded,
 )
 from fleet.runtime.train.best_predictions import BestPredictions
+from fleet.runtime.train.bundle import BundleTraining
 from fleet.runtime.train.collectives.factory import create_collective
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.runtime.train.member_checkpoints import MemberCheckpoints
+from fleet.runtime.train.stint import EpochTotals, MemberCosts, next_batch, resumed_totals
 from fleet.runtime.train.stop import StopReason, StopTracker
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
@@ -67,54 +70,6 @@ def build_engine(ctx: RunContext, model: Any, group_size: int, epoch_limit: int 
 def build_collective(ctx: RunContext, group_comm: Any):
     """The gradient collective of this trainer's group (`runtime.collective`)."""
     return create_collective(ctx.spec.runtime.collective, group_comm, ctx.device, ctx.timeout_s)
-
-
-@dataclass
-class EpochTotals:
-    """What the group did in the current epoch (the same on every trainer of the group)."""
-
-    samples: int = 0
-    loss_sum: float = 0.0
-    compute_s: float = 0.0
-    started: float = field(default_factory=time.monotonic)
-    resumed: int = 0  # of `samples`, those trained before a checkpoint, by an earlier stint
-    step_cpu_s: float = 0.0  # CPU seconds of this trainer's thread in its steps (this stint)
-    cpu_started: float = field(default_factory=time.process_time)  # the process's CPU seconds then
-
-    def consumed_per_s(self, epoch_s: float) -> float:
-        """Samples per second the group took from its stream since `started`."""
-        return (self.samples - self.resumed) / max(epoch_s, 1e-9)
-
-
-class MemberCosts:
-    """What a member's master reports of its own costs, each once: its start (from its
-    `StartMember` to its first batch: set-up, restore, the stream's first data) in the first
-    report after that batch, and the seconds of its saves since its last report (the
-    coordinator sums the reports, so each save counts once)."""
-
-    def __init__(self, created: float | None = None):
-        self.created = time.monotonic() if created is None else created
-        self.first_batch: float | None = None
-        self.start_reported = False
-        self.checkpoint_s = 0.0
-
-    def first_batch_came(self, when: float | None = None) -> None:
-        if self.first_batch is None:
-            self.first_batch = time.monotonic() if when is None else when
-
-    def saved(self, seconds: float) -> None:
-        self.checkpoint_s += seconds
-
-    def take_start_s(self) -> float:
-        """The start, once; 0 before the first batch (a leave before any data) and after."""
-        if self.first_batch is None or self.start_reported:
-            return 0.0
-        self.start_reported = True
-        return self.first_batch - self.created
-
-    def take_checkpoint_s(self) -> float:
-        seconds, self.checkpoint_s = self.checkpoint_s, 0.0
-        return seconds
 
 
 @dataclass
@@ -147,16 +102,6 @@ class Visit:
         """A leave keeps where the model stands, but a visit cut short is dropped (its last hop
         stays the model's state), and one that ended the epoch saved there already."""
         return self.ended and bool(self.visited)
-
-
-def resumed_totals(epoch_samples: int, is_master: bool, sums: tuple[float, float], size: int) -> EpochTotals:
-    """The epoch a checkpoint stopped in: its position, and (on the master, which saved them)
-    the loss sum and compute time so far (`sums`), so that the epoch's loss and rate cover all
-    of it. The epoch's sums are allreduced over the `size` trainers, so workers start at zero."""
-    if not epoch_samples or not is_master:
-        return EpochTotals(samples=epoch_samples, resumed=epoch_samples)
-    loss_sum, compute_s = sums
-    return EpochTotals(samples=epoch_samples, loss_sum=loss_sum, compute_s=compute_s * size, resumed=epoch_samples)
 
 
 def group_step(engine: Any, collective: Any, batch: Batch | None, count: int, total: float) -> float:
@@ -310,16 +255,7 @@ class GroupTraining:
                 self.link.maybe_progress(self.tracker.epochs, self.totals.samples, self.totals.started)
 
     def _next_batch(self, batcher: Batcher, stream: StreamThread) -> Batch:
-        try:
-            batch = batcher.get()
-        except WaitTimeout as exc:
-            if stream.error is not None:
-                raise stream.error
-            draining = [t for t in self.ctx.draining if t.waiting_for]
-            also = "".join(f"; the draining {t.name} of its last group waits for {t.waiting_for}" for t in draining)
-            raise WaitTimeout(f"{exc}; {stream.describe()}{also}") from None
-        if batch.leave and stream.error is not None:
-            raise stream.error
+        batch = next_batch(self.ctx, batcher, stream)
         if not batch.leave:
             self.costs.first_batch_came()
         return batch
@@ -420,8 +356,9 @@ class GroupTraining:
 
 
 class TrainerLoop:
-    """The main loop of a trainer rank: idle until a `StartMember`, train, report, repeat;
-    where the run's policy has its members decode their own streams, with an `OwnDecoder`."""
+    """The main loop of a trainer rank: idle until a `StartMember` (or a `StartBundle`), train,
+    report, repeat; where the run's policy has its members decode their own streams, with an
+    `OwnDecoder`."""
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -441,6 +378,8 @@ class TrainerLoop:
                 return
             if isinstance(command, StartMember):
                 self._run_member(command)
+            elif isinstance(command, StartBundle):
+                self._run_bundle(command)
 
     def _next_command(self):
         pending = self.ctx.pending
@@ -473,6 +412,18 @@ class TrainerLoop:
                 send_object(self.ctx.ctrl, left, 0, Tag.REPORT, "the coordinator to take a leave report",
                             self.ctx.timeout_s)
             training.collective.close()
+        finally:
+            group_comm.Free()
+        self.ctx.who.role = "trainer"
+
+    def _run_bundle(self, start: StartBundle) -> None:
+        """Train a bundle on this trainer; the last model's leave report releases the slot."""
+        self.ctx.who.role = f"trainer of bundle {', '.join(start.models)}"
+        group_comm = create_group_comm(self.ctx.group_parent, start.ranks, start.group_uid)
+        try:
+            left = BundleTraining(self.ctx, start, group_comm).run()
+            send_object(self.ctx.ctrl, left, 0, Tag.REPORT, "the coordinator to take a leave report",
+                        self.ctx.timeout_s)
         finally:
             group_comm.Free()
         self.ctx.who.role = "trainer"

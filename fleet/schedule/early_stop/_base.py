@@ -15,6 +15,10 @@ where it records epochs:
    epochs' metrics. It returns the decisions the recorded ones imply but that were not yet
    recorded (a job cut between writing two decisions of one rung).
 
+With learning over groups, each model belongs to a *cohort* (its group): a rung then compares
+the models of one cohort only, as if each cohort were a run of its own, while the decisions are
+still numbered in one sequence for the whole run.
+
 Every decision goes through one method, ``_apply``, whether it is made now or read back from
 its record, so a restored object is in the very state of the one that made the records, and
 the same later epochs give the same later decisions. Nothing is decided twice for a (model,
@@ -39,6 +43,9 @@ class EarlyStopping:
     Args:
         settings: the run's settings (its ``method`` chose the class).
         models: the models' ids in spec order.
+        cohorts: each model's cohort (learning over groups: its group); a rung compares a
+            model only with the models of its own cohort, and each cohort is decided as a run
+            of its own would be. None, or a model not in it: one cohort of every such model.
 
     Primitives a method overrides: ``_rungs_of`` (a model's rungs), ``_observe`` (an epoch
     the model reached; decide through ``_decide``), ``_apply`` (what a decision changes),
@@ -49,10 +56,11 @@ class EarlyStopping:
 
     verdicts: frozenset[Verdict] = frozenset()
 
-    def __init__(self, settings: EarlyStopSettings, models: Sequence[str]):
+    def __init__(self, settings: EarlyStopSettings, models: Sequence[str], cohorts: Mapping[str, str] | None = None):
         self.settings = settings
         self.models = _checked_models(models)
         self._known = frozenset(self.models)
+        self._cohort_of = {model: (cohorts or {}).get(model) for model in self.models}
         self._decisions: list[RungDecision] = []
         self._stopped: set[str] = set()
         self._ended: dict[str, int] = {}
@@ -145,6 +153,17 @@ class EarlyStopping:
         return model in self._stopped
 
     # -- for the methods ------------------------------------------------------------------
+
+    def cohort(self, model: str) -> str | None:
+        """The cohort `model` is compared within (None: the one cohort of models without one)."""
+        return self._cohort_of[model]
+
+    def cohorts(self) -> list[tuple[str, ...]]:
+        """The models of each cohort, in spec order, cohorts by their first model."""
+        members: dict[str | None, list[str]] = {}
+        for model in self.models:
+            members.setdefault(self._cohort_of[model], []).append(model)
+        return [tuple(models) for models in members.values()]
 
     def _decide(self, model: str, rung: int, verdict: Verdict, metric: float | None, cutoff: float | None,
                 bracket: int = 0) -> RungDecision:

@@ -1,6 +1,7 @@
 """``asha``: asynchronous successive halving (Li et al., MLSys 2020), as a stopping rule.
 
-A model that reaches a rung is recorded there and decided at once, without waiting for the
+A model that reaches a rung is recorded there (among its cohort's: its group's, with learning
+over groups) and decided at once, without waiting for the
 others (Ray Tune's ``ASHAScheduler`` works the same way): with ``n`` models recorded at the
 rung so far, itself included, it continues if ``n < η``, else if it is among the
 ``k = max(1, floor(n / η))`` best of them (ties: the one recorded first is better), and is
@@ -10,7 +11,7 @@ stopped otherwise. The cut-off is the k-th best value. Nothing waits, so no mode
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fleet.schedule.early_stop._base import EarlyStopping
@@ -26,17 +27,23 @@ class Asha(EarlyStopping):
 
     verdicts = frozenset({Verdict.CONTINUE, Verdict.STOPPED})
 
-    def __init__(self, settings: EarlyStopSettings, models: Sequence[str]):
-        super().__init__(settings, models)
+    def __init__(self, settings: EarlyStopSettings, models: Sequence[str], cohorts: Mapping[str, str] | None = None):
+        super().__init__(settings, models, cohorts)
         self._rungs = rung_epochs(settings.min_epochs, settings.reduction, settings.max_epochs)
-        self._arrivals: dict[int, list[tuple[str, float | None]]] = {rung: [] for rung in self._rungs}
+        self._arrivals: dict[tuple[str | None, int], list[tuple[str, float | None]]] = {}
 
     def _rungs_of(self, model: str) -> tuple[int, ...]:
         return self._rungs
 
+    def _arrived(self, model: str, rung: int) -> list[tuple[str, float | None]]:
+        """The arrivals so far at `rung` of `model`'s cohort."""
+        return self._arrivals.setdefault((self.cohort(model), rung), [])
+
     def _observe(self, model: str, epoch: int, value: float | None) -> None:
-        arrivals = self._arrivals.get(epoch)
-        if arrivals is None or any(m == model for m, _ in arrivals):
+        if epoch not in self._rungs:
+            return
+        arrivals = self._arrived(model, epoch)
+        if any(m == model for m, _ in arrivals):
             return
         verdict, cutoff = self._verdict([*arrivals, (model, value)])
         self._decide(model, epoch, verdict, value, cutoff)
@@ -53,9 +60,9 @@ class Asha(EarlyStopping):
 
     def _check_record(self, record: RungDecision, place: int) -> None:
         super()._check_record(record, place)
-        if any(model == record.model for model, _ in self._arrivals[record.rung]):
+        if any(model == record.model for model, _ in self._arrived(record.model, record.rung)):
             raise RecordError("rung", f"model {record.model!r} was decided at rung {record.rung} already")
 
     def _apply(self, decision: RungDecision) -> None:
         super()._apply(decision)
-        self._arrivals[decision.rung].append((decision.model, decision.metric))
+        self._arrived(decision.model, decision.rung).append((decision.model, decision.metric))

@@ -8,6 +8,9 @@ reported are ``PROMOTED`` (they train on from their checkpoints) and the rest ``
 ties go to the model that reported first, and the cut-off is the last promoted one's value.
 A model promoted from the last rung trains to its ``max_epochs``.
 
+With cohorts (learning over groups: each model's group), every cohort has brackets of its own:
+a rung waits for, and ranks, the models of one cohort only.
+
 ``hyperband`` runs one such halving per bracket (`fleet.schedule.early_stop.rungs`): the
 models are dealt to the brackets in spec order by weighted round-robin on Li et al.'s bracket
 sizes, bracket ``b`` has its first rung at ``min_epochs × η^b``, and the brackets decide
@@ -17,7 +20,7 @@ independently.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -104,14 +107,15 @@ class SuccessiveHalving(EarlyStopping):
 
     verdicts = frozenset({Verdict.PAUSED, Verdict.PROMOTED, Verdict.STOPPED})
 
-    def __init__(self, settings: EarlyStopSettings, models: Sequence[str]):
-        super().__init__(settings, models)
-        self._brackets = self._make_brackets()
+    def __init__(self, settings: EarlyStopSettings, models: Sequence[str], cohorts: Mapping[str, str] | None = None):
+        super().__init__(settings, models, cohorts)
+        self._brackets = [bracket for members in self.cohorts() for bracket in self._make_brackets(members)]
         self._of = {model: bracket for bracket in self._brackets for model in bracket.models}
 
-    def _make_brackets(self) -> list[_Bracket]:
+    def _make_brackets(self, models: tuple[str, ...]) -> list[_Bracket]:
+        """The brackets of one cohort's `models` (spec order)."""
         s = self.settings
-        return [_Bracket(0, self.models, rung_epochs(s.min_epochs, s.reduction, s.max_epochs))]
+        return [_Bracket(0, models, rung_epochs(s.min_epochs, s.reduction, s.max_epochs))]
 
     def bracket(self, model: str) -> int:
         return self._of[self._model(model)].index
@@ -173,8 +177,8 @@ class SuccessiveHalving(EarlyStopping):
 class Hyperband(SuccessiveHalving):
     """Hyperband: brackets of successive halving with Li et al.'s sizes and first rungs."""
 
-    def _make_brackets(self) -> list[_Bracket]:
+    def _make_brackets(self, models: tuple[str, ...]) -> list[_Bracket]:
         plans = hyperband_brackets(self.settings)
-        dealt = deal(len(self.models), [plan.size for plan in plans])
-        return [_Bracket(plan.index, [m for m, b in zip(self.models, dealt) if b == plan.index], plan.rungs)
+        dealt = deal(len(models), [plan.size for plan in plans])
+        return [_Bracket(plan.index, [m for m, b in zip(models, dealt) if b == plan.index], plan.rungs)
                 for plan in plans]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fleet.schedule.early_stop._base import EarlyStopping, NoEarlyStopping
@@ -20,9 +20,11 @@ METHODS: dict[str, type[EarlyStopping]] = {
     "hyperband": Hyperband,
     "median": MedianStopping,
 }
-"""Early-stopping classes by method name; each takes (settings, models)."""
+"""Early-stopping classes by method name; each takes (settings, models, cohorts)."""
 
 
-def create_early_stopping(settings: EarlyStopSettings, models: Sequence[str]) -> EarlyStopping:
-    """The early stopping of a run: `settings.method`'s class over `models` (in spec order)."""
-    return METHODS[settings.method](settings, models)
+def create_early_stopping(settings: EarlyStopSettings, models: Sequence[str],
+                          cohorts: Mapping[str, str] | None = None) -> EarlyStopping:
+    """The early stopping of a run: `settings.method`'s class over `models` (in spec order);
+    with `cohorts` (each model's group), each rung compares models of one cohort only."""
+    return METHODS[settings.method](settings, models, cohorts)

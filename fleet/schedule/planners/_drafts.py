@@ -21,6 +21,9 @@ from fleet.schedule.placement import place
 from fleet.schedule.planners._adaptive_plan import ModelPlan
 
 _MAX_CANDIDATES = 64  # queued models weighed at once, at most (planning time at 1,000 models)
+# A critical model may be paced to finish this share past the bound: models of rates within
+# 5 % still share a stream (less to decode); the family's weak cells on TUNING_SEEDS as at 0.
+FLOOR_SLACK = 0.05
 
 
 @dataclass
@@ -34,27 +37,36 @@ class Draft:
         low, high: the least and the greatest of ``rates`` (``inf`` and 0 while it has none),
             kept as members come and go: a decision at 10,000 GPUs weighs every draft's for
             each of thousands of picks.
+        running_floor: the least pace its running members may be held to (`StreamMatcher.floors`).
+        floors: the least pace each new member may be held to.
+        floor: the least pace the stream may run at: the greatest of these.
     """
 
     join: int | None
     rates: list[float]
     members: list[tuple[str, int]] = field(default_factory=list)
+    running_floor: float = 0.0
+    floors: list[float] = field(default_factory=list)
     low: float = field(init=False)
     high: float = field(init=False)
+    floor: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.low, self.high = min(self.rates, default=math.inf), max(self.rates, default=0.0)
+        self.floor = max([self.running_floor, *self.floors])
 
-    def add(self, member: tuple[str, int], rate: float) -> None:
-        """A new member of own ``rate``."""
+    def add(self, member: tuple[str, int], rate: float, floor: float = 0.0) -> None:
+        """A new member of own ``rate`` that may be held to a pace no lower than ``floor``."""
         self.members.append(member)
         self.rates.append(rate)
-        self.low, self.high = min(self.low, rate), max(self.high, rate)
+        self.floors.append(floor)
+        self.low, self.high, self.floor = min(self.low, rate), max(self.high, rate), max(self.floor, floor)
 
     def remove(self, k: int) -> None:
         """Take the ``k``-th new member out again."""
         self.rates.pop(len(self.rates) - len(self.members) + k)
         self.members.pop(k)
+        self.floors.pop(k)
         self.__post_init__()
 
     def spread_with(self, rate: float) -> float:
@@ -76,27 +88,102 @@ class StreamMatcher:
         self.plan = plan
         self.tolerance, self.tight_tolerance, self.hard_tolerance = tolerance, tight_tolerance, hard_tolerance
         self.min_members, self.window, self.extra = min_members, window, extra_gpus
+        self.floors: dict[str, float] = {}  # critical model drafted -> the least pace it may be held to
 
     def fill(self, view: ClusterView, drafts: list[Draft]) -> None:
         """Put queued models into `drafts` (new ones appended) while GPUs are free; leftover
-        GPUs, once the queue is empty, to the new members predicted to finish last."""
+        GPUs, once the queue is empty, to the new members predicted to finish last. The planned
+        GPUs of the critical models waiting are kept for them (`_reserve`)."""
         plan = self.plan
-        free = len(view.free_gpus)
-        while free > 0 and plan.queue:
+        reserved, place = self._reserve(len(view.free_gpus))
+        free = len(view.free_gpus) - sum(plan.counts[m] for m in reserved)
+        while True:
+            while reserved and (free <= 0 or not plan.queue or place[reserved[0]] < place[plan.queue[0]]):
+                self._draft_reserved(view, drafts, reserved.pop(0))
+            if free <= 0 or not plan.queue:
+                break
             model, gpus, draft = self._pick(view, drafts, free)
-            if draft is None:
-                draft = Draft(None, [])
-                drafts.append(draft)
-            draft.add((model, gpus), plan.rate(view, model, gpus))
+            self._draft(view, drafts, model, gpus, draft)
             plan.queue.remove(model)
             free -= gpus
         if not plan.queue and free > 0:
             self._boost(view, drafts, free)
 
+    def _reserve(self, free: int) -> tuple[list[str], dict[str, int]]:
+        """The critical models waiting (`ModelPlan.critical`) whose planned counts fit in ``free``
+        GPUs, the first in the queue first, taken out of the queue, and every queued model's
+        place in it (none where no model is reserved). The others are drafted on the GPUs left;
+        a reserved model is drafted once the head of the queue is past its place, or once no
+        GPU is left to the others (`_draft_reserved`). Planned to finish by the bound from its
+        start, a critical model left to the matching waits while models behind it match the
+        drafts better, and starts late on whatever GPUs are left."""
+        plan = self.plan
+        reserved = []
+        for model in (m for m in plan.queue if m in plan.critical) if plan.critical else ():
+            if plan.counts[model] <= free:
+                reserved.append(model)
+                free -= plan.counts[model]
+        if not reserved:
+            return [], {}
+        place = {m: k for k, m in enumerate(plan.queue)}
+        taken = set(reserved)
+        plan.queue = [m for m in plan.queue if m not in taken]
+        return reserved, place
+
+    def _draft_reserved(self, view: ClusterView, drafts: list[Draft], model: str) -> None:
+        """A reserved model on its planned count, into the draft it matches best (`_match`) or
+        a new one."""
+        gpus = self.plan.counts[model]
+        match = self._match(view, drafts, gpus, self._limit(view, drafts), [model]) if drafts else None
+        self._draft(view, drafts, model, gpus, match[2] if match else None)
+
+    def _draft(self, view: ClusterView, drafts: list[Draft], model: str, gpus: int, draft: Draft | None) -> None:
+        """Add ``model`` on ``gpus`` GPUs to ``draft`` (None: a new one), with its floor."""
+        if draft is None:
+            draft = Draft(None, [])
+            drafts.append(draft)
+        rate = self.plan.rate(view, model, gpus)
+        floor = self.floor(view, [model], np.array([rate]))[0]
+        self._keep_floor(model, floor)
+        draft.add((model, gpus), rate, floor)
+
+    def floor(self, view: ClusterView, models: list[str], rates: np.ndarray) -> np.ndarray:
+        """The least pace each of ``models``, on its own ``rates``, may be held to in a stream:
+        for a model the plan holds critical (`ModelPlan.critical`), the pace that still
+        finishes its forecast work by the bound (the plan's target over its target factor),
+        never above its own rate (once the bound is passed, its own rate); 0 for the others.
+        A critical model paced by a slower member finishes after the bound, and the makespan
+        with it (a stream's pace is its slowest member's)."""
+        critical = np.array([m in self.plan.critical for m in models], dtype=bool)
+        floors = np.zeros(len(models))
+        if not critical.any():
+            return floors
+        rows = np.flatnonzero(critical)
+        work = self.plan.remaining_of([view.model(models[k]) for k in rows]) * view.rates.samples_per_epoch
+        left = self.plan.target / self.plan.target_factor * (1 + FLOOR_SLACK) - view.time
+        floors[rows] = np.minimum(rates[rows], work / left) if left > 0 else rates[rows]
+        return floors
+
+    def _keep_floor(self, model: str, floor: float) -> None:
+        if floor > 0:
+            self.floors[model] = floor
+        else:
+            self.floors.pop(model, None)
+
+    def running_floors(self, view: ClusterView) -> dict[int, float]:
+        """Running stream -> the least pace its members may be held to (`floor`, as each was
+        drafted; only the streams of critical models)."""
+        floors: dict[int, float] = {}
+        for model, floor in self.floors.items():
+            stream = view.model(model).stream
+            if stream is not None:
+                floors[stream] = max(floors.get(stream, 0.0), floor)
+        return floors
+
     def _pick(self, view: ClusterView, drafts: list[Draft], free: int):
         """Best (model, gpu count, stream draft or None for a new stream) to start now: the
         best match of a queued model with a draft (`_match`), or else the head of the queue."""
-        match = self._match(view, drafts, free, self._limit(view, drafts)) if drafts else None
+        match = self._match(view, drafts, free, self._limit(view, drafts), self._candidates(free)) if drafts else None
         if match is not None:
             return match
         head = self.plan.queue[0]
@@ -109,15 +196,14 @@ class StreamMatcher:
         used = _budget_used(drafts, self.min_members)
         return self.hard_tolerance if used > 1 else max(self.tight_tolerance, self.tolerance * used ** 3)
 
-    def _match(self, view: ClusterView, drafts: list[Draft], free: int, limit: float):
-        """The (model, gpu count, draft) of least score within ``limit``, or None.
+    def _match(self, view: ClusterView, drafts: list[Draft], free: int, limit: float, candidates: list[str]):
+        """The (model, gpu count, draft) of least score within ``limit`` among ``candidates``
+        (queued models, in the queue's order), or None.
 
-        Candidates are the first ``window`` queued models, or all that fit in the free GPUs
-        if more do (at most ``_MAX_CANDIDATES``). A candidate may take a few more GPUs than
-        planned when that matches a stream's pace better; the score adds the log-rate mismatch,
-        the scaling loss of the extra GPUs and a small penalty for skipping ahead in the queue.
+        A candidate may take a few more GPUs than planned when that matches a stream's pace
+        better; the score adds the log-rate mismatch, the scaling loss of the extra GPUs and a
+        small penalty for skipping ahead in the queue.
         """
-        candidates = self._candidates(free)
         ranks, gpus, rate = self._count_options(view, candidates, free)
         single = self.plan.rates_at(view, candidates, np.ones((len(candidates), 1), dtype=int))[ranks, 0]
         loss = 1 - rate / (gpus * single)
@@ -126,7 +212,9 @@ class StreamMatcher:
         pace = np.minimum(low, rate[:, None])
         mismatch = np.log(np.maximum(high, rate[:, None]) / pace) * np.maximum(1.0, self.plan.reference / pace)
         score = mismatch + (loss + 0.01 * ranks)[:, None]
-        score[mismatch > limit] = np.inf
+        own = np.minimum(self.floor(view, candidates, np.full(len(candidates), np.inf))[ranks], rate)
+        floor = np.maximum(own[:, None], np.array([d.floor for d in drafts]))
+        score[(mismatch > limit) | (pace < floor * (1 - 1e-9))] = np.inf
         best = int(np.argmin(score))
         if not np.isfinite(score.flat[best]):
             return None
@@ -134,6 +222,8 @@ class StreamMatcher:
         return candidates[ranks[option]], int(gpus[option]), drafts[best % len(drafts)]
 
     def _candidates(self, free: int) -> list[str]:
+        """The queued models weighed for a pick: the first ``window``, or all that fit in the
+        ``free`` GPUs at their planned counts if more do (at most ``_MAX_CANDIDATES``)."""
         fitting, used = 0, 0
         for model in self.plan.queue[:_MAX_CANDIDATES]:  # more would not be weighed
             used += self.plan.counts[model]
@@ -182,7 +272,10 @@ class StreamMatcher:
             draft.remove(k)
             if not draft.members and draft.join is None:
                 drafts.remove(draft)
-            _add_to_match(drafts, self.plan.rate(view, model, new_gpus), (model, new_gpus), self.tolerance)
+            rate = self.plan.rate(view, model, new_gpus)
+            floor = self.floor(view, [model], np.array([rate]))[0]
+            self._keep_floor(model, floor)
+            _add_to_match(drafts, rate, (model, new_gpus), self.tolerance, floor)
             free -= new_gpus - gpus
 
 
@@ -214,19 +307,22 @@ def stream_to_join(drafts: list[Draft], rate: float, tolerance: float, target: i
     return best.join if best else None
 
 
-def _add_to_match(drafts: list[Draft], rate: float, member: tuple[str, int], tolerance: float) -> None:
-    """Add ``member`` (own ``rate``) to the draft it matches best within ``tolerance``, or to a
-    new draft of its own."""
-    best = _best_match(drafts, rate, tolerance)
+def _add_to_match(drafts: list[Draft], rate: float, member: tuple[str, int], tolerance: float, floor: float) -> None:
+    """Add ``member`` (own ``rate``, held to no pace below ``floor``) to the draft it matches best
+    within ``tolerance``, or to a new draft of its own."""
+    best = _best_match(drafts, rate, tolerance, floor)
     if best:
-        best.add(member, rate)
+        best.add(member, rate, floor)
     else:
-        drafts.append(Draft(None, [rate], [member]))
+        drafts.append(Draft(None, [rate], [member], floors=[floor]))
 
 
-def _best_match(drafts: list[Draft], rate: float, tolerance: float) -> Draft | None:
-    """The draft whose spread with a member of own ``rate`` is least, within ``tolerance``."""
-    fits = [d for d in drafts if d.rates and d.spread_with(rate) <= tolerance]
+def _best_match(drafts: list[Draft], rate: float, tolerance: float, floor: float = 0.0) -> Draft | None:
+    """The draft whose spread with a member of own ``rate`` is least, within ``tolerance``, where
+    neither the member (``floor``) nor the draft's members (`Draft.floor`) are paced below their
+    floors."""
+    fits = [d for d in drafts if d.rates and d.spread_with(rate) <= tolerance
+            and min(d.low, rate) >= max(floor, d.floor) * (1 - 1e-9)]
     return min(fits, key=lambda d: d.spread_with(rate)) if fits else None
 
 

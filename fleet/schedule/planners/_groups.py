@@ -136,5 +136,8 @@ class GroupPolicy(Policy):
         return self.fill(view)
 
     def on_promoted(self, event: ModelPromoted, view: ClusterView) -> Decision:
-        self.waiting.setdefault(group_of(view.rates, event.model), []).append(event.model)
+        waiting = self.waiting.setdefault(group_of(view.rates, event.model), [])
+        # promoted while its hold was saved, it came back PAUSED (on_checkpointed): it waits, or runs, already
+        if view.model(event.model).state is ModelState.PAUSED and event.model not in waiting:
+            waiting.append(event.model)
         return self.fill(view)

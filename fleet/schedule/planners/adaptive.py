@@ -55,7 +55,13 @@ from the model's own learning curve (a curve that flattens is forecast to stop; 
 improving, to go on). Each model's rate curve is rescaled by the ratio of its measured to its
 profiled rate after every epoch. The counts and the queue are planned once, at the start, for
 ``target_factor`` times the bound: few GPUs per model (the most efficient counts), the GPUs
-that frees up and the forecasts' corrections going to the tail.
+that frees up and the forecasts' corrections going to the tail; only a critical model, one
+that could not finish well within the bound even at its fastest (its fastest time over half
+the bound), is planned wide from its start, on the fewest GPUs that finish by the bound (the
+tail would widen it too late), where it starts in the first wave (its count fits the GPUs
+beside those of the models queued before it); its GPUs are kept for it at a launch (models
+behind it that match the drafted streams better do not take them), and no slower member
+joins its stream past the pace that still finishes it by the bound.
 
 Decoding. Where the view gives the preprocessors' measured throughput (``decode_rate``), no
 model is planned faster than it (its rates are capped there: more GPUs than reach it are not
@@ -77,6 +83,7 @@ from fleet.schedule._base import (
     ClusterView,
     Decision,
     EpochCompleted,
+    Event,
     Member,
     ModelConverged,
     ModelPromoted,
@@ -192,6 +199,10 @@ class FleetAdaptive(Policy):
         self.plan.plan(view)
         return self._fill(view)
 
+    def on_event(self, event: Event, view: ClusterView) -> Decision:
+        self.plan.follow(view)  # rates estimated anew since the last call
+        return super().on_event(event, view)
+
     def on_epoch(self, event: EpochCompleted, view: ClusterView) -> Decision:
         self.plan.observe_epoch(event, view)
         return NO_DECISION
@@ -233,7 +244,9 @@ class FleetAdaptive(Policy):
 
     def _running_drafts(self, view: ClusterView) -> list[Draft]:
         """The running streams, as drafts that new members may join."""
-        return [Draft(group.id, [seat.rate for seat in group.seats]) for group in self._groups(view)]
+        floors = self.matcher.running_floors(view)
+        return [Draft(group.id, [seat.rate for seat in group.seats], running_floor=floors.get(group.id, 0.0))
+                for group in self._groups(view)]
 
     def _groups(self, view: ClusterView) -> list[Group]:
         """The running streams as `_regroup` sees them: each member's GPUs and planned own rate.
