@@ -5,10 +5,13 @@ from dataclasses import replace
 import pytest
 
 from fleet.schedule.group_plan import (
+    Narrowing,
     Unit,
     decode_per_gpu,
     fastest_count,
     group_units,
+    held_narrowing,
+    narrowed,
     rest,
     planned_end,
     rate_matched,
@@ -20,6 +23,8 @@ from fleet.schedule.rates import ModelProfile
 
 # r(1..4) on one node of 4 GPUs, then a node boundary: r(5) gains little, r(6..8) by Eq. 5
 SCALING = ModelProfile("a", (100.0, 190.0, 270.0, 340.0, 350.0, 360.0, 365.0, 366.0))
+# a model whose rate grows less past a node's four GPUs (+40/s a GPU) than within it (+70/s)
+PAST_NODE = ModelProfile("n", (100.0, 190.0, 270.0, 340.0, 380.0, 420.0, 455.0, 485.0))
 
 
 def unit(name: str, seconds: float, gpus: int = 1, group: str = "g") -> Unit:
@@ -124,3 +129,59 @@ def test_planned_end_leaves_time_for_the_gpu_time_widening_costs():
     end = planned_end(work, 4, 4, 2000 / 366.0)
     assert width(SCALING, 2000.0, end, 4, 4) == 4
     assert end == pytest.approx((4 * 2000 / 340.0 + 6.0) / 4, rel=1e-3)
+
+
+def whole_thousands(samples: float) -> float:
+    """Epochs of 1,000 samples: the samples up to the first boundary at or after `samples`."""
+    return -(-samples // 1000) * 1000
+
+
+def test_a_model_past_a_node_narrows_to_the_node_after_its_first_epochs():
+    # 40,000 samples within 110 s: one node (340/s) takes 117.6 s, 5 GPUs (380/s) 105.3 s on
+    # 526 GPU-seconds; 5 GPUs for 28 epochs of 1,000, a pause of 1 s, 4 for the rest: 110 s on 515
+    count, narrowing = narrowed(PAST_NODE, 40_000.0, 110.0, 4, 64, 1.0, whole_thousands)
+    assert width(PAST_NODE, 40_000.0, 110.0, 4, 64) == 5
+    assert (count, narrowing.count, narrowing.first) == (5, 4, 28_000.0)
+    assert 28_000 / 380 + 1.0 + 12_000 / 340 <= 110.0 < 27_000 / 380 + 1.0 + 13_000 / 340  # the first to end by then
+    held = held_narrowing(40_000.0, 5, 380.0, narrowing)
+    assert held == pytest.approx(5 * (28_000 / 380 + 1.0) + 4 * 12_000 / 340)
+    assert held + 2 * 5 * 1.0 < 5 * 40_000 / 380  # it saves more than twice what its pause holds
+
+
+def test_a_model_keeps_its_width_where_narrowing_saves_too_little_for_its_pause():
+    assert narrowed(PAST_NODE, 1000.0, 10.0, 4, 64, 1.0, whole_thousands) == (1, None)  # fits one GPU
+    # the model past a node with a pause of 3 s: 5 GPUs up to 35 epochs (534 GPU-seconds) would not save
+    assert narrowed(PAST_NODE, 40_000.0, 110.0, 4, 64, 3.0, whole_thousands) == (5, None)
+
+
+def test_a_narrowing_model_is_a_unit_of_its_own_and_ends_after_its_pause():
+    narrowing = Narrowing(10.0, 1, 1.0, 2.0)
+    units = group_units("g", ["a", "b"], [2, 1], [30.0, 30.0], [2.0, 1.96], 4.0, 0.05, [narrowing, None])
+    assert [(u.models, u.narrowing) for u in units] == [(("a",), narrowing), (("b",), None)]
+    assert [u.models for u in group_units("g", ["a", "b"], [2, 1], [30.0, 30.0], [2.0, 1.96], 4.0, 0.05)] == [
+        ("b", "a")]  # rate-matched: one stream
+    a = units[0]
+    assert a.wide_seconds == 5.0 and a.seconds == 5.0 + 2.0 + 20.0
+    assert a.gpu_seconds == pytest.approx(2 * (5.0 + 2.0) + 1 * 20.0)
+
+
+def test_the_list_schedule_gives_the_gpus_a_model_narrows_off_to_the_next_units():
+    # a: 2 GPUs for 5 s, then (after a pause of 2 s) 1 GPU for 20 s; b: 20 s on one GPU
+    a = Unit("g", ("a",), (2,), (30.0,), (2.0,), narrowing=Narrowing(10.0, 1, 1.0, 2.0))
+    b = unit("b", 20.0, group="h")
+    assert scheduled([a, b], 2, 0.0, never_wider)[1] == pytest.approx(27.0)  # b 7-27, a 0-27
+    assert scheduled([replace(a, narrowing=None), b], 2, 0.0, never_wider)[1] == pytest.approx(35.0)  # a 0-15
+
+
+def test_planned_end_is_earlier_where_models_may_narrow():
+    # four models past a node on 18 GPUs: on widths of 5 they fit the GPUs by 117 s; narrowing
+    # to 4 GPUs after their first epochs, by 111 s
+    work = [(PAST_NODE, 40_000.0)] * 4
+
+    def held(profile, samples, end, gpus_per_node, limit):
+        count, narrowing = narrowed(profile, samples, end, gpus_per_node, limit, 0.0, lambda s: s)
+        return held_narrowing(samples, count, profile.rate(count, gpus_per_node), narrowing)
+
+    bound = 40_000 / 485.0
+    assert planned_end(work, 18, 4, bound) == pytest.approx(116.96, abs=0.01)
+    assert planned_end(work, 18, 4, bound, held) == pytest.approx(111.11, abs=0.01)

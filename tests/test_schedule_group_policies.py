@@ -130,6 +130,24 @@ def test_grouped_ends_within_1_15_of_the_bound_and_before_the_baselines(skew):
         assert grouped <= 1.01 * simulate(create_policy(baseline), scenario).makespan
 
 
+def test_grouped_narrows_the_largest_group_s_models_past_a_node_after_their_first_epochs():
+    # 100 groups, Zipf 1.5, on 8 nodes: the largest group (40 % of the work) must train its
+    # resnet152 and densenet201 on 6-7 GPUs over two nodes; kept on those widths grouped ends at
+    # 1.158x the bound, no later end packing better
+    scenario = bench_cell(100, 1.5, 8)
+    result = simulate(create_policy("grouped"), scenario)
+    assert result.makespan <= 1.15 * grouped_bound(scenario)
+    stays: dict[str, list] = {}
+    for member in result.timeline.members:
+        stays.setdefault(member.model, []).append(member)
+    narrowed = {model: [len(m.gpus) for m in records] for model, records in stays.items() if len(records) > 1}
+    for model, counts in narrowed.items():
+        assert len(counts) == 2 and counts[0] > counts[1] and stays[model][0].outcome.value == "checkpointed"
+        assert stays[model][0].epochs_end == pytest.approx(round(stays[model][0].epochs_end))  # at an epoch's end
+    for name in ("resnet152-w0.75-002-g000", "densenet201-w1-000-g000"):
+        assert narrowed[name][0] > 4 >= narrowed[name][1]  # over two nodes first, then on one
+
+
 def streams_per_group(result, scenario):
     streams = {}
     for member in result.timeline.members:

@@ -6,6 +6,11 @@ them in ``s / r(m)`` seconds. For a run that is to end by ``T``:
 - each model's *width* (`width`) is the fewest GPUs on which it trains within ``T``: one GPU
   for every model that fits, data-parallel on more (up to its fastest count, the rate table's
   rates on those counts) for the models of a group too large for one;
+- a model whose width would train it faster than ``T`` asks, where one GPU fewer is too slow,
+  may *narrow* (`narrowed`): it trains its first epochs on the wider count and the rest, after a
+  checkpoint, on the narrower one, ending by ``T`` on fewer GPU-seconds (between two counts the
+  GPU-time it takes is the line between theirs, not the wider count's; most where a width
+  crosses a node's boundary);
 - each group's models become *units*, the streams it launches (`Unit`, `group_units`): all on
   one stream (the group's samples decoded once per epoch pass for all of them, the stream
   moving at its slowest member's pace), or rate-matched sets (`rate_matched`: models whose
@@ -17,14 +22,15 @@ them in ``s / r(m)`` seconds. For a run that is to end by ``T``:
   come free first), widening a unit that would end late (`widened`).
 
 ``T`` itself (`planned_end`) is the earliest end, from the grouped lower bound on
-(`fleet.schedule.grouping.group_bound`), at which the models on their widths hold no more
-GPU-time than the job's GPUs have by then: a model widened past a node's GPUs gains less rate
+(`fleet.schedule.grouping.group_bound`), at which the models on their widths (or narrowing)
+hold no more GPU-time than the job's GPUs have by then: a model widened past a node's GPUs gains less rate
 than it takes GPUs, so a run whose largest group must be widened cannot end at the bound.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -49,18 +55,27 @@ def width(profile: ModelProfile, samples: float, target_s: float, gpus_per_node:
     return fastest
 
 
-def planned_end(work: Sequence[tuple[ModelProfile, float]], gpus: int, gpus_per_node: int, bound: float) -> float:
+def held_on_width(profile: ModelProfile, samples: float, end: float, gpus_per_node: int, limit: int) -> float:
+    """GPU-seconds `samples` hold on their `width` for `end`."""
+    m = width(profile, samples, end, gpus_per_node, limit)
+    return m * samples / profile.rate(m, gpus_per_node)
+
+
+Held = Callable[[ModelProfile, float, float, int, int], float]
+"""GPU-seconds a model's samples hold when it is to end by a time: (profile, samples, end,
+GPUs per node, the job's GPUs) -> seconds (`held_on_width`, or with narrowing)."""
+
+
+def planned_end(work: Sequence[tuple[ModelProfile, float]], gpus: int, gpus_per_node: int, bound: float,
+                held: Held = held_on_width) -> float:
     """When a plan of `work` (each model's profile and samples left) on `gpus` GPUs can end at
     the earliest: the first time ``T`` (from `bound`, the lower bound, on) at which the models,
-    each on its `width` for ``T``, hold no more GPU-time than ``gpus * T`` (widening a model
-    past a node's GPUs costs GPU-time: its rate grows less than its GPUs); packing them into
-    that time is the list schedule's. Found by bisection (the GPU-time falls as ``T`` grows)."""
+    each on its `width` for ``T`` (`held`: the GPU-seconds it then holds), hold no more
+    GPU-time than ``gpus * T`` (widening a model past a node's GPUs costs GPU-time: its rate
+    grows less than its GPUs); packing them into that time is the list schedule's. Found by
+    bisection (the GPU-time falls as ``T`` grows)."""
     def fits(end: float) -> bool:
-        held = 0.0
-        for profile, samples in work:
-            m = width(profile, samples, end, gpus_per_node, gpus)
-            held += m * samples / profile.rate(m, gpus_per_node)
-        return held <= gpus * end
+        return sum(held(profile, samples, end, gpus_per_node, gpus) for profile, samples in work) <= gpus * end
 
     low, high = bound, max([bound] + [s / p.rate(1, gpus_per_node) for p, s in work])
     if not fits(low):
@@ -71,6 +86,67 @@ def planned_end(work: Sequence[tuple[ModelProfile, float]], gpus: int, gpus_per_
                 break
         low = high
     return low
+
+
+@dataclass(frozen=True)
+class Narrowing:
+    """Where a model narrows: after `first` samples on its count it is checkpointed and trains
+    the rest on `count` GPUs at `rate`.
+
+    Attributes:
+        first: epoch-equivalent samples it trains on its count (whole epochs).
+        count: the GPUs it trains the rest on (fewer).
+        rate: its rate there.
+        pause_s: the checkpoint and restore between.
+    """
+
+    first: float
+    count: int
+    rate: float
+    pause_s: float
+
+
+NARROWEST = 4
+"""Counts a narrowing model may start above its width and end below it."""
+NARROW_GAIN = 2.0
+"""A narrowing is kept where it saves more GPU-seconds than this many times its pause holds."""
+
+
+def narrowed(profile: ModelProfile, samples: float, end: float, gpus_per_node: int, limit: int,
+             pause_s: float, epoch: Callable[[float], float]) -> tuple[int, Narrowing | None]:
+    """The count a model starts on to end by `end` on the fewest GPU-seconds, and where it
+    narrows (None: it keeps its `width`): over a wider count ``a`` and a narrower ``b`` (up to
+    `NARROWEST` either side of its width), ``a`` until the first epoch boundary (`epoch`: the
+    samples up to the first boundary at or after the samples given) that leaves ``b`` the
+    time to end by `end` after a pause of `pause_s` (checkpoint and restore, counted on ``a``
+    GPUs); kept only where it holds less than the width does by more than `NARROW_GAIN` times
+    what its pause holds."""
+    m = width(profile, samples, end, gpus_per_node, limit)
+    if m < 2 or samples / profile.rate(m, gpus_per_node) > end:
+        return m, None
+    rate = {c: profile.rate(c, gpus_per_node) for c in range(max(1, m - NARROWEST), m + NARROWEST)}
+    best: tuple[float, int, Narrowing | None] = (math.inf, m, None)
+    for a in range(m, min(fastest_count(profile, gpus_per_node, limit), m + NARROWEST - 1) + 1):
+        for b in range(max(1, m - NARROWEST), m):
+            if rate[b] >= rate[a]:
+                continue
+            first = epoch((samples / rate[b] + pause_s - end) / (1 / rate[b] - 1 / rate[a]))
+            if not 0 < first < samples:
+                continue
+            option = Narrowing(first, b, rate[b], pause_s)
+            best = min(best, (held_narrowing(samples, a, rate[a], option), a, option), key=lambda o: o[0])
+    if best[0] + NARROW_GAIN * best[1] * pause_s < m * samples / rate[m]:
+        return best[1], best[2]
+    return m, None
+
+
+def held_narrowing(samples: float, count: int, rate: float, narrowing: Narrowing | None) -> float:
+    """GPU-seconds `samples` hold on `count` GPUs at `rate`, narrowing as `narrowing` says
+    where it is given (its pause counted on `count` GPUs)."""
+    if narrowing is None:
+        return count * samples / rate
+    narrow = narrowing.count * (samples - narrowing.first) / narrowing.rate
+    return count * (narrowing.first / rate + narrowing.pause_s) + narrow
 
 
 def widened(profile: ModelProfile, count: int, pace: float, gpus_per_node: int, limit: int) -> int:
@@ -109,6 +185,7 @@ class Unit:
         rates: each model's rate on its count (epoch-equivalent samples/s).
         scale: the group's epoch scale (epoch-equivalent samples per sample decoded).
         started: models of its stream launched before (the rest join that stream).
+        narrowing: where a unit of one model narrows (`narrowed`), or None.
     """
 
     group: str | None
@@ -118,6 +195,7 @@ class Unit:
     rates: tuple[float, ...]
     scale: float = 1.0
     started: tuple[str, ...] = ()
+    narrowing: Narrowing | None = None
 
     @property
     def gpus(self) -> int:
@@ -131,12 +209,23 @@ class Unit:
 
     @property
     def seconds(self) -> float:
-        """How long the stream runs: its longest member at the stream's pace."""
+        """How long the stream runs: its longest member at the stream's pace (a narrowing
+        model: its first samples at that pace, the pause and the rest at its narrower rate)."""
+        if self.narrowing is not None:
+            n = self.narrowing
+            return self.wide_seconds + n.pause_s + (self.samples[0] - n.first) / n.rate
         return max(self.samples) / self.pace
+
+    @property
+    def wide_seconds(self) -> float:
+        """How long it trains before it narrows (`seconds` where it does not)."""
+        return self.narrowing.first / self.pace if self.narrowing is not None else self.seconds
 
     @property
     def gpu_seconds(self) -> float:
         """GPU-seconds its members hold, each until it has trained its samples."""
+        if self.narrowing is not None:
+            return held_narrowing(self.samples[0], self.counts[0], self.pace, self.narrowing)
         return sum(c * s for c, s in zip(self.counts, self.samples)) / self.pace
 
     @property
@@ -147,20 +236,30 @@ class Unit:
 
 
 def group_units(group: str | None, models: Sequence[str], counts: Sequence[int], samples: Sequence[float],
-                rates: Sequence[float], scale: float, tolerance: float | None) -> list[Unit]:
+                rates: Sequence[float], scale: float, tolerance: float | None,
+                narrowings: Sequence[Narrowing | None] = ()) -> list[Unit]:
     """The units of one group's `models` (each on its count, with its samples left and its rate
     there): rate-matched sets within `tolerance`, or one shared unit where it is None; in each,
-    the models that train longest on their counts first (they start first)."""
+    the models that train longest on their counts first (they start first). A model with a
+    narrowing (`narrowings`, beside `models`) is a unit of its own."""
+    narrowings = list(narrowings) or [None] * len(models)
     whole = Unit(group, tuple(models), tuple(counts), tuple(samples), tuple(rates), scale)
-    sets = [list(range(len(models)))] if tolerance is None else rate_matched(rates, tolerance)
-    return [_part(whole, sorted(members, key=lambda i: (-samples[i] / rates[i], i))) for members in sets]
+    alone = [i for i, n in enumerate(narrowings) if n is not None]
+    shared = [i for i, n in enumerate(narrowings) if n is None]
+    if tolerance is None:
+        sets = [shared]
+    else:
+        sets = [[shared[j] for j in matched] for matched in rate_matched([rates[i] for i in shared], tolerance)]
+    units = [replace(_part(whole, [i]), narrowing=narrowings[i]) for i in alone]
+    return units + [_part(whole, sorted(members, key=lambda i: (-samples[i] / rates[i], i))) for members in sets
+                    if members]
 
 
 def _part(unit: Unit, members: Sequence[int]) -> Unit:
     """`unit` of its `members` only (indices, in the order given)."""
     return Unit(unit.group, tuple(unit.models[i] for i in members), tuple(unit.counts[i] for i in members),
                 tuple(unit.samples[i] for i in members), tuple(unit.rates[i] for i in members), unit.scale,
-                unit.started)
+                unit.started, unit.narrowing if list(members) == [0] else None)
 
 
 def rest(unit: Unit, launched: int) -> Unit:
@@ -202,6 +301,14 @@ def scheduled(units: Sequence[Unit], gpus: int, end: float,
 def _lay_out(unit: Unit, free: list[float]) -> float:
     """Start `unit`'s members in order on the GPUs of `free` that come free first (`free`
     then holds when their GPUs come free again); returns when its last member ends."""
+    if unit.narrowing is not None:  # one model: all its GPUs until it narrows, the narrower count to its end
+        start, narrow = free[unit.counts[0] - 1], unit.narrowing
+        del free[:unit.counts[0]]
+        ends = ((narrow.count, unit.seconds), (unit.counts[0] - narrow.count, unit.wide_seconds + narrow.pause_s))
+        for count, seconds in ends:
+            for _ in range(count):
+                bisect.insort(free, start + seconds)
+        return start + unit.seconds
     finish = 0.0
     for count, samples in zip(unit.counts, unit.samples):
         start = free[count - 1]

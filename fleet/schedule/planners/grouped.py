@@ -14,15 +14,21 @@ The plan, for an end ``T``:
    share a stream and the others get their own (the group decoded once per stream, no member
    slowed by pacing by more than that); otherwise, and where decoding was not measured, all of
    a group's models share one stream (its samples decoded once per epoch pass for all).
+   With rate-matched units, a widened model may *narrow* (`fleet.schedule.group_plan.narrowed`):
+   where one GPU fewer would not end by ``T`` but holds fewer GPU-seconds per sample (past a
+   node's GPUs most), it starts on the wider count and, at the epoch's end the plan names, is
+   checkpointed (`on_epoch`) and queued first on the narrower count (`on_checkpointed`), a unit
+   of its own; only where that saves more than twice the GPU-seconds its checkpoint and restore
+   (`COSTS`) hold.
 3. The units, the longest first, are laid out as a list schedule on the GPUs (`scheduled`):
    each starts when enough GPUs have come free, and one that would end after ``T`` (or after
    the units laid out before it) is widened, within a node, until it does not, if it trains
    `WIDE` of ``T`` or longer (a short one ends late by little, and widening it would rest on
    the rate table's multi-GPU rates, which estimated rates on CPU slots overstate).
 
-``T`` starts at the earliest end at which the models' widths hold no more GPU-time than the
-job has (`planned_end`: from the grouped lower bound on, widening past a node costing
-GPU-time), and the plan kept is the one whose list schedule ends first among ``T`` and ends up to 30 %
+``T`` starts at the earliest end at which the models' widths (and narrowing) hold no more
+GPU-time than the job has (`planned_end`: from the grouped lower bound on, widening past a node
+costing GPU-time), and the plan kept is the one whose list schedule ends first among ``T`` and ends up to 30 %
 later (`LATER`).
 
 Whenever GPUs come free, the units start in the plan's order while the first one fits the free
@@ -41,11 +47,15 @@ meet it that way; its configurations train data-parallel instead.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from fleet.schedule._base import CheckpointCompleted, ClusterView, Decision, Member, ModelPromoted, StreamPlan
-from fleet.schedule.group_plan import (Unit, decode_per_gpu, fastest_count, group_units, planned_end, rest,
-                                       scheduled, widened, width)
+from fleet.schedule._base import (NO_DECISION, CheckpointCompleted, ClusterView, Decision, EpochCompleted, Member,
+                                  ModelPromoted, ModelState, StreamPlan)
+from fleet.schedule.costs import Overheads
+from fleet.schedule.group_plan import (Held, Narrowing, Unit, decode_per_gpu, fastest_count, group_units,
+                                       held_narrowing, held_on_width, narrowed, planned_end, rest, scheduled, widened,
+                                       width)
 from fleet.schedule.grouping import epoch_scale_of, group_bound, group_of
 from fleet.schedule.placement import place
 from fleet.schedule.planners._groups import GroupPolicy, free_by_node
@@ -65,11 +75,16 @@ class Grouped(GroupPolicy):
     WIDE = 0.1
     """A unit the list schedule would end late is widened only when it trains this share of the
     planned end or longer (see the module)."""
+    COSTS = Overheads()
+    """The checkpoint and restore a narrowing model is planned to pause for."""
 
     def plan(self, view: ClusterView) -> None:
         models = [m for group in self.waiting.values() for m in group]
         work = [(view.rates.profile(m), self._samples(view, m)) for m in models]
-        first = planned_end(work, view.total_gpus, view.gpus_per_node, self._bound(view, models))
+        held = self._held(view) if view.decode_rate is not None else held_on_width  # narrowing: split units only
+        first = planned_end(work, view.total_gpus, view.gpus_per_node, self._bound(view, models), held)
+        self.narrowing: dict[str, tuple[int, int]] = {}  # a started model that narrows: (after epoch, GPUs)
+        self.resizing: dict[str, int] = {}  # a narrowing model being checkpointed: the GPUs it trains on next
         self.queued: set[str] = set()
         self.queue: list[Unit] = []
         self.returned: list[str] = []  # models back to wait since the last fill
@@ -114,7 +129,8 @@ class Grouped(GroupPolicy):
         gpn = view.gpus_per_node
         profiles = [view.rates.profile(m) for m in unit.models]
         counts = tuple(widened(p, c, pace, gpn, min(view.total_gpus, max(gpn, c))) for p, c in zip(profiles, unit.counts))
-        return replace(unit, counts=counts, rates=tuple(p.rate(c, gpn) for p, c in zip(profiles, counts)))
+        rates = tuple(p.rate(c, gpn) for p, c in zip(profiles, counts))
+        return replace(unit, counts=counts, rates=rates, narrowing=None)
 
     def _bound(self, view: ClusterView, models: list[str]) -> float:
         """The grouped lower bound of `models`."""
@@ -136,7 +152,8 @@ class Grouped(GroupPolicy):
 
     def _units(self, view: ClusterView, waiting: dict, split: bool, target: float) -> list[Unit]:
         """Each group's `waiting` models as units, each model on its width for `target`
-        (rate-matched sets where `split`, else one shared unit per group)."""
+        (rate-matched sets where `split`, a narrowing model a unit of its own where decoding was
+        measured; else one shared unit per group)."""
         gpn, limit = view.gpus_per_node, view.total_gpus
         units = []
         for group, models in waiting.items():
@@ -144,11 +161,33 @@ class Grouped(GroupPolicy):
                 continue
             profiles = [view.rates.profile(m) for m in models]
             samples = [self._samples(view, m) for m in models]
-            counts = [width(p, s, target, gpn, limit) for p, s in zip(profiles, samples)]
+            if split and view.decode_rate is not None:
+                counts, narrowings = zip(*(self._narrowed(view, m, s, target) for m, s in zip(models, samples)))
+            else:
+                counts, narrowings = [width(p, s, target, gpn, limit) for p, s in zip(profiles, samples)], ()
             rates = [p.rate(c, gpn) for p, c in zip(profiles, counts)]
             units += group_units(group, models, counts, samples, rates, epoch_scale_of(profiles[0]),
-                                 self.TOLERANCE if split else None)
+                                 self.TOLERANCE if split else None, narrowings)
         return units
+
+    def _narrowed(self, view: ClusterView, model_id: str, samples: float, end: float) -> tuple[int, Narrowing | None]:
+        """`narrowed` for `model_id`: its samples left to train by `end`, narrowing at an epoch's
+        end after a checkpoint and restore (`COSTS`)."""
+        profile, done = view.rates.profile(model_id), view.model(model_id).epochs_done
+        epoch = view.rates.samples_per_epoch
+
+        def boundary(trained: float) -> float:
+            return (math.ceil(done + trained / epoch - 1e-9) - done) * epoch
+
+        pause = self.COSTS.checkpoint_s(profile.param_bytes) + self.COSTS.restore_s(profile.param_bytes)
+        return narrowed(profile, samples, end, view.gpus_per_node, view.total_gpus, pause, boundary)
+
+    def _held(self, view: ClusterView) -> Held:
+        """`planned_end`'s GPU-seconds of a model that may narrow (`_narrowed`)."""
+        def held(profile, samples: float, end: float, gpus_per_node: int, limit: int) -> float:
+            count, narrowing = self._narrowed(view, profile.id, samples, end)
+            return held_narrowing(samples, count, profile.rate(count, gpus_per_node), narrowing)
+        return held
 
     def _enqueue(self, units: list[Unit]) -> None:
         """Queue `units` behind those queued, in their order."""
@@ -163,9 +202,29 @@ class Grouped(GroupPolicy):
         for model in dict.fromkeys(back):
             self._enqueue(self._units(view, {group_of(view.rates, model): [model]}, True, self.target))
 
+    def on_epoch(self, event: EpochCompleted, view: ClusterView) -> Decision:
+        after, _ = self.narrowing.get(event.model, (math.inf, 0))
+        if event.epoch < after or view.model(event.model).state is not ModelState.RUNNING:
+            return NO_DECISION
+        self.resizing[event.model] = self.narrowing.pop(event.model)[1]
+        return Decision(checkpoint=(event.model,))  # it narrows (`on_checkpointed`)
+
     def on_checkpointed(self, event: CheckpointCompleted, view: ClusterView) -> Decision:
-        self.returned.append(event.model)
+        count = self.resizing.pop(event.model, None)
+        if count is not None and view.model(event.model).state is ModelState.PAUSED:
+            self._requeue_narrower(view, event.model, count)
+        else:
+            self.returned.append(event.model)
         return super().on_checkpointed(event, view)
+
+    def _requeue_narrower(self, view: ClusterView, model_id: str, count: int) -> None:
+        """`model_id`, checkpointed to narrow, first in the queue on `count` GPUs (most of those it
+        left: it starts before any other unit takes them)."""
+        profile = view.rates.profile(model_id)
+        rate = profile.rate(count, view.gpus_per_node)
+        self.queue.insert(0, Unit(group_of(view.rates, model_id), (model_id,), (count,),
+                                  (self._samples(view, model_id),), (rate,), epoch_scale_of(profile)))
+        self.queued.add(model_id)
 
     def on_promoted(self, event: ModelPromoted, view: ClusterView) -> Decision:
         self.returned.append(event.model)
@@ -194,6 +253,10 @@ class Grouped(GroupPolicy):
         for model in unit.models[:members]:
             self.waiting[unit.group].remove(model)
             self.queued.discard(model)
+        if unit.narrowing is not None:  # a unit of one model
+            done = view.model(unit.models[0]).epochs_done
+            after = round(done + unit.narrowing.first / view.rates.samples_per_epoch)
+            self.narrowing[unit.models[0]] = (after, unit.narrowing.count)
         training.setdefault(unit.group, set()).update(g // gpn for g in used)
         joined = next((s.id for s in view.streams if set(unit.started) & set(s.members)), None)
         return StreamPlan(tuple(Member(m, run) for m, run in zip(unit.models, runs)), join=joined)
