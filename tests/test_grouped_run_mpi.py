@@ -113,3 +113,25 @@ def test_grouped_trains_each_group_s_configurations_on_one_stream_decoding_it_on
         assert [h["val_samples"] for h in model["history"]] == [len(val_idx)] * 2, model["id"]
     passes = sum(len(s[0]) for s in splits.values())  # one epoch pass over every group
     assert 2 * passes <= done["samples_decoded"] < 2 * 2 * passes  # model-task (baseline) decodes 2 x 2 passes
+
+
+def test_grouped_starts_a_group_on_the_gpus_it_has_and_its_other_configurations_join_that_stream(tmp_path):
+    # three configurations of one architecture (equal rates) trained 4, 2 and 1 epochs, on 2
+    # trainers: the 4- and 2-epoch ones start a group's stream; the 1-epoch one joins it when the
+    # 2-epoch one leaves (a stream of its own only where the group's stream has ended)
+    models = [{"family": "mlp", "name": name, "params": {"hidden": [16]},
+               "train": {"max_epochs": epochs, "stop": {"patience": 10}}}
+              for name, epochs in (("long", 4), ("one", 1), ("two", 2))]
+    spec, data = grouped_spec(tmp_path, 600, models, max_epochs=4, policy="grouped")
+    run_dir = tmp_path / "run"
+    train(3, spec, run_dir)
+    done = results(run_dir)
+    log = events(run_dir)
+    started_with = {e["stream"]: set(e["members"]) for e in log if e["event"] == "stream_start"}
+    joined = [e for e in log if e["event"] == "member_start" and e["model"] not in started_with[e["stream"]]]
+    assert joined and all(e["model"].startswith(("one-", "two-")) for e in joined)
+    for e in joined:  # a join is into its own group's stream
+        assert {done["groups"][m] for m in started_with[e["stream"]]} == {done["groups"][e["model"]]}
+    epochs = {"long": 4, "two": 2, "one": 1}
+    assert all(len(m["history"]) == epochs[m["id"].split("-")[0]] for m in done["models"])
+    assert len(started_with) < 3 * len(group_splits(data))  # fewer streams than models

@@ -89,7 +89,6 @@ class GroupPolicy(Policy):
     def __init__(self, options: NoOptions = NoOptions(), seed: int = 0):
         self.waiting: dict[str | None, list[str]] = {}
         self.work: dict[str | None, float] = {}
-        self.started: set[str | None] = set()  # groups some of whose models were launched
 
     def start(self, view: ClusterView) -> Decision:
         for model in view.waiting():
@@ -117,18 +116,7 @@ class GroupPolicy(Policy):
         gpus[:] = [g for g in gpus if g not in used]
         for member in plan.members:
             self.waiting[group].remove(member.model)
-        self.started.add(group)
         return plan
-
-    def resume_started(self, gpus: list[int], running: dict, view: ClusterView) -> list[StreamPlan]:
-        """Groups started before whose stream ended with models of theirs still waiting: those
-        models first, on a stream of their own (a GPU each)."""
-        plans = []
-        for group in sorted((g for g in self.started if g not in running and self.waiting.get(g)), key=str):
-            if gpus:
-                plans.append(self.launch(group, gpus[:len(self.waiting[group])], view))
-                gpus[:] = gpus[len(plans[-1].members):]
-        return plans
 
     def join_running(self, node: int, gpus: list[int], running: dict, view: ClusterView) -> list[StreamPlan]:
         """The waiting models of groups whose stream trains on `node` join it there, a GPU each."""
