@@ -302,6 +302,7 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     assert set(measured["rates"]) == set(epochs) and measured["start_s"] > 0
     assert all(e["compute_rate"] > 0 for by_size in measured["rates"].values() for e in by_size.values())
     assert 0 < measured["coordinator_cores"] < 1 and measured["decode_core_s"] > 0  # the coordinator: one thread
+    assert 0 < measured["epoch_end_share"] < 0.5  # validation, saves and best predictions: a part of each epoch
     if policy == "homogeneous":  # one stream over both nodes: some chunks in place, some as bytes
         assert 0 < res["chunks_in_shared_memory"] < res["samples_decoded"] / 64
     if policy == "auto":  # it ran the candidate with the lowest predicted makespan, and says so

@@ -213,6 +213,8 @@ class EpochReport:
     cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # the group's CPU seconds in steps, in all, samples trained
     val_samples: int = 0  # the samples it was validated on (its group's, with data.group_by)
     bundle: tuple[str, ...] = ()  # the models of the bundle it trained in (its rates are the bundle's), else ()
+    end_s: float = 0.0  # the master's end of the epoch before this report: validation, save, best predictions (0: not timed)
+    end_cpu_s: float = 0.0  # the master process's CPU seconds in that end
 
 
 @dataclass(frozen=True)

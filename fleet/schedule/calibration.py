@@ -14,6 +14,8 @@ and plans with those instead of what it would otherwise assume:
   profile's bare decoding, and the cores the coordinator kept busy;
 - the decoding limit: the preprocessors' cores over what a sample cost them;
 - a member's start and a checkpoint's seconds, as measured;
+- the part of a member's time its epochs' ends take (validation, save, best predictions:
+  ``epoch_end_share``), in which it takes nothing from its stream: every rate is that much lower;
 - on CPU nodes that the earlier run oversubscribed, the part of the cores its work got
   (``core_share``: the cores' seconds its measured costs account for).
 """
@@ -62,6 +64,7 @@ class Calibration:
     checkpoint_s: float | None = None
     core_share: float | None = None
     outside_s: float | None = None
+    epoch_end_share: float = 0.0
 
     @classmethod
     def from_record(cls, record: Any, device: str, source: str, overhead: Any = None) -> Calibration:
@@ -79,19 +82,24 @@ class Calibration:
         share = _figure(record, "core_share")
         if share is not None and not 0 < share <= 1:
             raise CalibrationError(f"prediction.measured.core_share: expected a number in (0, 1], got {share!r}")
+        end = _figure(record, "epoch_end_share") or 0.0
+        if not end < 1:
+            raise CalibrationError(f"prediction.measured.epoch_end_share: expected a number in [0, 1), got {end!r}")
         return cls(source, _rates(record.get("rates", {}), key), **figures, core_share=share,
-                   outside_s=_outside(overhead))
+                   outside_s=_outside(overhead), epoch_end_share=end)
 
     def rates_for(self, table: RateTable) -> RateTable:
-        """`table` with each model's rates corrected by what was measured (see the module)."""
+        """`table` with each model's rates corrected by what was measured, its epochs' ends
+        included (see the module)."""
         factors = {p.id: self._factor(p) for p in table.models}
         known = [f for f in factors.values() if f is not None]
         default = statistics.median(known) if known else 1.0
+        on_stream = 1.0 - self.epoch_end_share
         models = []
         for profile in table.models:
             factor = factors[profile.id] or default
             measured = self.rates.get(profile.id, {})
-            rates = tuple(measured.get(m, r * factor) for m, r in enumerate(profile.rates, start=1))
+            rates = tuple(measured.get(m, r * factor) * on_stream for m, r in enumerate(profile.rates, start=1))
             models.append(ModelProfile(profile.id, rates, profile.epochs, profile.param_bytes, profile.extra))
         return RateTable(tuple(models), table.gpus_per_node, table.samples_per_epoch, table.extra)
 

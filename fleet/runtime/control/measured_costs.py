@@ -11,6 +11,8 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
 - ``decode_core_s``: core-seconds the preprocessors' decoding loops spent per sample they
   decoded (their waits and hand-offs included; not their start-up, nor rank 0's coordinator);
 - ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
+- ``epoch_end_share``: the part of a member's time its epochs' ends took (its validation pass,
+  its save and best predictions), in which it takes nothing from its stream;
 - ``start_s`` and ``checkpoint_s``: a member's mean start and a save's mean seconds;
 - ``core_share``, on CPU nodes whose ranks want more than their cores: the part of the cores
   the work the above account for got (`fleet.runtime.control.host_use`; the rest went to
@@ -46,10 +48,17 @@ class MeasuredCosts:
         self.groups: dict[tuple[str, int], _GroupTime] = {}
         self.preprocessors: dict[int, list[float]] = {}  # rank -> [CPU seconds so far, samples decoded]
         self.coordinator_cpu_s: float | None = None  # the coordinator thread's CPU seconds, once it ended
+        self.epoch_s = 0.0  # the timed epochs' seconds on the stream ...
+        self.end_s = 0.0  # ... and at their ends (validation, save, best predictions)
+        self.end_cpu_s = 0.0  # the masters' CPU seconds in those ends
 
     def epoch(self, report: EpochReport, group_size: int) -> None:
-        """An epoch report of a model training on `group_size` trainers."""
+        """An epoch report of a model training on `group_size` trainers (and its end, where timed)."""
         self._add(report.model, group_size, report.cpu, report.samples, report.samples_per_s)
+        if report.end_s > 0 and report.epoch_s > 0:
+            self.epoch_s += report.epoch_s
+            self.end_s += report.end_s
+            self.end_cpu_s += report.end_cpu_s
 
     def left(self, report: MemberLeft, group_size: int) -> None:
         """A model that left its stream mid-epoch (checkpointed) on `group_size` trainers: the
@@ -96,6 +105,8 @@ class MeasuredCosts:
         decoded = sum(decoded for _, decoded in self.preprocessors.values())
         if decoded:
             record["decode_core_s"] = sum(cpu for cpu, _ in self.preprocessors.values()) / decoded
+        if self.end_s > 0:
+            record["epoch_end_share"] = self.end_s / (self.epoch_s + self.end_s)
         if self.coordinator_cpu_s is not None and makespan > 0:
             record["coordinator_cores"] = self.coordinator_cpu_s / makespan
         for key, value in (("start_s", start_s), ("checkpoint_s", checkpoint_s)):
@@ -106,10 +117,9 @@ class MeasuredCosts:
         return record
 
     def accounted_core_s(self) -> float:
-        """Core-seconds the run's measured costs account for: its trainers' (steps and the rest),
-        its preprocessors' decoding loops and its coordinator."""
-        trainers = sum(g.cpu_s for g in self.groups.values())
-        return trainers + sum(cpu for cpu, _ in self.preprocessors.values()) + (self.coordinator_cpu_s or 0.0)
+        """Core-seconds the run's measured costs account for: its trainers' (steps, the rest of
+        their epochs and the ends of them), its preprocessors' decoding loops and its coordinator."""
+        return sum(self.accounted_by_role().values())
 
     def accounted_by_role(self) -> dict[str, float]:
         """`accounted_core_s` per rank role (as `fleet.runtime.control.host_use` names them):
@@ -117,7 +127,8 @@ class MeasuredCosts:
         the coordinator)."""
         rank0 = self.preprocessors.get(0, [0.0, 0.0])[0] + (self.coordinator_cpu_s or 0.0)
         others = sum(cpu for rank, (cpu, _) in self.preprocessors.items() if rank != 0)
-        return {"trainer": sum(g.cpu_s for g in self.groups.values()), "preprocessor": others, RANK0_ROLE: rank0}
+        trainers = sum(g.cpu_s for g in self.groups.values()) + self.end_cpu_s
+        return {"trainer": trainers, "preprocessor": others, RANK0_ROLE: rank0}
 
     def host_cpu(self, measured: dict[str, float]) -> dict:
         """``prediction.measured.host_cpu``: per rank role, its ranks' CPU seconds as sampled

@@ -326,6 +326,7 @@ class GroupTraining:
 
     def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr, cpu) -> StopReason | None:
         compute_rate, consumed = rates  # samples/s computed, and taken from the stream
+        ending, ending_cpu = time.monotonic(), time.process_time()
         val_x, val_y = self.ctx.validation_of(self.model.group)
         metrics, probabilities = self.engine.evaluate_with_probabilities(val_x, val_y)
         self.engine.end_epoch()
@@ -346,6 +347,7 @@ class GroupTraining:
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
             reason.value if reason else None, samples, self.costs.take_start_s(), cpu, len(val_y),
+            end_s=time.monotonic() - ending, end_cpu_s=time.process_time() - ending_cpu,
         )
         self.link.report(report, "an epoch report")
         return reason
