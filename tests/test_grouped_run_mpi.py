@@ -70,8 +70,9 @@ def test_each_model_trains_and_validates_on_its_group_only(tmp_path):
 
 
 def test_a_grouped_run_stopped_mid_run_resumes_where_it_stood(tmp_path):
-    models = [{"family": "cnn", "name": n, "params": {"channels": [8, 16], "hidden": 32}} for n in ("x", "y")]
-    spec, data = grouped_spec(tmp_path, 4800, models, max_epochs=3)  # epochs long enough to stop inside one
+    # epochs long enough (0.4-0.9 s on 2 idle cores, more under load) that the stop falls inside one
+    models = [{"family": "cnn", "name": n, "params": {"channels": [32, 64], "hidden": 32}} for n in ("x", "y")]
+    spec, data = grouped_spec(tmp_path, 9600, models, max_epochs=3)
     run_dir = tmp_path / "run"
     signal_job(start_train(3, spec, run_dir), run_dir, 2)
     first = results(run_dir)

@@ -53,6 +53,11 @@ def test_measured_costs_enter_the_cores_the_decoding_and_the_overheads():
     assert bare.decode_rate(2, 123.0) == 123.0 and bare.overheads(Overheads()) == Overheads()
 
 
+def test_an_earlier_runs_rates_under_no_trainers_are_passed_over():
+    record = {"rates": {"a": {"0": {"cpu_rate": 70.0}, "1": {"cpu_rate": 80.0}}}}  # what runs wrote before the fix
+    assert Calibration.from_record(record, "cpu", "earlier").rates == {"a": {1: 80.0}}
+
+
 @pytest.mark.parametrize("record, field", [
     ([], "prediction.measured: not an object"),
     ({"decode_core_s": -1}, "decode_core_s"),
@@ -100,6 +105,7 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
     costs.epoch(epoch("a", (2.0, 2.5, 1000)), 1)
     costs.epoch(epoch("b", (4.0, 5.0, 1000), rate=250.0), 2)  # two trainers: 2 s of steps each
     costs.epoch(epoch("c", (0.0, 0.0, 0), samples=0), 1)  # a resumed epoch with nothing this stint
+    costs.epoch(epoch("e", (2.0, 2.5, 1000)), 0)  # arrived after its GPUs went: no group size to book it under
     left = MemberLeft("a", 0, 1, False, 2, 400, 1.0, 0.1, 10, cpu=(0.8, 1.0, 400), compute_rate=500.0)
     costs.left(left, 1)  # checkpointed mid-epoch: its part of the epoch counts
     costs.left(MemberLeft("d", 0, 1, False, 0, 0, 0.0, 0.0, 10), 1)  # left before a step: nothing to count

@@ -53,8 +53,11 @@ class MeasuredCosts:
         self.end_cpu_s = 0.0  # the masters' CPU seconds in those ends
 
     def epoch(self, report: EpochReport, group_size: int) -> None:
-        """An epoch report of a model training on `group_size` trainers (and its end, where timed)."""
-        self._add(report.model, group_size, report.cpu, report.samples, report.samples_per_s)
+        """An epoch report of a model training on `group_size` trainers (and its end, where timed).
+        A report that arrives after its model's GPUs went (0 trainers: a stop or a checkpoint
+        crossed it) says nothing of a group size."""
+        if group_size >= 1:
+            self._add(report.model, group_size, report.cpu, report.samples, report.samples_per_s)
         if report.end_s > 0 and report.epoch_s > 0:
             self.epoch_s += report.epoch_s
             self.end_s += report.end_s
