@@ -15,7 +15,6 @@ manifest says where each group lives (`PartitionManifest.groups`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +22,8 @@ import numpy as np
 from fleet.errors import UserError
 from fleet.schedule.partitions import PartitionError, Partitions
 from fleet.spec.sections import DataSpec
-from fleet.schedule.grouping import place_groups
-from preprocess.grouped import group_members
+from fleet.schedule.grouping import shard_counts
+from preprocess.grouped import group_members, group_shard_samples
 from preprocess.groups import GROUPS_DATASET
 from preprocess.h5write import ShardWriter
 from preprocess.layout import MANIFEST_NAME, PartitionManifest, part_name
@@ -50,21 +49,6 @@ def assign_parts(labels: np.ndarray, parts: int, seed: int) -> list[np.ndarray]:
     owner = np.empty(len(labels), dtype=np.int64)
     owner[dealt] = np.arange(len(dealt)) % parts
     return [np.flatnonzero(owner == k) for k in range(parts)]
-
-
-def shard_counts(sizes: Sequence[int], parts: int) -> list[list[tuple[int, int]]]:
-    """Each group's ``(part, samples)`` shards (groups in the order of `sizes`, their sample
-    counts): `place_groups` of the samples onto `parts` parts, each sharded group's fractions
-    rounded to whole samples by largest remainder (an empty shard is dropped)."""
-    placement = place_groups([float(size) for size in sizes], parts, 1)
-    out = []
-    for size, shards in zip(sizes, placement.shards):
-        exact = np.array([shard.fraction * size for shard in shards])
-        counts = np.floor(exact).astype(np.int64)
-        for k in np.argsort(-(exact - counts), kind="stable")[: size - int(counts.sum())]:
-            counts[k] += 1
-        out.append([(shard.node, int(n)) for shard, n in zip(shards, counts) if n > 0])
-    return out
 
 
 def stratified_order(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -181,8 +165,9 @@ def partition_dataset(
 
 def job_partitions(data: DataSpec, nodes: int, gpus_per_node: int) -> Partitions | None:
     """Where the partitions of `data` live on a job of `nodes` nodes, with each partition's
-    training samples (from its manifest's class counts and `data.val_fraction`); None for
-    whole data.
+    training samples (from its manifest's class counts and `data.val_fraction`) and, with
+    `data.group_by`, each group's on each of its parts (`group_shard_samples`); None for whole
+    data.
 
     Raises:
         UserError: the manifest is missing or malformed, or its partitions do not fit the nodes.
@@ -191,8 +176,10 @@ def job_partitions(data: DataSpec, nodes: int, gpus_per_node: int) -> Partitions
         return None
     manifest = partition_manifest(data)
     sizes = tuple(float(train_count(counts, data.val_fraction)) for counts in manifest.class_counts)
+    shards = group_shard_samples(data) if data.group_by is not None else {}
+    groups = tuple((key, tuple((part, float(n)) for part, n in sorted(on.items()))) for key, on in sorted(shards.items()))
     try:
-        return Partitions(sizes, gpus_per_node, nodes)
+        return Partitions(sizes, gpus_per_node, nodes, groups)
     except PartitionError as exc:
         raise UserError(f"data.path: {data.path} holds {manifest.count} partitions for a job of {nodes} nodes: "
                         f"{exc}") from None

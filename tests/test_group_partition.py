@@ -2,16 +2,23 @@
 (issue 47), small groups whole, a large one sharded over consecutive parts."""
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
 import pytest
+import yaml
 
+from conftest import REPO
 from fleet.cli import main
 from fleet.errors import UserError
+from fleet.schedule.grouping import shard_counts
+from preprocess.grouped import epoch_scales, load_run_spec, split_members
 from preprocess.layout import read_manifest
 from preprocess.make import make_synthetic
-from preprocess.partition import assign_group_parts, partition_dataset, shard_counts, stratified_order
+from preprocess.partition import assign_group_parts, job_partitions, partition_dataset, stratified_order
+from preprocess.readers import open_reader
 from preprocess.readers.hdf5 import HDF5Reader, shard_files
 
 
@@ -99,3 +106,45 @@ def test_a_malformed_group_manifest_is_one_line(tmp_path):
         path.write_text(json.dumps({**written, "groups": groups}))
         with pytest.raises(UserError, match="malformed partition manifest"):
             read_manifest(tmp_path / "p")
+
+
+def _spec_file(tmp_path, parts, policy="grouped", group_by="groups"):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "g", "models": [{"family": "mlp", "name": "a"}, {"family": "mlp", "name": "b"}],
+        "data": {"source": "hdf5", "path": str(parts), "image_size": 4, "partitioned": True,
+                 "group_by": {"dataset": group_by}, "min_group_samples": 5},
+        "train": {"max_epochs": 2, "batch_size": 4}, "scheduler": {"policy": policy},
+        "cluster": {"nodes": 2, "gpus_per_node": 2}}))
+    return path
+
+
+def test_a_spec_on_data_partitioned_by_groups_expands_over_them_and_knows_their_parts(tmp_path):
+    src = make_synthetic(tmp_path / "src.h5", "hdf5", classes=3, samples=120, image_size=4, groups=3,
+                         group_skew=2.0, progress=False)
+    manifest = partition_dataset(src, 2, tmp_path / "parts", progress=False, group_by="groups")
+    spec = load_run_spec(_spec_file(tmp_path, tmp_path / "parts"))
+    assert sorted({m.group for m in spec.models}) == sorted(manifest.groups)
+    parts = job_partitions(spec.data, 2, 2)
+    assert parts.parts_of("g000") == (0, 1) and all(len(parts.parts_of(key)) == 1 for key in ("g001", "g002"))
+    for key, on in manifest.group_samples().items():  # each part's own split of its share of the group
+        for part, samples in on.items():
+            with open_reader(spec.data, partition=part) as reader:
+                keys = np.asarray(reader.group_keys("groups"))
+                train = split_members(reader.labels, np.flatnonzero(keys == key), key, 0.1, 0.0, spec.seed)[0]
+            assert dict(dict(parts.groups)[key])[part] == len(train) < samples
+    scales = epoch_scales(spec)
+    for model in spec.models:
+        assert scales[model.id] == pytest.approx(parts.samples / sum(n for _, n in dict(parts.groups)[model.group]))
+
+
+def test_data_partitioned_without_its_groups_is_one_line(tmp_path):
+    src = make_synthetic(tmp_path / "src.h5", "hdf5", classes=2, samples=40, image_size=4, groups=2, progress=False)
+    partition_dataset(src, 2, tmp_path / "plain", progress=False)
+    with pytest.raises(UserError, match=r"^data.group_by: .*plain was partitioned without its groups; partition it "
+                                        r"with: fleet data partition --group-by groups$"):
+        load_run_spec(_spec_file(tmp_path, tmp_path / "plain"))
+    done = subprocess.run([sys.executable, "-m", "fleet", "validate", str(_spec_file(tmp_path, tmp_path / "plain"))],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "partitioned without its groups" in done.stderr
