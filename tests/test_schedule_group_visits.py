@@ -1,10 +1,12 @@
 """Learning over groups on data partitioned by its groups (issue 47): each model visits its
-group's parts only; a sharded group's configurations hop from shard to shard (pure)."""
+group's parts only; a sharded group's configurations hop from shard to shard (pure, and the
+visit log's recovery)."""
 
 from collections import defaultdict
 
 import pytest
 
+from fleet.runtime.control.visits import VisitLog, read_visits
 from fleet.schedule import Member, PolicyError, StreamPlan
 from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver
@@ -95,3 +97,17 @@ def test_grouped_on_parts_resumes_where_its_visits_stood(scenario):
     for model, stays in stays_by_model(rest, again).items():
         first = again.visited[again.rates.index(model)]
         assert not first or stays[0][0] not in first  # a part visited before the stop is not visited again
+
+
+def test_a_visit_passes_over_the_groups_own_samples_on_its_part():
+    parts = Partitions((60.0, 40.0), 1, 2, SHARDS)
+    assert parts.pass_samples("big", 0) == 60.0 and parts.pass_samples("big", 1) == 20.0
+    assert parts.pass_samples(None, 1) == 40.0 and parts.pass_samples("small", 1) == 20.0
+
+
+def test_the_visit_log_recovers_the_last_visit_of_an_epoch_among_the_groups_parts(tmp_path):
+    # a model of a whole group on part 1: its epoch 1 ended with that one visit, whose line a kill lost
+    (tmp_path / "visits.jsonl").write_text("")
+    VisitLog(tmp_path).recover({"a-small": (1,), "a-big": (0, 1)}, {"a-small": 1, "a-big": 1},
+                               {"a-small": (), "a-big": ()})
+    assert [(v["model"], v["epoch"], v["partition"]) for v in read_visits(tmp_path)] == [("a-small", 1, 1)]

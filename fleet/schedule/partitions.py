@@ -83,6 +83,12 @@ class Partitions:
         shards = self._shards.get(group) if group is not None else None
         return tuple(range(self.count)) if shards is None else tuple(sorted(k for k, _ in shards))
 
+    def pass_samples(self, group: str | None, partition: int) -> float:
+        """Training samples one visit of `partition` by a model of `group` passes over: the
+        partition's (of no group), or the group's there."""
+        shards = self._shards.get(group) if group is not None else None
+        return self.sizes[partition] if shards is None else dict(shards)[partition]
+
     def visit_samples(self, group: str | None, partition: int) -> float:
         """Epoch-equivalent samples of one visit of `partition` by a model of `group`: the
         partition's training samples (of no group); a group's share of its epoch held there,
