@@ -15,6 +15,7 @@ from fleet.schedule.grouping import with_groups
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.partitions import PartitionError, Partitions
 from fleet.schedule.planners import Grouped, create_policy
+from fleet.schedule.planners._group_visits import spread
 from fleet.schedule.rates import ModelProfile, RateTable
 from fleet.schedule.simulator import Outcome, resumed_scenario, simulate
 from fleet.schedule.workloads import paper100
@@ -111,3 +112,10 @@ def test_the_visit_log_recovers_the_last_visit_of_an_epoch_among_the_groups_part
     VisitLog(tmp_path).recover({"a-small": (1,), "a-big": (0, 1)}, {"a-small": 1, "a-big": 1},
                                {"a-small": (), "a-big": ()})
     assert [(v["model"], v["epoch"], v["partition"]) for v in read_visits(tmp_path)] == [("a-small", 1, 1)]
+
+
+def test_spread_widens_the_streams_of_most_work_per_gpu_within_a_node_each():
+    work = {"big": 30.0, "small": 5.0}
+    assert spread({"big": 2, "small": 1}, 6, work, 2) == {"big": 4, "small": 2}  # big 7.5 a GPU beats small 5
+    assert spread({"big": 1, "small": 1}, 8, work, 2) == {"big": 2, "small": 2}  # a node's 2 GPUs each at most
+    assert spread({"big": 1}, 1, work, 4) == {"big": 1}

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from fleet.schedule.grouping import epoch_scale_of, group_bound, group_of, shard_counts, with_groups, zipf_sizes
+from fleet.schedule.partitions import nodes_per_partition
 from fleet.schedule.rates import ModelProfile, RateTable
 from fleet.schedule.scenario import Cluster, Scenario
 from fleet.schedule.workloads import Workload
@@ -75,7 +76,12 @@ def on_parts(scenario: Scenario, parts: int) -> Scenario:
     """`scenario` (a grouped one: each model's group in its rates' ``extra``) on data
     partitioned by its groups onto `parts` parts, as ``fleet data partition --group-by`` places
     them (`shard_counts` of the groups' samples, N / epoch scale each): each group's models
-    visit its group's parts. The cluster's nodes must be a multiple of `parts`."""
+    visit its group's parts.
+
+    Raises:
+        PartitionError: the cluster's nodes are not a multiple of `parts`.
+    """
+    nodes_per_partition(parts, scenario.cluster.nodes)
     sizes: dict[str, int] = {}
     for profile in scenario.rates.models:
         sizes[group_of(scenario.rates, profile.id)] = round(scenario.rates.samples_per_epoch / epoch_scale_of(profile))
