@@ -88,6 +88,19 @@ def test_partition_dataset_by_groups_writes_keys_and_where_each_group_lives(tmp_
         source_keys
 
 
+def test_info_lists_each_groups_parts(tmp_path, capsys):
+    src = make_synthetic(tmp_path / "src.h5", "hdf5", classes=3, samples=90, image_size=4, groups=3, group_skew=2.0,
+                         progress=False)
+    assert main(["data", "partition", "--in", str(src), "--parts", "2", "--out", str(tmp_path / "p"), "--group-by",
+                 "groups", "--quiet"]) == 0
+    assert "3 groups, 1 split over several parts: g000 over parts 0, 1" in capsys.readouterr().out
+    assert main(["data", "info", str(tmp_path / "p")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("group  samples  parts")
+    rows = [line.split(maxsplit=2) for line in lines[at + 1:]]
+    assert [(key, parts) for key, _, parts in rows] == [("g000", "0, 1"), ("g001", "1"), ("g002", "1")]
+
+
 def test_partition_by_groups_errors(tmp_path, capsys):
     src = make_synthetic(tmp_path / "src.h5", "hdf5", classes=2, samples=20, image_size=4, progress=False)
     with pytest.raises(UserError, match="no dataset 'groups' of group keys"):

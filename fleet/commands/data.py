@@ -145,7 +145,7 @@ def _partition(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     reader, manifest = open_any(args.path_or_spec)
     with reader:
-        groups = group_lines(reader, args.group_by)  # a missing dataset: the one-line error before anything
+        groups = group_lines(reader, args.group_by, manifest)  # a missing dataset: the one-line error before anything
         print("\n".join([describe(reader, args.path_or_spec, manifest, lenient=args.check), *groups]), flush=True)
         for notice in class_notices(reader):
             print(f"fleet: {notice}", flush=True)
