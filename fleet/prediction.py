@@ -80,14 +80,14 @@ def with_partitions(scenario, spec):
     if parts is None:
         return scenario
     scale = rates.samples_per_epoch / parts.samples  # a profile's epoch is every partition's training samples
-    return replace(scenario, partition_sizes=tuple(s * scale for s in parts.sizes))
+    return replace(scenario, partition_sizes=tuple(s * scale for s in parts.sizes), partition_groups=parts.groups)
 
 
 def candidates_for(spec) -> tuple[str, ...]:
     """The policies that can run the spec's data (``auto`` chooses among them): on grouped
     data, those that never share a stream between groups."""
     if spec.data.group_by is not None:
-        return GROUP_POLICIES
+        return ("grouped",) if spec.data.partitioned else GROUP_POLICIES
     return HOPPING_POLICIES if spec.data.partitioned else CANDIDATES
 
 

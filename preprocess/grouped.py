@@ -21,10 +21,11 @@ import numpy as np
 
 from fleet.errors import UserError
 from fleet.spec import DataSpec, ModelSpec, Spec, SpecError, load_spec
+from fleet.spec.sections import GroupBy
 from fleet.spec.search import MAX_MODELS, model_seed
 from preprocess.groups import group_sizes, id_part
-from preprocess.readers import open_reader
-from preprocess.split import split_three
+from preprocess.readers import open_reader, partition_manifest
+from preprocess.split import split_three, train_count
 
 Say = Callable[[str], None]
 
@@ -61,9 +62,43 @@ def sample_groups(reader, data: DataSpec) -> np.ndarray:
 
 
 def read_group_sizes(data: DataSpec, seed: int) -> list[tuple[str, int]]:
-    """Each group key of the data set with its sample count, largest first."""
+    """Each group key of the data set with its sample count, largest first (of data partitioned
+    by its groups, from the partition manifest: nothing is read)."""
+    if data.partitioned:
+        samples = grouped_manifest(data).group_samples()
+        return sorted(((key, sum(on.values())) for key, on in samples.items()), key=lambda item: (-item[1], item[0]))
     with open_reader(data, seed=seed) as reader:
         return group_sizes(sample_groups(reader, data).tolist())
+
+
+def grouped_manifest(data: DataSpec):
+    """The partition manifest of `data` (partitioned, with `group_by`), which must have been
+    partitioned by the same dataset of group keys.
+
+    Raises:
+        UserError: it was partitioned without groups, or by other group keys.
+    """
+    manifest = partition_manifest(data)
+    name = data.group_by.dataset if isinstance(data.group_by, GroupBy) else None
+    if manifest.group_by != name:
+        how = f"by the group keys {manifest.group_by!r}" if manifest.group_by else "without its groups"
+        raise UserError(f"{data.path} was partitioned {how}; partition it with: fleet data partition --group-by "
+                        f"{name}")
+    return manifest
+
+
+def group_shard_samples(data: DataSpec) -> dict[str, dict[int, int]]:
+    """Each group key's training samples on each part that holds some of it (partitioned
+    data): what one visit of that part by a model of the group passes over, the same count
+    as the part's own split of the group (`split_members`; partitioned data has no test
+    split), read from the parts' labels and group keys."""
+    shards: dict[str, dict[int, int]] = {}
+    for part in range(grouped_manifest(data).count):
+        with open_reader(data, partition=part) as reader:
+            labels, members = reader.labels, group_members(sample_groups(reader, data))
+        for key, own in members.items():
+            shards.setdefault(key, {})[part] = train_count(np.bincount(labels[own]), data.val_fraction)
+    return shards
 
 
 def unique_parts(keys: Sequence[str]) -> dict[str, str]:
@@ -200,10 +235,14 @@ def group_split(labels: np.ndarray, groups: np.ndarray, key: str, val_fraction: 
 
 def epoch_scales(spec: Spec) -> dict[str, float]:
     """Each model's whole-data epoch over its group's (N / n_g, training samples), read from
-    the data; {} without `data.group_by`. A planner's rates times it are epoch-equivalent."""
+    the data (partitioned: N of every part, n_g of the group's parts); {} without `data.group_by`. A planner's rates times it are epoch-equivalent."""
     if spec.data.group_by is None:
         return {}
     data = spec.data
+    if data.partitioned:
+        whole = sum(train_count(counts, data.val_fraction) for counts in partition_manifest(data).class_counts)
+        shards = group_shard_samples(data)
+        return {model.id: whole / sum(shards[model.group].values()) for model in spec.models}
     with open_reader(data, seed=spec.seed) as reader:
         labels, members = reader.labels, group_members(sample_groups(reader, data))
     whole = len(split_three(labels, data.val_fraction, data.test_fraction, spec.seed)[0])

@@ -46,6 +46,7 @@ class ShardWriter:
         class_names: optional names (attribute ``class_names``, JSON).
         attrs: further attributes for every shard.
         group_width: with group keys (`append`'s `groups`), their longest length in bytes.
+        group_name: the dataset the group keys go into (default ``groups``).
     """
 
     def __init__(
@@ -57,9 +58,10 @@ class ShardWriter:
         class_names: Sequence[str] | None = None,
         attrs: dict[str, Any] | None = None,
         group_width: int | None = None,
+        group_name: str = GROUPS_DATASET,
     ):
         self._paths, self._sizes, self._shape = list(paths), list(sizes), tuple(image_shape)
-        self._group_width = group_width
+        self._group_width, self._group_name = group_width, group_name
         self._attrs = {"classes": classes, **(attrs or {})}
         if class_names is not None:
             self._attrs["class_names"] = json.dumps(list(class_names))
@@ -82,7 +84,7 @@ class ShardWriter:
             self._file[IMAGES][at] = images[start : start + take]
             self._file[LABELS][at] = labels[start : start + take]
             if self._group_width is not None:
-                self._file[GROUPS_DATASET][at] = np.asarray(groups[start : start + take], dtype=f"S{self._group_width}")
+                self._file[self._group_name][at] = np.asarray(groups[start : start + take], dtype=f"S{self._group_width}")
             self._filled += take
             start += take
 
@@ -97,7 +99,7 @@ class ShardWriter:
         self._file.create_dataset(IMAGES, shape=(size, *self._shape), dtype=np.uint8)
         self._file.create_dataset(LABELS, shape=(size,), dtype=np.int64)
         if self._group_width is not None:
-            self._file.create_dataset(GROUPS_DATASET, shape=(size,), dtype=f"S{self._group_width}")
+            self._file.create_dataset(self._group_name, shape=(size,), dtype=f"S{self._group_width}")
         self._file.attrs.update(self._attrs)
         self._filled = 0
 

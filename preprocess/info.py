@@ -89,9 +89,10 @@ def describe(reader: Reader, where: str, manifest: PartitionManifest | None = No
     return "\n".join(lines)
 
 
-def group_lines(reader: Reader, name: str | None) -> list[str]:
+def group_lines(reader: Reader, name: str | None, manifest: PartitionManifest | None = None) -> list[str]:
     """The groups of a grouped data set and their sizes, largest first: those of the dataset
     `name` (`--group-by`), else of a ``groups`` dataset where the data set has one; none else.
+    Of data partitioned by those groups (`manifest`), each group's parts too.
 
     Raises:
         UserError: `name` is given and the data set has no such group keys.
@@ -106,6 +107,9 @@ def group_lines(reader: Reader, name: str | None) -> list[str]:
         return []
     sizes = group_sizes(keys)
     width = max(len("group"), *(len(k) for k, _ in sizes))
+    parts = manifest.group_parts() if manifest is not None and manifest.group_by == (name or GROUPS_DATASET) else {}
     lines = [f"groups:       {len(sizes)} (dataset '{name or GROUPS_DATASET}'; largest {sizes[0][1]}, "
-             f"smallest {sizes[-1][1]} samples)", f"{'group':<{width}}  samples"]
+             f"smallest {sizes[-1][1]} samples)", f"{'group':<{width}}  samples" + ("  parts" if parts else "")]
+    if parts:
+        return lines + [f"{key:<{width}}  {count:<7}  {', '.join(map(str, parts.get(key, ())))}" for key, count in sizes]
     return lines + [f"{key:<{width}}  {count}" for key, count in sizes]

@@ -56,8 +56,9 @@ def visits(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "visits.jsonl").read_text().splitlines()]
 
 
-def check_visits_complete(run_dir: Path) -> dict[str, dict[int, list[int]]]:
-    """Every model visited each partition exactly once in each epoch it trained."""
+def check_visits_complete(run_dir: Path, parts_of=lambda model: [0, 1]) -> dict[str, dict[int, list[int]]]:
+    """Every model visited each partition exactly once in each epoch it trained (each of its
+    own, `parts_of(model)`, where models visit some only: learning over groups)."""
     by_model: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for line in visits(run_dir):
         by_model[line["model"]][line["epoch"]].append(line["partition"])
@@ -66,7 +67,7 @@ def check_visits_complete(run_dir: Path) -> dict[str, dict[int, list[int]]]:
     for model, epochs in by_model.items():
         assert sorted(epochs) == list(range(1, trained[model] + 1)), (model, dict(epochs))
         for epoch, partitions in epochs.items():
-            assert sorted(partitions) == [0, 1], f"{model} epoch {epoch} visited {partitions}"
+            assert sorted(partitions) == parts_of(model), f"{model} epoch {epoch} visited {partitions}"
     return by_model
 
 
@@ -153,17 +154,11 @@ def wait_for_visits(job: subprocess.Popen, run_dir: Path, count: int) -> None:
         job_log(run_dir).read_text()[-3000:]
 
 
-@pytest.mark.parametrize("how", ["kill", "usr1"])
-def test_a_stopped_hopping_job_resumes_where_its_visits_stood(tmp_path, parts, how):
-    """SIGKILL (a batch system ends the job) or SIGUSR1 (the warning before the walltime) after
-    some visits: the next start continues each model at the partition after its last hop; the
-    visit log holds each partition exactly once an epoch, across both jobs."""
-    models = [{"family": "mlp", "name": n, "params": {"hidden": [64, 64]}} for n in ("x", "y", "z")]
-    spec = write_spec(tmp_path / "s.yaml", parts, "mop", models, 1, max_epochs=4)
-    run_dir = tmp_path / "run"
-    job = start_train(4, spec, run_dir)
+def stop_after_visits(job: subprocess.Popen, run_dir: Path, count: int, how: str = "usr1") -> None:
+    """Stop `job` once `count` visits are logged: SIGKILL (``kill``), or the checkpoint signal
+    (``usr1``), after which it must exit 75."""
     try:
-        wait_for_visits(job, run_dir, 5)
+        wait_for_visits(job, run_dir, count)
         if how == "kill":
             kill_job(job)
         else:
@@ -174,6 +169,17 @@ def test_a_stopped_hopping_job_resumes_where_its_visits_stood(tmp_path, parts, h
     finally:
         if job.poll() is None:
             kill_job(job)
+
+
+@pytest.mark.parametrize("how", ["kill", "usr1"])
+def test_a_stopped_hopping_job_resumes_where_its_visits_stood(tmp_path, parts, how):
+    """SIGKILL (a batch system ends the job) or SIGUSR1 (the warning before the walltime) after
+    some visits: the next start continues each model at the partition after its last hop; the
+    visit log holds each partition exactly once an epoch, across both jobs."""
+    models = [{"family": "mlp", "name": n, "params": {"hidden": [64, 64]}} for n in ("x", "y", "z")]
+    spec = write_spec(tmp_path / "s.yaml", parts, "mop", models, 1, max_epochs=4)
+    run_dir = tmp_path / "run"
+    stop_after_visits(start_train(4, spec, run_dir), run_dir, 5, how)
     first = visits(run_dir)
     assert len(first) < 3 * 4 * 2
     hopped = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "checkpoints").glob("*/latest.json")}

@@ -177,6 +177,10 @@ def test_plan_with_a_spec_whose_policy_takes_no_such_option_is_one_line(profile,
          "--policies: fleet-g may mix groups in a stream; with --groups choose from grouped"),
         (["simulate", "--workload", "paper100", "--gpus", "4", "--groups", "5", "--configurations", "101"],
          "--groups: configurations must be 1..100"),
+        (["simulate", "--workload", "paper100", "--gpus", "8", "--groups", "5", "--partitions", "2", "--policies",
+          "group-task"], "--policies: group-task does not plan visits of data partitioned by its groups"),
+        (["simulate", "--workload", "paper100", "--gpus", "12", "--groups", "5", "--partitions", "2"],
+         "--groups: 2 partitions do not fit 3 nodes"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, profile, tmp_path, fleet_cli):
@@ -258,6 +262,15 @@ def test_simulate_over_groups_compares_the_four_policies_with_the_grouped_bound(
     assert set(rows) == {"grouped", "group-task", "model-task", "group-parallel"}
     assert all(r["makespan_lb"] >= 1 - 1e-9 for r in rows.values())
     assert rows["grouped"]["decoded"] < rows["model-task"]["decoded"]  # a group's stream decodes for both
+
+
+def test_simulate_over_groups_on_parts_runs_grouped_visits_within_the_bound(tmp_path, fleet_cli):
+    done = fleet_cli("simulate", "--workload", "paper100", "--gpus", "8", "--groups", "6", "--group-skew", "1.5",
+                     "--configurations", "2", "--partitions", "2", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert "on 2 parts" in out["input"] and [r["policy"] for r in out["rows"]] == ["grouped"]
+    assert 1 - 1e-9 <= out["rows"][0]["makespan_lb"] < 2.0
 
 
 def test_simulate_a_family_instance_on_its_own_gpus_reproducibly(tmp_path, fleet_cli):

@@ -3,7 +3,7 @@
     fleet data make synthetic --format jpeg|hdf5 --out DIR [--classes 10] [--samples 2000]
                               [--image-size 32] [--channels 3] [--seed 0] [--shards 1]
     fleet data convert --in DIR --out PATH --image-size S [--shards N] [--channels 3]
-    fleet data partition --in PATH --parts N --out DIR [--seed 0]
+    fleet data partition --in PATH --parts N --out DIR [--seed 0] [--group-by DATASET]
     fleet data info PATH_OR_SPEC [--check]
 
 Every writing command builds its output beside the destination and moves it into place;
@@ -78,6 +78,10 @@ def _add_partition(sub: Any) -> None:
     p.add_argument("--parts", required=True, type=int, help="number of partitions")
     p.add_argument("--out", required=True, help="directory for part-XXX.h5 and partitions.json")
     p.add_argument("--seed", type=int, default=0, help="seed of the stratified assignment (default 0)")
+    p.add_argument("--group-by", metavar="DATASET",
+                   help="partition by the groups of this HDF5 dataset of group keys (learning over groups): "
+                        "small groups whole on one part, a group larger than a part's share split over "
+                        "consecutive parts")
     _writer_flags(p)
     p.set_defaults(data_func=_partition)
 
@@ -126,17 +130,22 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _partition(args: argparse.Namespace) -> int:
     manifest = partition_dataset(
-        args.src, args.parts, args.out, seed=args.seed, progress=not args.quiet, force=args.force
+        args.src, args.parts, args.out, seed=args.seed, progress=not args.quiet, force=args.force,
+        group_by=args.group_by,
     )
     sizes = ", ".join(str(s) for s in manifest.sizes)
     print(f"wrote {manifest.count} partitions to {args.out} (samples per part: {sizes})")
+    sharded = {key: parts for key, parts in manifest.group_parts().items() if len(parts) > 1}
+    if manifest.groups is not None:
+        split = "; ".join(f"{key} over parts {', '.join(map(str, parts))}" for key, parts in sorted(sharded.items()))
+        print(f"{len(manifest.groups)} groups, {len(sharded)} split over several parts{': ' + split if split else ''}")
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
     reader, manifest = open_any(args.path_or_spec)
     with reader:
-        groups = group_lines(reader, args.group_by)  # a missing dataset: the one-line error before anything
+        groups = group_lines(reader, args.group_by, manifest)  # a missing dataset: the one-line error before anything
         print("\n".join([describe(reader, args.path_or_spec, manifest, lenient=args.check), *groups]), flush=True)
         for notice in class_notices(reader):
             print(f"fleet: {notice}", flush=True)

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if make_policy.spec is not None:
         scenario = with_partitions(scenario, make_policy.spec)
     name = args.policy or make_policy.spec_policy
-    if scenario.partition_sizes and not policy_class(name if name != AUTO else "mop").hops:
+    runs = policy_class(name if name != AUTO else "grouped" if scenario.partition_groups else "mop")
+    if scenario.partition_sizes and not (runs.hops or runs.visits_groups and scenario.partition_groups):
         raise UserError(f"--policy: {name} cannot run on the spec's partitioned data; choose from "
                         f"{', '.join(HOPPING_POLICIES)}")
     early_stop = simulated_early_stop(make_policy.spec) if make_policy.spec else None  # models stop at rungs

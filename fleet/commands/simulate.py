@@ -13,7 +13,9 @@ paper-style charts. ``--workload scale --models 1000`` is a large synthetic ense
 nodes (model hopping): the hopping policies are compared with ``mop``, Cerebro's scheduler.
 ``--groups G --group-skew S`` learns over groups (issue 47): a built-in workload's first
 ``--configurations`` models trained on each of G groups of Zipf(S) sizes
-(`fleet.schedule.group_workload`), the four policies over groups against the grouped lower bound.
+(`fleet.schedule.group_workload`), the four policies over groups against the grouped lower bound;
+with ``--partitions P`` on data partitioned by its groups (small groups whole on one part, large
+ones sharded: `group_workload.on_parts`), where ``grouped`` plans visits of each group's parts.
 
 ``--true-rates PROFILE`` makes the models train at PROFILE's rates while the policies plan with
 the input's: each run then weighs the rates it measures and adopts them where that pays, and
@@ -48,7 +50,7 @@ from fleet.schedule.choice import AUTO
 from fleet.schedule.early_stop import METHODS as EARLY_STOP_METHODS
 from fleet.schedule.early_stop import EarlyStopError, EarlyStopSettings
 from fleet.schedule.partitions import PartitionError, nodes_per_partition
-from fleet.schedule.group_workload import grouped_bound, grouped_scenario
+from fleet.schedule.group_workload import grouped_bound, grouped_scenario, on_parts
 from fleet.schedule.planners import GROUP_POLICIES, HOPPING_POLICIES
 from fleet.schedule.compare import compare, summarize
 from fleet.schedule.noise import NOISE_MODELS, noisy_scenario
@@ -352,10 +354,11 @@ def _run_groups(args: argparse.Namespace) -> int:
     grouped lower bound (`grouped_bound`), averaged over the seeds."""
     if args.workload not in WORKLOADS or args.gpus is None:
         raise UserError(f"--groups: needs --workload ({', '.join(WORKLOADS)}) and --gpus")
-    if wrong := [p for p in (args.policies or []) if p not in GROUP_POLICIES]:
-        raise UserError(f"--policies: {', '.join(wrong)} may mix groups in a stream; with --groups choose from "
-                        f"{', '.join(GROUP_POLICIES)}")
-    policies = args.policies or list(GROUP_POLICIES)
+    able = ("grouped",) if args.partitions else GROUP_POLICIES  # on parts: visits of the groups' parts
+    if wrong := [p for p in (args.policies or []) if p not in able]:
+        why = "does not plan visits of data partitioned by its groups" if args.partitions else "may mix groups in a stream"
+        raise UserError(f"--policies: {', '.join(wrong)} {why}; with --groups choose from {', '.join(able)}")
+    policies = args.policies or list(able)
     make, sized = WORKLOADS[args.workload], {} if args.models is None else {"models": args.models}
     rows = []
     for gpus in args.gpus:
@@ -364,7 +367,8 @@ def _run_groups(args: argparse.Namespace) -> int:
             try:
                 scenario = grouped_scenario(make(seed, **sized), args.groups, args.group_skew, gpus,
                                             args.configurations, args.decode_per_node, args.own_decode)
-            except ValueError as exc:
+                scenario = on_parts(scenario, args.partitions) if args.partitions else scenario
+            except (ValueError, PartitionError) as exc:
                 raise UserError(f"--groups: {exc}") from None
             bound = grouped_bound(scenario)
             for policy in policies:
@@ -373,8 +377,9 @@ def _run_groups(args: argparse.Namespace) -> int:
         rows += [{"gpus": gpus, "policy": p, **{k: sum(r[i] for r in v) / len(v) for i, k in
                                                enumerate(("makespan_s", "makespan_lb", "decoded"))}}
                  for p, v in runs.items()]
+    parts = f", on {args.partitions} parts (fleet data partition --group-by)" if args.partitions else ""
     label = (f"workload {args.workload}: {args.configurations} configurations x {args.groups} groups "
-             f"(Zipf {args.group_skew:g}); mean of {args.seeds} seed(s)")
+             f"(Zipf {args.group_skew:g}){parts}; mean of {args.seeds} seed(s)")
     if args.json:
         print(json.dumps({"input": label, "rows": rows}, indent=1))
         return 0

@@ -116,6 +116,8 @@ class RunContext:
             thread (`regroup_box`).
         profile_batches: the profiler's decoded training batch of each batch size, decoded
             once per process (`profiler.measure.profile_batch`).
+        across_parts: on data partitioned by its groups, the validation set of each sharded
+            group a master validated, decoded once per process (`validation_of`).
     """
 
     spec: Spec
@@ -145,6 +147,7 @@ class RunContext:
     draining: list[StreamThread] = field(default_factory=list)
     regroups: RegroupBox | None = None
     profile_batches: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    across_parts: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @cached_property
     def rank(self) -> int:
@@ -200,7 +203,11 @@ class RunContext:
         """The whole data's epoch over `model_id`'s own (N / n_g): a rate in its samples/s times
         this is the rate in the planners' epoch-equivalent samples/s (1 without groups)."""
         group = self.spec.model(model_id).group
-        return 1.0 if group is None else self.epoch_samples / len(self.train_idx_of(group))
+        if group is None:
+            return 1.0
+        if self.partitions is not None and self.partitions.groups:  # of every part holding the group
+            return self.epoch_samples / sum(self.partitions.pass_samples(group, k) for k in self.partitions.parts_of(group))
+        return self.epoch_samples / len(self.train_idx_of(group))
 
     @property
     def train_idx(self) -> np.ndarray:
@@ -264,8 +271,17 @@ class RunContext:
 
     def validation_of(self, group: str | None) -> tuple[np.ndarray, np.ndarray]:
         """The validation set of `group`'s models (`validation` for None), decoded once per
-        process where first needed."""
-        return self.validation if group is None else self.groups.decoded(group, 1)
+        process where first needed; on data partitioned by its groups, the held-out shares of
+        the group on each of its parts (`data.validation: local`: on this rank's part only)."""
+        if group is None:
+            return self.validation
+        parts = () if self.partitions is None or self.spec.data.validation == "local" else \
+            self.partitions.parts_of(group)
+        if not parts or parts == (self.partition,):
+            return self.groups.decoded(group, 1)
+        if group not in self.across_parts:
+            self.across_parts[group] = validation_over_parts(self, group, parts)
+        return self.across_parts[group]
 
     def test_of(self, group: str | None) -> tuple[np.ndarray, np.ndarray] | None:
         """The test set of `group`'s models (`test` for None); None without one."""
@@ -296,3 +312,14 @@ class RunContext:
         """The validation samples decoded since the last call (a group's leave reports them)."""
         decoded, self.val_decoded = self.val_decoded, 0
         return decoded
+
+
+def validation_over_parts(ctx: RunContext, group: str, parts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The validation set of `group` on data partitioned by its groups: each of its `parts`'
+    own held-out share of it (as each part's split makes it), decoded and put together."""
+    sets = []
+    for k in parts:
+        with ctx.open_part(k) as reader:
+            own = GroupSplits(ctx.spec, reader, lambda indices: ctx._decoded(reader, indices), ctx._count_val_decoded)
+            sets.append(own.decoded(group, 1))
+    return np.concatenate([x for x, _ in sets]), np.concatenate([y for _, y in sets])

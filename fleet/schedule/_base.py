@@ -65,7 +65,9 @@ Partitioned data (model hopping; `fleet.schedule.partitions`)
     (:class:`CheckpointCompleted` follows; :class:`EpochCompleted` first, with the model
     already ``CHECKPOINTING``, when the visit was its epoch's last; :class:`ModelConverged`
     instead when the stop rule ends it there). Visits are not preempted: a decision may not
-    ``checkpoint``, ``end_round`` or ``join``. Only a policy with ``hops = True`` plans them;
+    ``checkpoint``, ``end_round`` or ``join``. Only a policy with ``hops = True`` plans them
+    (or, on data partitioned by its groups, one with ``visits_groups = True``: a model of a
+    group visits its group's partitions only, ``ClusterView.to_visit``);
     only the checkpoint signal cuts a visit short, and the visit is then trained again from
     its start (the model goes back to the checkpoint of its last hop).
 
@@ -206,7 +208,8 @@ class ClusterView:
         if self.partitions is None:
             return ()
         visited = self.model(model_id).visited
-        return tuple(k for k in range(self.partitions.count) if k not in visited)
+        group = self.rates.profile(model_id).extra.get("group")  # `grouping.GROUP_KEY` (grouping imports this module)
+        return tuple(k for k in self.partitions.parts_of(group) if k not in visited)
 
     @property
     def busy_gpus(self) -> int:
@@ -395,6 +398,10 @@ class Policy(abc.ABC):
     #: True where the policy plans visits of partitioned data (model hopping); only such a
     #: policy runs on partitioned data, and it also runs on whole data (one partition).
     hops: ClassVar[bool] = False
+    #: True where a policy over groups plans visits of data partitioned by its groups (each
+    #: model visiting its group's partitions, `Partitions.parts_of`); on whole data it plans
+    #: as without partitions (it is no hopping policy there).
+    visits_groups: ClassVar[bool] = False
     #: False where the policy's plans never read a rate (only the model ids): profiling
     #: cannot change them, so `scheduler.profile: auto` does not profile for it.
     reads_rates: ClassVar[bool] = True

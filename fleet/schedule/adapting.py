@@ -270,7 +270,7 @@ def simulate_auto(policy_named: Callable[[str], Policy], scenario: Scenario, ove
     data: visits are re-planned at every hop anyway), with `early_stop` where given (the choice
     itself is made without it, as a run makes it). Returns the first choice and the run."""
     partitioned = bool(scenario.partition_sizes)
-    candidates = HOPPING_POLICIES if partitioned else CANDIDATES
+    candidates = ("grouped",) if scenario.partition_groups else HOPPING_POLICIES if partitioned else CANDIDATES
     estimates = scenario.epochs_estimate
     known = replace(scenario, rates=scenario.planning_rates or scenario.rates, planning_rates=None,
                     true_epochs=whole_epochs(estimates), curves=())

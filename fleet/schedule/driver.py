@@ -151,7 +151,7 @@ class Driver:
                  early: EarlyStopping | None = None):
         self.policy, self.ledger, self.world, self.adapter = policy, ledger, world, adapter
         self.rungs = RungKeeper(early, ledger, world) if early is not None else None
-        if ledger.partitions is not None and not policy.hops:
+        if ledger.partitions is not None and not (policy.hops or policy.visits_groups and ledger.partitions.groups):
             raise PolicyError(f"{policy.name} does not plan visits of partitioned data (a hopping policy does)")
         if ledger.partitions is None and policy.hops:  # whole data: one partition on every node
             nodes = -(-ledger.total_gpus // ledger.gpus_per_node)

@@ -7,16 +7,18 @@ built-in workload) over G groups: model ``<config>-g<k>`` trains configuration `
 epochs the configuration's. Decoding is priced as a grouped run pays it: each node's
 preprocessors decode `decode_per_node` samples/s (a stream shares them with the others), and
 a model that decodes its own data (`model-task`) does so at `own_decode` samples/s between its
-steps. `grouped_bound` is the run's lower bound (`group_bound`).
+steps. `grouped_bound` is the run's lower bound (`group_bound`). `on_parts` puts a grouped
+scenario on data partitioned by its groups (small groups whole on one part, large ones sharded).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from fleet.schedule.grouping import group_bound, with_groups, zipf_sizes
+from fleet.schedule.grouping import epoch_scale_of, group_bound, group_of, shard_counts, with_groups, zipf_sizes
+from fleet.schedule.partitions import nodes_per_partition
 from fleet.schedule.rates import ModelProfile, RateTable
 from fleet.schedule.scenario import Cluster, Scenario
 from fleet.schedule.workloads import Workload
@@ -68,6 +70,30 @@ def grouped_scenario(workload: Workload, groups: int, skew: float, gpus: int, co
     decode = None if decode_per_node is None else decode_per_node * cluster.nodes
     return Scenario(table, epochs, tuple(float(e) for e in epochs), cluster, decode_rate=decode,
                     own_decode_rate=own_decode)
+
+
+def on_parts(scenario: Scenario, parts: int) -> Scenario:
+    """`scenario` (a grouped one: each model's group in its rates' ``extra``) on data
+    partitioned by its groups onto `parts` parts, as ``fleet data partition --group-by`` places
+    them (`shard_counts` of the groups' samples, N / epoch scale each): each group's models
+    visit its group's parts.
+
+    Raises:
+        PartitionError: the cluster's nodes are not a multiple of `parts`.
+    """
+    nodes_per_partition(parts, scenario.cluster.nodes)
+    sizes: dict[str, int] = {}
+    for profile in scenario.rates.models:
+        sizes[group_of(scenario.rates, profile.id)] = round(scenario.rates.samples_per_epoch / epoch_scale_of(profile))
+    keys = sorted(sizes)
+    shards = shard_counts([sizes[key] for key in keys], parts)
+    held = [0.0] * parts
+    for group in shards:
+        for part, samples in group:
+            held[part] += samples
+    scale = scenario.rates.samples_per_epoch / sum(held)
+    groups = tuple((key, tuple((part, float(n)) for part, n in group)) for key, group in zip(keys, shards))
+    return replace(scenario, partition_sizes=tuple(h * scale for h in held), partition_groups=groups)
 
 
 def grouped_bound(scenario: Scenario) -> float:

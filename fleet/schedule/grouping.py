@@ -13,7 +13,8 @@ configuration ``c``, ``n_g * E_c / r_c`` GPU-seconds (``n_g`` samples, ``E_c`` e
   placed largest first on the least loaded node; only a group larger than a node's share is
   sharded, wrapped around consecutive nodes, each shard sized by the share of the group's
   work it holds (its configurations then visit the shards in turn, as models hop over
-  partitions).
+  partitions). `shard_counts` rounds its shares to whole samples: how ``fleet data partition
+  --group-by`` places the groups' samples onto parts.
 - `group_bound` is the lower bound a grouped plan is measured against: the total work over
   all GPUs, or the longest single (group, configuration) at its best GPU count.
 
@@ -142,6 +143,22 @@ def place_groups(works: Sequence[float], nodes: int, gpus_per_node: int) -> Grou
         shards[group] = (Shard(node, 1.0),)
         loads[node] += works[group]
     return GroupPlacement(tuple(shards[g] for g in range(len(works))), tuple(loads), share)
+
+
+def shard_counts(sizes: Sequence[int], parts: int) -> list[list[tuple[int, int]]]:
+    """Each group's ``(part, samples)`` shards (groups in the order of `sizes`, their sample
+    counts): `place_groups` of the samples onto `parts` parts (``fleet data partition
+    --group-by``), each sharded group's fractions rounded to whole samples by largest
+    remainder (an empty shard is dropped)."""
+    placement = place_groups([float(size) for size in sizes], parts, 1)
+    out = []
+    for size, shards in zip(sizes, placement.shards):
+        exact = np.array([shard.fraction * size for shard in shards])
+        counts = np.floor(exact).astype(np.int64)
+        for k in np.argsort(-(exact - counts), kind="stable")[: size - int(counts.sum())]:
+            counts[k] += 1
+        out.append([(shard.node, int(n)) for shard, n in zip(shards, counts) if n > 0])
+    return out
 
 
 def group_bound(works: Sequence[float], gpus: int, longest_s: float) -> float:

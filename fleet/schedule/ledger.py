@@ -16,6 +16,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import replace
 
 from fleet.schedule._base import ClusterView, ModelState, ModelView, PolicyError, StreamPlan, StreamView, WAITING
+from fleet.schedule.grouping import group_of
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.rates import RateTable
 
@@ -58,9 +59,11 @@ def check_launch(
 
 
 def check_visits(plans: Iterable[StreamPlan], policy: str, partitions: Partitions,
-                 visited: Callable[[str], tuple[int, ...]]) -> None:
+                 visited: Callable[[str], tuple[int, ...]],
+                 parts_of: Callable[[str], tuple[int, ...]] | None = None) -> None:
     """The protocol's rules for launches on partitioned data: each stream on one partition's
-    GPUs, no joins, each member a model that has not visited that partition in its epoch.
+    GPUs, no joins, each member a model that has not visited that partition in its epoch and
+    (`parts_of`: the partitions each model visits, every one where not given) visits it at all.
 
     Raises:
         PolicyError: a plan breaks one of them.
@@ -75,6 +78,14 @@ def check_visits(plans: Iterable[StreamPlan], policy: str, partitions: Partition
         for member in plan.members:
             if partition in visited(member.model):
                 raise PolicyError(f"{policy}: {member.model} already visited partition {partition} this epoch")
+            if parts_of is not None and partition not in parts_of(member.model):
+                raise PolicyError(f"{policy}: {member.model} does not visit partition {partition} (its group's data "
+                                  f"lies on partition(s) {', '.join(map(str, parts_of(member.model)))})")
+
+
+def visit_parts(partitions: Partitions, rates: RateTable, model_id: str) -> tuple[int, ...]:
+    """The partitions `model_id` visits each epoch: its group's (`Partitions.parts_of`)."""
+    return partitions.parts_of(group_of(rates, model_id))
 
 
 def stream_partition(plan: StreamPlan, partitions: Partitions | None) -> int | None:
@@ -231,7 +242,8 @@ class Ledger:
             lambda g: 0 <= g < self.total_gpus and not self.holders[g], running,
         )
         if self.partitions is not None:
-            check_visits(plans, policy, self.partitions, lambda model_id: self.model(model_id).visited)
+            check_visits(plans, policy, self.partitions, lambda model_id: self.model(model_id).visited,
+                         (lambda m: visit_parts(self.partitions, self._rates, m)) if self.partitions.groups else None)
 
     def begin_launch(self) -> bool:
         """Count the launch; True when it starts a new round (a launch on a drained cluster)."""
@@ -289,8 +301,8 @@ class Ledger:
         """A running model finished its visit of `partition` and starts its hop (it is
         CHECKPOINTING from now on). Returns True when the visit ended its epoch (every
         partition visited; the visits start again)."""
-        if self.partitions is None or not 0 <= partition < self.partitions.count:
-            raise PolicyError(f"{model_id}: a visit of partition {partition}, which this run does not have")
+        if self.partitions is None or partition not in visit_parts(self.partitions, self._rates, model_id):
+            raise PolicyError(f"{model_id}: a visit of partition {partition}, which this run does not have for it")
         ended = self.visit_ends_epoch(model_id, partition)
         if self.model(model_id).state is not ModelState.CHECKPOINTING:  # (the checkpoint signal came first)
             self.start_checkpoint(model_id)
@@ -308,7 +320,7 @@ class Ledger:
         visited = self.model(model_id).visited
         if partition in visited:
             raise PolicyError(f"{model_id}: visited partition {partition} twice in one epoch")
-        return len(visited) + 1 == self.partitions.count
+        return len(visited) + 1 == len(visit_parts(self.partitions, self._rates, model_id))
 
     def start_checkpoint(self, model_id: str) -> None:
         view = self.model(model_id)

@@ -6,12 +6,20 @@ keeps partition ``k`` on the ``N / p`` consecutive nodes ``k * N / p ... (k + 1)
 pass over one partition) on GPUs of that partition's nodes, then *hops*: its checkpoint goes
 to the next partition's nodes through the run directory. It has trained an epoch when it has
 visited every partition once.
+
+Learning over groups on partitioned data (issue 47; ``fleet data partition --group-by``) places
+each group on the parts by the constrained wrap-around: a small group lies whole on one part,
+a large one is sharded over consecutive parts. A model of a group visits only its group's
+parts (`Partitions.parts_of`), each visit a pass over the group's shard there
+(`Partitions.visit_samples`), and has trained an epoch when it has visited each of them once;
+a model of a group kept whole visits its one part every epoch.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 
 class PartitionError(ValueError):
@@ -44,11 +52,15 @@ class Partitions:
         sizes: training samples of each partition (a visit passes over them once).
         gpus_per_node: GPUs of each node.
         nodes: nodes of the job (a multiple of the partition count).
+        groups: with learning over groups, each group key with its shards: ``(partition,
+            training samples)`` on each part that holds some of it (consecutive parts); a
+            model of a group not listed (or of no group) visits every partition.
     """
 
     sizes: tuple[float, ...]
     gpus_per_node: int
     nodes: int
+    groups: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sizes or any(not s > 0 for s in self.sizes):
@@ -56,6 +68,35 @@ class Partitions:
         if self.gpus_per_node < 1:
             raise PartitionError(f"gpus_per_node must be at least 1, got {self.gpus_per_node}")
         nodes_per_partition(len(self.sizes), self.nodes)
+        for key, shards in self.groups:
+            if not shards or any(not 0 <= k < len(self.sizes) or not n > 0 for k, n in shards):
+                raise PartitionError(f"group {key!r}: shards {list(shards)} on partitions 0..{len(self.sizes) - 1} "
+                                     "(each with training samples)")
+
+    @cached_property
+    def _shards(self) -> dict[str, tuple[tuple[int, float], ...]]:
+        return dict(self.groups)
+
+    def parts_of(self, group: str | None) -> tuple[int, ...]:
+        """The partitions a model of `group` visits each epoch (every one for None or a group
+        not listed), ascending."""
+        shards = self._shards.get(group) if group is not None else None
+        return tuple(range(self.count)) if shards is None else tuple(sorted(k for k, _ in shards))
+
+    def pass_samples(self, group: str | None, partition: int) -> float:
+        """Training samples one visit of `partition` by a model of `group` passes over: the
+        partition's (of no group), or the group's there."""
+        shards = self._shards.get(group) if group is not None else None
+        return self.sizes[partition] if shards is None else dict(shards)[partition]
+
+    def visit_samples(self, group: str | None, partition: int) -> float:
+        """Epoch-equivalent samples of one visit of `partition` by a model of `group`: the
+        partition's training samples (of no group); a group's share of its epoch held there,
+        times an epoch's samples (a grouped model's rates are epoch-equivalent)."""
+        shards = self._shards.get(group) if group is not None else None
+        if shards is None:
+            return self.sizes[partition]
+        return self.samples * dict(shards)[partition] / sum(n for _, n in shards)
 
     @classmethod
     def even(cls, count: int, samples: float, total_gpus: int, gpus_per_node: int) -> "Partitions":

@@ -61,6 +61,9 @@ class Scenario:
             to the rate table's ``samples_per_epoch``); empty: whole data.
         visited: for a resumed run of partitioned data, per model the partitions visited in
             its current epoch; empty: none.
+        partition_groups: with learning over groups on partitioned data, each group's shards
+            (`fleet.schedule.partitions.Partitions.groups`): a model of a listed group visits
+            only its group's partitions; empty: every model visits every partition.
         cores: on CPU nodes, the cores the trainers and preprocessors share and what a sample
             costs on them (`fleet.schedule.cores`); None: every trainer has its device to itself
             (GPUs) and decoding is limited by `decode_rate` only.
@@ -78,6 +81,7 @@ class Scenario:
     partition_sizes: tuple[float, ...] = ()
     visited: tuple[tuple[int, ...], ...] = ()
     cores: SharedCores | None = None
+    partition_groups: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)

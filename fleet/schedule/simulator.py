@@ -203,7 +203,8 @@ class _Run:
     def _partitions(self, scenario: Scenario) -> Partitions | None:
         if not scenario.partition_sizes:
             return None
-        return Partitions(tuple(scenario.partition_sizes), self.cluster.gpus_per_node, self.cluster.nodes)
+        return Partitions(tuple(scenario.partition_sizes), self.cluster.gpus_per_node, self.cluster.nodes,
+                          scenario.partition_groups)
 
     # -- the loop --------------------------------------------------------------------
 
@@ -381,7 +382,8 @@ class _Run:
         rate = model.own_rate
         done = self.now() + self.costs.checkpoint_s(model.param_bytes)
         self.physics.leave(stream, model, Outcome.HOPPED, released=done)
-        model.samples = model.visit_start + self.ledger.partitions.sizes[stream.partition]
+        model.samples = model.visit_start + self.ledger.partitions.visit_samples(group_of(self.scenario.rates, model.id),
+                                                                                stream.partition)
         self._hop_away(model, done)
         self.hops += 1
         metric = _metric(self.scenario, model.index, epochs) if ended else None

@@ -20,7 +20,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from fleet.schedule.grouping import epoch_scale_of
+from fleet.schedule.grouping import GROUP_KEY, epoch_scale_of
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.scenario import Scenario
 from fleet.schedule.sim_records import MemberRecord, Outcome
@@ -196,6 +196,7 @@ class StreamPhysics:
             if done is not None:
                 model.samples, model.has_checkpoint = done * self.n, True
         self.scales = [epoch_scale_of(p) for p in scenario.rates.models]
+        self.groups = [p.extra.get(GROUP_KEY) for p in scenario.rates.models]
         self.streams: dict[int, StreamMotion] = {}
         self.finished_streams: list[StreamMotion] = []
         self.members: list[MemberRecord] = []
@@ -242,7 +243,7 @@ class StreamPhysics:
             if stream.partition is None:
                 stream.push_boundary(model, self.epochs_done(model.id) + 1, self.n)
             else:
-                stream.push_visit_end(model, self.partitions.sizes[stream.partition])
+                stream.push_visit_end(model, self.partitions.visit_samples(self.groups[model.index], stream.partition))
         if stream.start is None and stream.active:
             stream.start = self.now
         self.repace(stream)

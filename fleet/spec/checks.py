@@ -145,9 +145,21 @@ def check_models(data: DataSpec, train: TrainSpec, models: tuple[ModelSpec, ...]
         _check_kernel(model, f"models[{entry}]", data)
 
 
+PARTITIONED_GROUP_POLICIES = ("grouped", "auto")
+"""The policies that train models of groups on data partitioned by its groups: ``grouped``
+(small groups on their part, a sharded group's models visiting its parts), and ``auto``,
+which then chooses it."""
+
+
 def check_hopping(data: DataSpec, scheduler: SchedulerSpec) -> None:
     """Partitioned data needs a policy that plans visits of it (model hopping), or auto; a
-    hopping policy needs partitioned data."""
+    hopping policy needs partitioned data; data partitioned by its groups needs
+    `PARTITIONED_GROUP_POLICIES`."""
+    if data.partitioned and data.group_by is not None:
+        if scheduler.policy not in PARTITIONED_GROUP_POLICIES:
+            raise SpecError(f"scheduler.policy: {scheduler.policy!r} does not plan visits of data partitioned by its "
+                            f"groups (data.partitioned with data.group_by); use {' or '.join(PARTITIONED_GROUP_POLICIES)}")
+        return
     if data.partitioned and scheduler.policy != "auto" and scheduler.policy not in HOPPING_POLICIES:
         raise SpecError(f"scheduler.policy: {scheduler.policy!r} trains on whole data; partitioned data "
                         f"(data.partitioned) needs a hopping policy: {', '.join(HOPPING_POLICIES)}")

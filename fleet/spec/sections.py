@@ -132,8 +132,6 @@ class DataSpec(Section):
         if wanted is not None and self.source is not wanted:
             form = "directory" if self.group_by == "directory" else "{dataset: NAME}"
             raise field_error("group_by", f"{form} needs source {wanted.value!r}, got {self.source.value!r}")
-        if self.group_by is not None and self.partitioned:
-            raise field_error("group_by", "not supported with partitioned data (data.partitioned: true) yet")
         return self
 
     def defaults_filled(self) -> "DataSpec":

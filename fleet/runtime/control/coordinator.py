@@ -28,7 +28,7 @@ from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.rungs import RungLog
 from fleet.runtime.control.search import RunSearch
 from fleet.runtime.control.tuning import AdaptLog
-from fleet.runtime.control.visits import VisitLog
+from fleet.runtime.control.visits import VisitLog, recover_visits
 from fleet.runtime.events import EventLog
 from fleet.runtime.protocol import (
     BundleDecided,
@@ -110,9 +110,7 @@ class Coordinator:
         self.board: ScalarBoard | None = ScalarBoard(Path(ctx.run_dir) / "tensorboard")
         self.visits = VisitLog(Path(ctx.run_dir)) if ledger.partitions is not None else None
         if self.visits is not None:
-            paused = ledger.ids_in(ModelState.PAUSED)
-            self.visits.recover(ledger.partitions.count, {m: ledger.model(m).epochs_done for m in paused},
-                                {m: ledger.model(m).visited for m in paused})
+            recover_visits(self.visits, ledger)
         self.epoch_metrics: dict[str, float | None] = {}  # a visit's epoch report waits for its hop
         self.search = RunSearch(ctx, self.account.records, log, console)
 

@@ -310,7 +310,7 @@ def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rat
     cluster = spec.cluster
     return Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(cluster.gpus, todo.gpus_per_node),
                     decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1), cores=basis.cores,
-                    partition_sizes=parts.sizes if parts else (),
+                    partition_sizes=parts.sizes if parts else (), partition_groups=parts.groups if parts else (),
                     visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
                     resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
 

@@ -154,7 +154,7 @@ class StreamStarter:
         checkpoint it resumes from: the same count as its master's `MemberClock`. A visit of a
         partition ends after one pass over it."""
         if source.partition is not None:
-            visited = int(self.ctx.partitions.sizes[source.partition])
+            visited = int(self.ctx.partitions.pass_samples(source.group, source.partition))
             return resumed_end_chunk(first_chunk, 1, 0, 0, visited, source.chunk_samples)
         info = self.store.latest_info(model)
         epochs, done = (int(info["epochs"]), int(info["epoch_samples"])) if info else (0, 0)

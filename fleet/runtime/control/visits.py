@@ -13,10 +13,12 @@ committed but whose line was lost to a kill is written on resume with ``"recover
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fleet.runtime.events import read_events
+from fleet.schedule import ModelState
+from fleet.schedule.ledger import Ledger, visit_parts
 
 VISITS = "visits.jsonl"
 
@@ -68,14 +70,18 @@ class VisitLog:
             self.ended(model, epoch, at)
         self._write(self.saving.pop(model))
 
-    def recover(self, partitions: int, epochs_done: Mapping[str, int], visited: Mapping[str, tuple[int, ...]]) -> None:
+    def recover(self, partitions: int | Mapping[str, Sequence[int]], epochs_done: Mapping[str, int],
+                visited: Mapping[str, tuple[int, ...]]) -> None:
         """Write the visits the checkpoints hold and the log lacks (a kill between the two): those
-        of each model's current epoch, and the last one of the epoch its checkpoint ended."""
+        of each model's current epoch, and the last one of the epoch its checkpoint ended.
+        `partitions`: how many the data has (every model visits each), or each model's own
+        (learning over groups: its group's parts)."""
         for model, done in epochs_done.items():
+            parts = partitions.get(model, ()) if isinstance(partitions, Mapping) else range(partitions)
             current = [(done + 1, k) for k in visited.get(model, ())]
             logged_last = {k for (m, e, k) in self.logged if m == model and e == done}
-            last = [(done, k) for k in range(partitions) if k not in logged_last] if done and len(logged_last) == \
-                partitions - 1 else []
+            last = [(done, k) for k in parts if k not in logged_last] if done and len(logged_last) == \
+                len(parts) - 1 else []
             for epoch, partition in current + last:
                 if (model, epoch, partition) not in self.logged:
                     self._write({"model": model, "epoch": epoch, "partition": partition, "job": self.job,
@@ -86,3 +92,11 @@ class VisitLog:
         with open(self.path, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
             out.flush()
+
+
+def recover_visits(log: VisitLog, ledger: Ledger) -> None:
+    """`VisitLog.recover` of a resumed job: the visits the checkpoints of its paused models
+    hold and `log` lacks, each model's partitions its group's (`visit_parts`)."""
+    paused = ledger.ids_in(ModelState.PAUSED)
+    log.recover({m: visit_parts(ledger.partitions, ledger.rates, m) for m in paused},
+                {m: ledger.model(m).epochs_done for m in paused}, {m: ledger.model(m).visited for m in paused})

@@ -78,7 +78,8 @@ class Visit:
 
     Attributes:
         partition: the partition visited (its node's data).
-        partitions: how many the data has.
+        partitions: how many the model visits an epoch (all the data has; a model of a group:
+            its group's).
         visited: partitions the model visited earlier in its epoch (from its checkpoint).
         ended: the pass is over (a visit cut short by the checkpoint signal never ends).
     """
@@ -148,7 +149,7 @@ class GroupTraining:
         self.collective = build_collective(ctx, group_comm)
         self.tracker = StopTracker(self.model.train.stop, start.epoch_limit or self.model.train.max_epochs)
         partition = start.source.partition
-        self.visit = None if partition is None else Visit(partition, ctx.partitions.count)
+        self.visit = None if partition is None else Visit(partition, len(ctx.partitions.parts_of(self.model.group)))
         self.tracker, epoch_samples = self.checkpoints.restore(self.engine, self.tracker, self.visit)
         self.collective.broadcast_engine(self.engine)
         self.totals = resumed_totals(epoch_samples, self.is_master, self.checkpoints.resumed_sums, self.size)

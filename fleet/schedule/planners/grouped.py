@@ -38,11 +38,12 @@ group and then the node with the fewest free GPUs that fit (whole free nodes sta
 wide units), else over several nodes (Alg. 3/4). A model that comes back to wait
 (checkpointed, promoted at a rung) is queued at the end as a unit of its own.
 
-Sharding a large group's data over nodes with each configuration hopping from shard to shard
-(Kingpin's GAP) is not planned: the runtime's visits are of a whole data set's partitions
-(`fleet.schedule.partitions`, hopping policies only), and a hopping configuration trains on one
-GPU at a time, so a group whose longest configuration outlasts the bound on one GPU could not
-meet it that way; its configurations train data-parallel instead.
+On whole data a large group's configurations train data-parallel (a hopping configuration
+trains on one GPU at a time, so a group whose longest configuration outlasts the bound on one
+GPU could not meet it by hopping). On data partitioned by its groups (``fleet data partition
+--group-by``: small groups whole on one part, large ones sharded over consecutive parts), the
+models train by visits of their group's parts instead (`_group_visits`: Kingpin's GAP, each
+configuration of a sharded group hopping from shard to shard), planned as GPUs come free.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from fleet.schedule.group_plan import (Held, Narrowing, Unit, decode_per_gpu, fa
                                        width)
 from fleet.schedule.grouping import epoch_scale_of, group_bound, group_of
 from fleet.schedule.placement import place
+from fleet.schedule.planners._group_visits import group_visits
 from fleet.schedule.planners._groups import GroupPolicy, free_by_node
 
 
@@ -65,6 +67,7 @@ class Grouped(GroupPolicy):
     """Groups' models on streams as wide as the bound asks, the longest first (see the module)."""
 
     name = "grouped"
+    visits_groups = True
     TOLERANCE = 0.05
     """Largest share of its rate a member of a rate-matched stream may lose to pacing."""
     LATER = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.12, 0.14, 0.17, 0.2, 0.25, 0.3)
@@ -79,15 +82,17 @@ class Grouped(GroupPolicy):
     """The checkpoint and restore a narrowing model is planned to pause for."""
 
     def plan(self, view: ClusterView) -> None:
-        models = [m for group in self.waiting.values() for m in group]
-        work = [(view.rates.profile(m), self._samples(view, m)) for m in models]
-        held = self._held(view) if view.decode_rate is not None else held_on_width  # narrowing: split units only
-        first = planned_end(work, view.total_gpus, view.gpus_per_node, self._bound(view, models), held)
         self.narrowing: dict[str, tuple[int, int]] = {}  # a started model that narrows: (after epoch, GPUs)
         self.resizing: dict[str, int] = {}  # a narrowing model being checkpointed: the GPUs it trains on next
         self.queued: set[str] = set()
         self.queue: list[Unit] = []
         self.returned: list[str] = []  # models back to wait since the last fill
+        if view.partitions is not None:  # data partitioned by its groups: visits (`_group_visits`)
+            return
+        models = [m for group in self.waiting.values() for m in group]
+        work = [(view.rates.profile(m), self._samples(view, m)) for m in models]
+        held = self._held(view) if view.decode_rate is not None else held_on_width  # narrowing: split units only
+        first = planned_end(work, view.total_gpus, view.gpus_per_node, self._bound(view, models), held)
         plans = [self._schedule(view, first * (1 + later)) for later in self.LATER]
         self.target, units, _ = min(plans, key=lambda plan: (plan[2], plan[0]))
         self._enqueue(units)  # self.target: the end a model queued again is widened for
@@ -104,6 +109,12 @@ class Grouped(GroupPolicy):
                                    lambda u, pace: self._widen(view, u, pace) if u.seconds >= self.WIDE * target else u))
 
     def fill(self, view: ClusterView) -> Decision:
+        if view.partitions is not None:
+            self.returned = []
+            plans = group_visits(view, self.waiting, self.work)
+            for member in (member for plan in plans for member in plan.members):
+                self.waiting[group_of(view.rates, member.model)].remove(member.model)
+            return Decision.launching(plans)
         self._requeue(view)
         free = free_by_node(view)
         training = self._groups_by_node(view)
