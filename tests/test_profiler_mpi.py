@@ -217,6 +217,11 @@ def test_a_pilot_run_calibrates_the_profiles_predictions(tmp_path):
     share = pilot["measured"].get("core_share")  # the part of the cores its work got, sampled on the host
     if 2 + 1 > document["hardware"]["cores_per_node"]:  # 2 trainers and a preprocessor want more than the cores
         assert share is None or 0 < share <= 1  # None: less than a second with both trainers busy
+        # the ranks' CPU per role beside what their measured costs account for: rank 0's is its
+        # decoding loop and the coordinator (no BLAS threads spinning beside them)
+        roles = pilot["measured"]["host_cpu"]["roles"]
+        assert set(roles) == {"rank 0", "trainer"}
+        assert roles["rank 0"]["cpu_s"] <= 1.25 * roles["rank 0"]["accounted_s"] + 0.5, roles
     else:
         assert share is None
     assert done.stdout.count("predicted on 2 GPUs (") == 1  # the ranks left the report to after the pilot
