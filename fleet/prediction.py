@@ -141,7 +141,7 @@ def unmeasured_share_lines(spec, rates, scenario) -> list[str]:
         return []
     return [f"note: {cluster.gpus_per_node} trainer slot(s) and {preprocessors} preprocessor(s) per node want more "
             f"than its {cores.cores:g} cores, and the part of them their work gets is not measured: runs on such "
-            "nodes take longer than these predictions (1.3-1.7x in bench/predict.py); "
+            "nodes take longer than these predictions (1.2-1.9x in bench/predict.py); "
             "`fleet profile --pilot 30` measures it"]
 
 
