@@ -78,7 +78,7 @@ def test_the_visit_log_appends_and_recovers_what_a_kill_lost(tmp_path):
         [("a", 1, 1, 0), ("a", 1, 0, 0)]
     again = VisitLog(tmp_path)
     assert again.job == 1
-    again.recover(2, {"a": 1, "c": 0}, {"a": (1,), "c": ()})
+    again.recover({"a": (0, 1), "c": (0, 1)}, {"a": 1, "c": 0}, {"a": (1,), "c": ()})
     lines = read_visits(tmp_path)
     assert lines[-1] == {"model": "a", "epoch": 2, "partition": 1, "job": 1, "recovered": True}
     assert len(lines) == 3
@@ -86,7 +86,7 @@ def test_the_visit_log_appends_and_recovers_what_a_kill_lost(tmp_path):
     lost = tmp_path / "lost"
     lost.mkdir()
     (lost / "visits.jsonl").write_text(json.dumps({"model": "x", "epoch": 1, "partition": 0, "job": 0}) + "\n")
-    VisitLog(lost).recover(2, {"x": 1}, {"x": ()})
+    VisitLog(lost).recover({"x": (0, 1)}, {"x": 1}, {"x": ()})
     assert [(v["epoch"], v["partition"]) for v in read_visits(lost)] == [(1, 0), (1, 1)]
 
 
@@ -100,7 +100,7 @@ def test_a_visit_is_logged_once_its_checkpoint_is_committed_not_when_its_pass_en
     assert log.ended("y", 2, 3.22) == 1
     assert read_visits(tmp_path) == []  # killed here, while the hop's checkpoint was being saved
     again = VisitLog(tmp_path)
-    again.recover(2, {"y": 1}, {"y": ()})
+    again.recover({"y": (0, 1)}, {"y": 1}, {"y": ()})
     assert read_visits(tmp_path) == []
     again.started("y", 1, [1], 0.001)
     again.ended("y", 2, 0.057)
@@ -128,5 +128,5 @@ def test_a_line_torn_by_a_kill_is_skipped_and_the_next_starts_on_its_own(tmp_pat
     (tmp_path / "visits.jsonl").write_text(json.dumps({"model": "a", "epoch": 1, "partition": 0, "job": 0}) +
                                            '\n{"model": "a", "epo')
     log = VisitLog(tmp_path)
-    log.recover(3, {"a": 0}, {"a": (0, 1)})
+    log.recover({"a": (0, 1, 2)}, {"a": 0}, {"a": (0, 1)})
     assert [(v["epoch"], v["partition"]) for v in read_visits(tmp_path)] == [(1, 0), (1, 1)]

@@ -206,7 +206,7 @@ class RunContext:
         if group is None:
             return 1.0
         if self.partitions is not None and self.partitions.groups:  # of every part holding the group
-            return self.epoch_samples / sum(self.partitions.pass_samples(group, k) for k in self.partitions.parts_of(group))
+            return self.epoch_samples / self.partitions.group_samples(group)
         return self.epoch_samples / len(self.train_idx_of(group))
 
     @property

@@ -59,11 +59,10 @@ def check_launch(
 
 
 def check_visits(plans: Iterable[StreamPlan], policy: str, partitions: Partitions,
-                 visited: Callable[[str], tuple[int, ...]],
-                 parts_of: Callable[[str], tuple[int, ...]] | None = None) -> None:
+                 visited: Callable[[str], tuple[int, ...]], parts_of: Callable[[str], tuple[int, ...]]) -> None:
     """The protocol's rules for launches on partitioned data: each stream on one partition's
     GPUs, no joins, each member a model that has not visited that partition in its epoch and
-    (`parts_of`: the partitions each model visits, every one where not given) visits it at all.
+    visits it at all (`parts_of`: the partitions each model visits: its group's, or every one).
 
     Raises:
         PolicyError: a plan breaks one of them.
@@ -78,7 +77,7 @@ def check_visits(plans: Iterable[StreamPlan], policy: str, partitions: Partition
         for member in plan.members:
             if partition in visited(member.model):
                 raise PolicyError(f"{policy}: {member.model} already visited partition {partition} this epoch")
-            if parts_of is not None and partition not in parts_of(member.model):
+            if partition not in parts_of(member.model):
                 raise PolicyError(f"{policy}: {member.model} does not visit partition {partition} (its group's data "
                                   f"lies on partition(s) {', '.join(map(str, parts_of(member.model)))})")
 
@@ -243,7 +242,7 @@ class Ledger:
         )
         if self.partitions is not None:
             check_visits(plans, policy, self.partitions, lambda model_id: self.model(model_id).visited,
-                         (lambda m: visit_parts(self.partitions, self._rates, m)) if self.partitions.groups else None)
+                         lambda model_id: visit_parts(self.partitions, self._rates, model_id))
 
     def begin_launch(self) -> bool:
         """Count the launch; True when it starts a new round (a launch on a drained cluster)."""

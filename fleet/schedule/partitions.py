@@ -80,23 +80,27 @@ class Partitions:
     def parts_of(self, group: str | None) -> tuple[int, ...]:
         """The partitions a model of `group` visits each epoch (every one for None or a group
         not listed), ascending."""
-        shards = self._shards.get(group) if group is not None else None
+        shards = self._shards.get(group)
         return tuple(range(self.count)) if shards is None else tuple(sorted(k for k, _ in shards))
 
     def pass_samples(self, group: str | None, partition: int) -> float:
         """Training samples one visit of `partition` by a model of `group` passes over: the
         partition's (of no group), or the group's there."""
-        shards = self._shards.get(group) if group is not None else None
+        shards = self._shards.get(group)
         return self.sizes[partition] if shards is None else dict(shards)[partition]
+
+    def group_samples(self, group: str | None) -> float:
+        """Training samples of `group` over all its partitions (an epoch's, of no group)."""
+        shards = self._shards.get(group)
+        return self.samples if shards is None else float(sum(n for _, n in shards))
 
     def visit_samples(self, group: str | None, partition: int) -> float:
         """Epoch-equivalent samples of one visit of `partition` by a model of `group`: the
         partition's training samples (of no group); a group's share of its epoch held there,
         times an epoch's samples (a grouped model's rates are epoch-equivalent)."""
-        shards = self._shards.get(group) if group is not None else None
-        if shards is None:
+        if group not in self._shards:
             return self.sizes[partition]
-        return self.samples * dict(shards)[partition] / sum(n for _, n in shards)
+        return self.samples * self.pass_samples(group, partition) / self.group_samples(group)
 
     @classmethod
     def even(cls, count: int, samples: float, total_gpus: int, gpus_per_node: int) -> "Partitions":

@@ -70,14 +70,14 @@ class VisitLog:
             self.ended(model, epoch, at)
         self._write(self.saving.pop(model))
 
-    def recover(self, partitions: int | Mapping[str, Sequence[int]], epochs_done: Mapping[str, int],
+    def recover(self, partitions: Mapping[str, Sequence[int]], epochs_done: Mapping[str, int],
                 visited: Mapping[str, tuple[int, ...]]) -> None:
         """Write the visits the checkpoints hold and the log lacks (a kill between the two): those
         of each model's current epoch, and the last one of the epoch its checkpoint ended.
-        `partitions`: how many the data has (every model visits each), or each model's own
-        (learning over groups: its group's parts)."""
+        `partitions`: the partitions each model visits an epoch (every one, or with learning
+        over groups its group's)."""
         for model, done in epochs_done.items():
-            parts = partitions.get(model, ()) if isinstance(partitions, Mapping) else range(partitions)
+            parts = partitions.get(model, ())
             current = [(done + 1, k) for k in visited.get(model, ())]
             logged_last = {k for (m, e, k) in self.logged if m == model and e == done}
             last = [(done, k) for k in parts if k not in logged_last] if done and len(logged_last) == \
