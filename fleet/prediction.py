@@ -16,15 +16,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet.errors import UserError
-from fleet.profiling.document import (decode_rates, epochs_estimate, measured_saves, preprocessor_count, stream_demand,
-                                     summarize_failures)
+from fleet.profiling.document import (decode_rates, epochs_estimate, join_samples, measured_saves, preprocessor_count,
+                                     stream_demand, summarize_failures)
 from fleet.profiling.plan import needed_preprocessors
 from fleet.report.gantt import write_gantt
 from fleet.report.plan_text import render_plan
 from fleet.report.table import format_duration, format_table
 from fleet.schedule import RateTable, lower_bounds, simulate, whole_epochs
 from fleet.schedule.choice import AUTO, CANDIDATES, PREDICTION_COSTS, pick
+from fleet.schedule.cores import ASSUMED_SHARE, ASSUMED_TRAINER_OVERHEAD_S
 from fleet.schedule.early_stop import rung_epochs
+from fleet.schedule.epoch_ends import validation_per_sample, with_epoch_ends
 from fleet.schedule.planners import GROUP_POLICIES, HOPPING_POLICIES
 from fleet.schedule.grouping import with_groups
 from fleet.spec.search import searches_of
@@ -47,6 +49,16 @@ def epoch_equivalent(table: RateTable, scales: Mapping[str, float], groups: Mapp
     return with_groups(table, scales, groups)
 
 
+def planned_rates(rates: RateTable, spec, calibration, scales: Mapping[str, float]) -> RateTable:
+    """`rates` (real samples/s) as predictions and plans take them: each model's epochs' ends
+    in its rates as the profile or the timed steps timed them (`with_epoch_ends`; where
+    `calibration` measured their share, it lowers the rates instead), and models of groups
+    epoch-equivalent (`epoch_equivalent`, by `scales`)."""
+    if calibration is None or not calibration.epoch_end_share:
+        rates = with_epoch_ends(rates, validation_per_sample(spec.data.val_fraction, spec.data.test_fraction), scales)
+    return epoch_equivalent(rates, scales, model_groups(spec))
+
+
 def model_groups(spec) -> dict[str, str]:
     """Each model's id and the raw key of its group ({} without `data.group_by`): results.json's
     ``groups``, and what the planners are told."""
@@ -58,12 +70,12 @@ def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None)
     limited to what the spec's preprocessors were measured to decode (when the profile measured
     it), partitioned data on its nodes (`gpus` must then fit them), models of groups at their
     epoch-equivalent rates, and what the profile's pilot run measured where it has one."""
-    rates = epoch_equivalent(rates, epoch_scales(spec), model_groups(spec))
+    calibration = pilot_calibration(rates, spec.cluster.device.value)
+    rates = planned_rates(rates, spec, calibration, epoch_scales(spec))
     estimates = tuple(float((epochs or {}).get(p.id) or e) for p, e in zip(rates.models, epochs_estimate(rates, spec)))
     per_node = spec.cluster.preprocessors_per_node
     scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node,
                                                 spec.cluster.virtual_nodes), spec)
-    calibration = pilot_calibration(rates, spec.cluster.device.value)
     if calibration is None:
         return scenario
     return calibration.scenario(scenario, preprocessor_count(per_node, rates.extra, scenario.cluster.nodes))
@@ -106,9 +118,9 @@ def predict(spec, scenario, policies=POLICIES, early: bool = True) -> dict:
 
 
 def costs_of(rates):
-    """The checkpoint and restore costs of predictions on `rates`: as the profile measured its
-    saves, else `PREDICTION_COSTS`."""
-    return measured_saves(rates) or PREDICTION_COSTS
+    """The checkpoint and restore costs of predictions on `rates` (as the profile measured its
+    saves, else `PREDICTION_COSTS`) and a join's wait for its stream's chunks."""
+    return replace(measured_saves(rates) or PREDICTION_COSTS, join_samples=join_samples(rates.extra))
 
 
 def _prediction_costs(spec, rates):
@@ -140,9 +152,9 @@ def unmeasured_share_lines(spec, rates, scenario) -> list[str]:
     if not cores.oversubscribed(cluster.gpus_per_node, preprocessors) or (calibration and calibration.core_share):
         return []
     return [f"note: {cluster.gpus_per_node} trainer slot(s) and {preprocessors} preprocessor(s) per node want more "
-            f"than its {cores.cores:g} cores, and the part of them their work gets is not measured: runs on such "
-            "nodes take longer than these predictions (1.2-1.9x in bench/predict.py); "
-            "`fleet profile --pilot 30` measures it"]
+            f"than its {cores.cores:g} cores, and the part of them their work gets is not measured: these "
+            f"predictions assume {ASSUMED_SHARE:g} of them, and {ASSUMED_TRAINER_OVERHEAD_S:.2g} core-s per sample "
+            "outside the steps (as measured in bench/predict.py); `fleet profile --pilot 30` measures both"]
 
 
 def simulated_early_stop(spec):

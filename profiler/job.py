@@ -129,7 +129,8 @@ class _Driver:
         preprocessing = self._measure_decoding((1,), timed_steps.DECODE_SECONDS)
         self._step(("done",))
         return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": self._on_one_trainer("rate"),
-                "checkpoint_s": self._on_one_trainer("checkpoint_s"), "failed": self._on_one_trainer("failed"),
+                "checkpoint_s": self._on_one_trainer("checkpoint_s"), "eval_rate": self._on_one_trainer("eval_rate"),
+                "failed": self._on_one_trainer("failed"),
                 "preprocessing": preprocessing, "hardware": self._hardware(),
                 "seconds": round(time.monotonic() - began, 3)}
 

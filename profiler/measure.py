@@ -165,6 +165,7 @@ def time_training(ctx, model_id: str, group_comm: Any, batches: int, timed: int)
         result["wall_rate"] = size * len(x) * timed / elapsed
     if size == 1 and ctx.device != "emulated":
         result.update(time_checkpoint(ctx.run_dir, model_id, engine))
+        result["eval_rate"] = time_evaluation(ctx, engine, x, y)
     _finish(engine, collective, framework, ctx.device, None)
     return result
 
@@ -183,6 +184,22 @@ def time_checkpoint(run_dir: str, model_id: str, engine) -> dict:
         return {"checkpoint_s": saved - started, "restore_s": time.perf_counter() - saved}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+EVAL_SAMPLES = 256  # samples of a timed validation pass (one of the engines' evaluation batches)
+
+
+def time_evaluation(ctx, engine, x: np.ndarray, y: np.ndarray) -> float:
+    """Samples/s of a validation pass as an epoch's end runs it (`evaluate_with_probabilities`,
+    in eval mode, without gradients) on `EVAL_SAMPLES` of the timed batch's samples, after one
+    warm-up pass, on the same clock as the steps (`alone_seconds`)."""
+    reps = -(-EVAL_SAMPLES // len(x))
+    xs, ys = np.concatenate([x] * reps)[:EVAL_SAMPLES], np.concatenate([y] * reps)[:EVAL_SAMPLES]
+    engine.evaluate_with_probabilities(xs, ys)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    engine.evaluate_with_probabilities(xs, ys)
+    alone = alone_seconds(ctx, time.perf_counter() - started, time.process_time() - cpu_started)
+    return len(xs) / max(alone, 1e-9)
 
 
 def alone_seconds(ctx, elapsed: float, cpu_s: float) -> float:

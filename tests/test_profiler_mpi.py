@@ -66,6 +66,8 @@ def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_pa
     assert {m["batch_size"] for m in document["models"]} == {32}
     # each timed model was saved and loaded back as a run checkpoints it, in the run directory
     assert all(m["checkpoint_s"] > 0 and m["restore_s"] > 0 for m in document["models"])
+    # and its validation pass timed, as an epoch's end runs it: the predictions' epochs end in it
+    assert all(m["eval_rate"] > 0 for m in document["models"])
     assert document["hardware"]["cores_per_node"] > 0 and not list(run_dir.glob(".timing-*"))
     assert "checkpoints as the profile measured them" in done.stdout
     plan = json.loads((run_dir / "plan.json").read_text())

@@ -11,7 +11,8 @@ import yaml
 from fleet.errors import UserError
 from fleet.prediction import costs_of, dry_run
 from fleet.runtime.control.measured_costs import MeasuredCosts
-from fleet.runtime.protocol import EpochReport, MemberLeft, StreamDone
+from fleet.profiling.document import JOIN_CHUNKS
+from fleet.runtime.protocol import INBOX_DEPTH, EpochReport, MemberLeft, StreamDone
 from fleet.schedule import Cluster, ModelProfile, Overheads, RateTable, Scenario
 from fleet.schedule.calibration import Calibration, CalibrationError
 from fleet.schedule.choice import PREDICTION_COSTS
@@ -175,7 +176,11 @@ def test_a_profiles_measured_saves_price_every_checkpoint():
                             for p, s in zip(TABLE.models, (0.01, 0.03, 0.02))), 4, 1000)
     costs = costs_of(saved)
     assert costs.checkpoint_s(10**9) == costs.restore_s(None) == pytest.approx(0.02)  # the median, size in it
-    assert costs_of(TABLE) is PREDICTION_COSTS  # nothing measured: the modelled costs
+    assert costs_of(TABLE) == PREDICTION_COSTS  # nothing measured: the modelled costs
+    # a join waits for the chunks ahead of its switch: 3 of the chunks the profile decoded
+    chunked = RateTable(TABLE.models, 4, 1000, {"preprocessing": {"chunk_samples": 100}})
+    assert costs_of(chunked).join_samples == 300
+    assert JOIN_CHUNKS == INBOX_DEPTH + 1  # the runtime's switch: past the chunk decoded next, and its inbox
 
 
 def test_a_profiles_pilot_calibrates_it_and_a_bad_pilot_names_its_field():

@@ -4,7 +4,8 @@ import pytest
 
 from fleet.profiling.document import shared_cores
 from fleet.schedule import Cluster, ModelProfile, RateTable, Scenario, create_policy, simulate
-from fleet.schedule.cores import SharedCores
+from fleet.schedule.calibration import Calibration
+from fleet.schedule.cores import ASSUMED_SHARE, ASSUMED_TRAINER_OVERHEAD_S, SharedCores, assumed_costs
 from fleet.schedule.costs import FREE
 
 # n = 60, 2 trainer slots on one node. X: r(1) = 6, r(2) = 10. Y: r(1) = 30, r(2) = 48.
@@ -117,16 +118,17 @@ def test_shared_cores_need_positive_cores():
 def test_a_cpu_profile_gives_the_cores_its_node_had():
     extra = {"hardware": {"device": "cpu", "cores_per_node": 2, "threads_per_trainer": 4},
              "preprocessing": {"samples_per_s": {"1": 500.0, "2": 900.0}}}
-    assert shared_cores(extra) == SharedCores(cores=2.0, trainer_cores=2.0, decode_core_s=1 / 500)
+    # what only a run measures (the cores' share, a trainer's work outside its steps) assumed
+    assert shared_cores(extra) == assumed_costs(SharedCores(cores=2.0, trainer_cores=2.0, decode_core_s=1 / 500))
     # a running job's node wins over the profile's; without either there is nothing to share
     assert shared_cores(extra, cores=64).cores == 64.0
     # virtual nodes on one machine share its cores
-    assert shared_cores(extra, cores=64, nodes_per_host=4) == SharedCores(cores=64.0, trainer_cores=4.0,
-                                                                          decode_core_s=1 / 500, nodes_per_host=4)
+    assert shared_cores(extra, cores=64, nodes_per_host=4) == assumed_costs(
+        SharedCores(cores=64.0, trainer_cores=4.0, decode_core_s=1 / 500, nodes_per_host=4))
     assert shared_cores({"hardware": {"device": "cpu"}}) is None
     # an older profile (wall-clock rates, measured beside each other) is taken as it is
     assert shared_cores({"hardware": {"device": "cpu", "threads_per_trainer": 1}}, cores=8) is None
-    assert shared_cores({}, device="cpu", threads=1, cores=8) == SharedCores(cores=8.0)
+    assert shared_cores({}, device="cpu", threads=1, cores=8) == assumed_costs(SharedCores(cores=8.0))
     # decoding priced by the CPU time the profile measured, where it did
     timed = {**extra, "preprocessing": {**extra["preprocessing"], "core_s": 0.0015}}
     assert shared_cores(timed).decode_core_s == 0.0015
@@ -136,3 +138,16 @@ def test_a_cpu_profile_gives_the_cores_its_node_had():
     # the emulated device's steps sleep: only the decoding uses the cores
     assert shared_cores(extra, device="emulated", cores=0.5) == SharedCores(cores=0.5, trainer_cores=0.0,
                                                                            decode_core_s=1 / 500)
+
+
+def test_what_only_a_run_measures_is_assumed_until_measured():
+    assumed = assumed_costs(SharedCores(cores=2.0, decode_core_s=0.001))
+    assert (assumed.share, assumed.trainer_overhead_s) == (ASSUMED_SHARE, ASSUMED_TRAINER_OVERHEAD_S)
+    assert 0 < ASSUMED_SHARE < 1 and ASSUMED_TRAINER_OVERHEAD_S > 0
+    assert assumed.decode_core_s == 0.001  # what the profile measured stays
+    # an oversubscribed node moves slower than it would with every core, a member slower than its steps
+    assert assumed.slowdown(4.0) < SharedCores(cores=2.0).slowdown(4.0)
+    assert assumed.member_rate(1000.0, 1) < 1000.0
+    # a measurement replaces the assumption
+    measured = Calibration("a run", trainer_overhead_s=3e-5, core_share=0.8).cores(assumed)
+    assert (measured.share, measured.trainer_overhead_s) == (0.8, 3e-5)

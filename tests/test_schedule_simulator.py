@@ -1,5 +1,7 @@
 """The simulator (the driver loop) with hand-checkable runs, fake policies and invariants."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,6 +28,7 @@ from fleet.schedule import (
     paper100,
     simulate,
 )
+from fleet.schedule.calibration import Calibration
 from fleet.schedule.costs import FREE
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.simulator import Outcome
@@ -270,6 +273,16 @@ def test_join_reads_the_stream_from_its_current_position():
     assert result.makespan == pytest.approx(20)
     assert result.samples_decoded == pytest.approx(120)
     assert len(result.timeline.streams) == 1
+
+
+def test_a_joining_member_waits_for_its_stream_to_pass_the_chunks_ahead_of_its_switch():
+    # as above, but a join waits for 12 samples of the stream (2 s at its pace of 6): Y starts
+    # at 12 s and has 48 samples when X ends at 20 s; alone at 30, its last 12 take 0.4 s
+    result = simulate(JoinLater(), scenario([2, 1]), replace(FREE, join_samples=12))
+    assert result.makespan == pytest.approx(20.4)
+    assert result.samples_decoded == pytest.approx(132)
+    # where its start is measured (its joins in it), no wait is added
+    assert Calibration("a run", start_s=0.0).overheads(replace(FREE, join_samples=12)).join_samples == 0.0
 
 
 class LeaveAndJoin(JoinLater):

@@ -9,6 +9,7 @@ from fleet.errors import UserError
 from fleet.profiling.document import fingerprint
 from fleet.profiling.timed_steps import corrections, representatives
 from fleet.runtime.control.rates_source import load_timed_steps
+from fleet.runtime.control.setup import corrected_rates
 from fleet.spec import parse_spec
 
 FLOPS = {"c1": 10.0, "c2": 100.0, "c3": 1000.0, "c4": 10_000.0, "c5": 100_000.0, "r1": 50.0, "d1": 7.0}
@@ -52,3 +53,17 @@ def test_steps_json_is_reused_for_its_ensemble_only_and_checked(tmp_path):
     path.write_text("{")
     with pytest.raises(UserError, match="steps.json: cannot read it"):
         load_timed_steps(tmp_path, spec)
+
+
+def test_the_timed_saves_and_validation_passes_go_with_the_corrected_rates():
+    spec = parse_spec({"name": "t", "data": {"source": "digits"},
+                       "models": [{"family": "mlp"}, {"family": "mlp", "params": {"hidden": [64, 64]}}]})
+    first, second = (m.id for m in spec.models)
+    steps = {"fingerprint": fingerprint(spec), "rates": {first: 900.0}, "checkpoint_s": {first: 0.01},
+             "eval_rate": {first: 2700.0, second: "fast"}, "preprocessing": {}, "hardware": {}}
+    table = corrected_rates(spec, 1000, steps)
+    assert table.profile(first).extra["eval_rate"] == 2700.0 and table.profile(first).extra["checkpoint_s"] == 0.01
+    assert "eval_rate" not in table.profile(second).extra  # not a number: left out, its end taken from the timed
+    # an older steps.json (no validation timed) still corrects the rates
+    older = corrected_rates(spec, 1000, {k: v for k, v in steps.items() if k != "eval_rate"})
+    assert older.rate(first, 1) == table.rate(first, 1) and "eval_rate" not in older.profile(first).extra

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet.profiling.plan import decode_capacity, speed_key
-from fleet.schedule.cores import SharedCores
+from fleet.schedule.cores import SharedCores, assumed_costs
 from fleet.schedule.costs import Overheads
 from fleet.schedule.rates import is_positive_number
 
@@ -123,7 +123,7 @@ def build_document(
         parameters = by_m.get(1, {}).get("parameters")
         if parameters:
             entry["param_bytes"] = 4 * int(parameters)  # float32
-        for cost in ("checkpoint_s", "restore_s"):  # saved and loaded as a run does, on one trainer
+        for cost in ("checkpoint_s", "restore_s", "eval_rate"):  # as a run saves, loads, validates: on one trainer
             if cost in by_m.get(1, {}):
                 entry[cost] = round(float(by_m[1][cost]), 6)
         models.append(entry)
@@ -188,9 +188,10 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
     if not cores:
         return None
     threads = threads or _positive(hardware.get("threads_per_trainer")) or 1
-    return SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
-                       nodes_per_host=max(1, nodes_per_host),
-                       decode_core_s=_decode_core_s(extra.get("preprocessing", {})))
+    sharing = SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
+                          nodes_per_host=max(1, nodes_per_host),
+                          decode_core_s=_decode_core_s(extra.get("preprocessing", {})))
+    return assumed_costs(sharing) if device == "cpu" else sharing
 
 
 def _decode_core_s(block: Any) -> float:
@@ -223,6 +224,20 @@ def measured_saves(rates) -> Overheads | None:
     if not saves:
         return None
     return Overheads(latency_s=statistics.median(saves), bandwidth=math.inf)
+
+
+JOIN_CHUNKS = 3
+"""Chunks a member joining a running stream waits for the stream to pass: the runtime switches
+members `fleet.runtime.protocol.INBOX_DEPTH` (2) chunks past the one its preprocessors decode
+next, and that one too."""
+
+
+def join_samples(extra: Mapping[str, Any]) -> float:
+    """Samples a member joining a running stream waits for (`JOIN_CHUNKS` of the chunks the
+    profile's or timed steps' preprocessors decoded); 0 where they did not say."""
+    block = extra.get("preprocessing")
+    chunk = _positive(block.get("chunk_samples")) if isinstance(block, Mapping) else None
+    return JOIN_CHUNKS * chunk if chunk else 0.0
 
 
 def summarize_failures(failures: Sequence[Mapping[str, Any]]) -> list[str]:

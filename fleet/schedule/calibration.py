@@ -133,10 +133,11 @@ class Calibration:
                        decode_rate=self.decode_rate(preprocessors, scenario.decode_rate))
 
     def overheads(self, base: Overheads) -> Overheads:
-        """`base` with the measured save (as each checkpoint's and restore's cost) and start."""
+        """`base` with the measured save (as each checkpoint's and restore's cost) and start
+        (the mean of the earlier run's members, its joins' waits for their streams in it)."""
         if self.checkpoint_s is not None:
             base = replace(base, latency_s=self.checkpoint_s, bandwidth=math.inf)
-        return base if self.start_s is None else replace(base, start_s=self.start_s)
+        return base if self.start_s is None else replace(base, start_s=self.start_s, join_samples=0.0)
 
 
 def _outside(overhead: Any) -> float | None:

@@ -27,7 +27,7 @@ learned from an earlier run's measurements; they enter here as data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -96,3 +96,18 @@ class SharedCores:
         a machine that many) wants more than its machine's cores (where a measured `share`
         means something)."""
         return (trainers * self.trainer_cores + preprocessors) * self.nodes_per_host > self.cores
+
+
+ASSUMED_SHARE = 0.95
+"""The part of an oversubscribed CPU node's cores its work gets where nothing measured it: runs
+of bench/predict.py on a 2-core machine measured 0.89-0.97, its pilots 0.94-0.95."""
+ASSUMED_TRAINER_OVERHEAD_S = 1.5e-5
+"""Core-seconds a member's trainers spend per sample outside their steps where nothing measured
+it (a pilot of bench/predict.py's sweep, 24 px images: 1.45e-5; its runs 1.4-2.2e-5)."""
+
+
+def assumed_costs(cores: SharedCores) -> SharedCores:
+    """`cores` of a CPU node with what only a run measures (a pilot, an earlier run) assumed:
+    `ASSUMED_SHARE` and `ASSUMED_TRAINER_OVERHEAD_S`; a measurement replaces them
+    (`fleet.schedule.calibration.Calibration.cores`)."""
+    return replace(cores, share=ASSUMED_SHARE, trainer_overhead_s=ASSUMED_TRAINER_OVERHEAD_S)

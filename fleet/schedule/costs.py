@@ -33,6 +33,10 @@ class Overheads:
         start_s: seconds from any member's launch to its first step, besides a restore
             (group set-up, the stream's first data); the runtime's weighing of measured rates
             sets it from what its members took.
+        join_samples: samples a member joining a running stream waits for the stream to pass
+            before its first chunk (the runtime switches members at a chunk past those its
+            preprocessors are decoding and its masters' posted receives); 0 where its start is
+            measured (`start_s`, which then holds its joins' waits).
     """
 
     latency_s: float = 5.0
@@ -41,6 +45,7 @@ class Overheads:
     default_param_bytes: int = 100_000_000
     planning_s: float | None = 0.0
     start_s: float = 0.0
+    join_samples: float = 0.0
 
     def checkpoint_s(self, param_bytes: int | None) -> float:
         """Seconds to checkpoint a model of ``param_bytes`` parameter bytes."""

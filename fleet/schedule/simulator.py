@@ -162,6 +162,14 @@ def _groups(rates: RateTable) -> dict[str, str]:
     return {model: group for model in rates.ids if (group := group_of(rates, model)) is not None}
 
 
+def join_wait(costs: Overheads, stream) -> float:
+    """Seconds a member joining `stream` now waits for it to pass the costs' `join_samples`
+    (real samples, at its pace now; none where it does not move yet)."""
+    if not costs.join_samples or not stream.active or stream.pace <= 0:
+        return 0.0
+    return costs.join_samples * stream.decode_scale / stream.pace
+
+
 class _Run:
     """One simulated run: the `World` its `Driver` runs the policy in; :meth:`run` is the
     event loop. It supplies virtual time (`EventQueue`) and the physics of streams
@@ -318,8 +326,9 @@ class _Run:
                 self.physics.wait(stream, ready, max(r for _, r in ready))
             else:
                 stream = self.physics.streams[launch.stream]
+                joined = self.now() + join_wait(self.costs, stream)
                 for model, when in ready:
-                    self.physics.wait(stream, [(model, when)], when)
+                    self.physics.wait(stream, [(model, max(when, joined))], max(when, joined))
 
     def _reserve(self, model_id: str, gpus: tuple[int, ...], delay: float,
                  bundle: tuple[str, ...] = ()) -> tuple[ModelMotion, float]:

@@ -20,7 +20,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
-from fleet.prediction import candidates_for, costs_of, epoch_equivalent, model_groups, simulated_early_stop
+from fleet.prediction import candidates_for, costs_of, model_groups, planned_rates, simulated_early_stop
 from fleet.profiling.document import decode_limit, epochs_estimate, preprocessor_count, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import corrections, representatives
@@ -250,11 +250,12 @@ def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTabl
     document = estimated_profile(spec, samples_per_epoch, flops, param_bytes)
     single = {entry["id"]: entry["rates"]["1"] for entry in document["models"]}
     factors = corrections(single, steps["rates"], {m: max(1, f) for m, f in flops.items()}, families_of(spec))
-    saves = steps.get("checkpoint_s") if isinstance(steps.get("checkpoint_s"), dict) else {}
+    timed = {key: steps.get(key) if isinstance(steps.get(key), dict) else {} for key in ("checkpoint_s", "eval_rate")}
     for entry in document["models"]:
         entry["rates"] = {m: rate * factors[entry["id"]] for m, rate in entry["rates"].items()}
-        if is_positive_number(saves.get(entry["id"])):
-            entry["checkpoint_s"] = saves[entry["id"]]
+        for key, values in timed.items():  # the timed models' saves and validation passes
+            if is_positive_number(values.get(entry["id"])):
+                entry[key] = values[entry["id"]]
     document["preprocessing"], document["hardware"] = steps["preprocessing"], steps["hardware"]
     document["source"] = "estimated from FLOPs per sample, corrected by timed steps (steps.json)"
     return RateTable.from_dict(document)
@@ -365,7 +366,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     calibration = run_calibration(spec, run_dir, calibrate_from, rates)
     if calibration is not None:
         rates, source = calibration.rates_for(rates), f"{source}, calibrated by {calibration.source}"
-    rates = epoch_equivalent(rates, epoch_scales or {}, model_groups(spec))
+    rates = planned_rates(rates, spec, calibration, epoch_scales or {})
     store = CheckpointStore(run_dir)
     infos = {m.id: store.latest_info(m.id) for m in spec.models}
     records = {m.id: ModelRecord(family=m.family) for m in spec.models}
