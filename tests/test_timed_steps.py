@@ -57,13 +57,17 @@ def test_steps_json_is_reused_for_its_ensemble_only_and_checked(tmp_path):
 
 def test_the_timed_saves_and_validation_passes_go_with_the_corrected_rates():
     spec = parse_spec({"name": "t", "data": {"source": "digits"},
-                       "models": [{"family": "mlp"}, {"family": "mlp", "params": {"hidden": [64, 64]}}]})
-    first, second = (m.id for m in spec.models)
+                       "models": [{"family": "mlp"}, {"family": "mlp", "params": {"hidden": [64, 64]}},
+                                  {"family": "mlp", "train": {"lr": 0.5}}]})
+    first, second, sibling = (m.id for m in spec.models)
     steps = {"fingerprint": fingerprint(spec), "rates": {first: 900.0}, "checkpoint_s": {first: 0.01},
              "eval_rate": {first: 2700.0, second: "fast"}, "preprocessing": {}, "hardware": {}}
     table = corrected_rates(spec, 1000, steps)
     assert table.profile(first).extra["eval_rate"] == 2700.0 and table.profile(first).extra["checkpoint_s"] == 0.01
     assert "eval_rate" not in table.profile(second).extra  # not a number: left out, its end taken from the timed
+    # a model that differs from a timed one only in its learning rate takes its figures (its rates too)
+    assert table.profile(sibling).extra["eval_rate"] == 2700.0 and table.profile(sibling).extra["checkpoint_s"] == 0.01
+    assert table.profile(sibling).rates == table.profile(first).rates
     # an older steps.json (no validation timed) still corrects the rates
     older = corrected_rates(spec, 1000, {k: v for k, v in steps.items() if k != "eval_rate"})
     assert older.rate(first, 1) == table.rate(first, 1) and "eval_rate" not in older.profile(first).extra

@@ -253,9 +253,10 @@ def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTabl
     timed = {key: steps.get(key) if isinstance(steps.get(key), dict) else {} for key in ("checkpoint_s", "eval_rate")}
     for entry in document["models"]:
         entry["rates"] = {m: rate * factors[entry["id"]] for m, rate in entry["rates"].items()}
+        source = entry.get("timed_as", entry["id"])  # a model that trains as a timed one: its figures
         for key, values in timed.items():  # the timed models' saves and validation passes
-            if is_positive_number(values.get(entry["id"])):
-                entry[key] = values[entry["id"]]
+            if is_positive_number(values.get(source)):
+                entry[key] = values[source]
     document["preprocessing"], document["hardware"] = steps["preprocessing"], steps["hardware"]
     document["source"] = "estimated from FLOPs per sample, corrected by timed steps (steps.json)"
     return RateTable.from_dict(document)
