@@ -341,8 +341,7 @@ def _lay_out(unit: Unit, free: list[float]) -> float:
             for _ in range(count):
                 bisect.insort(free, start + seconds)
         return start + unit.seconds
-    whole = unit.gpus <= len(free) and together(unit, len(free), free[unit.gpus - 1] - free[unit.counts[0] - 1])
-    start, finish = free[unit.gpus - 1] if whole else 0.0, 0.0
+    (start, whole), finish = _first_start(unit, free), 0.0
     for count, samples in zip(unit.counts, unit.samples):
         if not whole:
             start = free[count - 1]
@@ -353,13 +352,20 @@ def _lay_out(unit: Unit, free: list[float]) -> float:
     return finish
 
 
+def _first_start(unit: Unit, free: list[float]) -> tuple[float, bool]:
+    """When `unit`'s first member starts on the GPUs of `free`, and whether all its members
+    start then (`together`)."""
+    first = free[unit.counts[0] - 1]
+    if unit.gpus <= len(free) and together(unit, len(free), free[unit.gpus - 1] - first):
+        return free[unit.gpus - 1], True
+    return first, False
+
+
 def _earliest_end(unit: Unit, free: list[float], end: float, widen: Callable[[Unit, float], Unit]) -> Unit:
     """`unit` or a wider one (see `scheduled`), laid out on a copy of `free`."""
     best, option = None, unit
     while max(option.counts) <= len(free):
-        first = free[option.counts[0] - 1]
-        start = free[option.gpus - 1] if option.gpus <= len(free) and together(
-            option, len(free), free[option.gpus - 1] - first) else first
+        start, _ = _first_start(option, free)
         finish = _lay_out(option, list(free))
         if best is None or finish < best[1]:
             best = (option, finish)
