@@ -10,6 +10,7 @@ from fleet.schedule.group_plan import (
     decode_per_gpu,
     fastest_count,
     group_units,
+    head_start,
     held_narrowing,
     narrowed,
     rest,
@@ -97,6 +98,25 @@ def test_a_unit_s_later_members_start_as_their_gpus_come_free():
     first = unit("a", 10.0)
     pair = Unit("g", ("b", "c"), (1, 1), (20.0, 5.0), (1.0, 1.0))  # b 20 s, c 5 s at the pace of 1
     assert scheduled([first, pair], 2, 0.0, never_wider)[1] == pytest.approx(20.0)  # b 0-20, c 10-15
+
+
+def test_a_small_group_s_members_start_at_once_where_the_wait_for_their_gpus_is_short():
+    pair = Unit("g", ("b", "c"), (1, 1), (20.0, 5.0), (1.0, 1.0), together=True)  # b 20 s, c 5 s
+    # a ends at 1: the pair waits 1 s (5 % of its 20 s) and starts whole, b 1-21, c 1-6; a
+    # member joining its stream later would have the group decoded again
+    assert scheduled([unit("a", 1.0), pair], 2, 0.0, never_wider)[1] == pytest.approx(21.0)
+    assert scheduled([unit("a", 1.0), replace(pair, together=False)], 2, 0.0, never_wider)[1] == pytest.approx(20.0)
+    # a ends at 10: waiting half its run is too long (`JOIN_WAIT`), b 0-20 and c 10-15 join
+    assert scheduled([unit("a", 10.0), pair], 2, 0.0, never_wider)[1] == pytest.approx(20.0)
+    # a unit wider than the job, or one some of whose members started, joins member by member
+    assert scheduled([unit("a", 1.0), pair], 1, 0.0, never_wider)[1] == pytest.approx(26.0)  # a, b 1-21, c 21-26
+
+
+def test_head_start_is_when_enough_gpus_come_free():
+    assert head_start(0.0, 1, [5.0, 2.0, 8.0], 3) == 5.0  # two more needed: at 2 and 5
+    assert head_start(4.0, 2, [1.0], 2) == 4.0  # fits now
+    assert head_start(4.0, 0, [1.0, 6.0], 2) == 6.0  # an overdue GPU counts as free now
+    assert head_start(0.0, 0, [1.0], 2) == float("inf")  # never
 
 
 def test_the_list_schedule_widens_a_unit_that_would_end_late():

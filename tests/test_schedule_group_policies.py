@@ -177,6 +177,23 @@ def test_grouped_widens_only_the_configurations_that_outlast_the_bound_on_one_gp
     assert max(largest) >= 3 and smallest == [1] * 4  # the largest group's longest configurations on several
 
 
+def test_grouped_starts_a_small_group_s_configurations_at_once_rather_than_joining_its_stream_late():
+    # 4 small groups x 2 configurations 4 % apart in length on 2 GPUs: each group's second
+    # configuration would join the stream of its first when the previous group's shorter one
+    # ends (its samples decoded again from there on); they wait for each other instead
+    table, epochs = group_table(WORKLOAD, [12, 10, 8, 6], 2)
+    first, second = (p.rates[0] for p in table.models[:2])
+    alike = tuple(e if i % 2 == 0 else round(epochs[0] * second / first * 1.04) for i, e in enumerate(epochs))
+    scenario = Scenario(table, alike, tuple(float(e) for e in alike), Cluster(2, table.gpus_per_node))
+    result = simulate(create_policy("grouped"), scenario)
+    starts: dict[str, set[float]] = {}
+    for member in result.timeline.members:
+        starts.setdefault(group_of(scenario.rates, member.model), set()).add(member.start)
+    assert all(len(at) == 1 for at in starts.values()) and len(starts) == 4
+    assert set(streams_per_group(result, scenario).values()) == {1}
+    assert result.makespan <= 1.06 * grouped_bound(scenario)  # waits of at most `JOIN_WAIT` of a run
+
+
 def test_a_group_wider_than_the_free_gpus_starts_on_them_and_its_other_models_join_its_stream():
     scenario = grouped_scenario(WORKLOAD, 1, 0.0, 2, configurations=4)  # 4 configurations, 2 GPUs
     result = simulate(create_policy("grouped"), scenario)

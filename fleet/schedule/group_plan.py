@@ -19,7 +19,8 @@ them in ``s / r(m)`` seconds. For a run that is to end by ``T``:
   tolerance); `decode_per_gpu` is what a plan's
   streams decode per busy GPU, which says whether the preprocessors have room for them;
 - `scheduled` lays the units out as a list schedule (each starts, in order, on the GPUs that
-  come free first), widening a unit that would end late (`widened`).
+  come free first; a small group's members at once, `together`), widening a unit that would
+  end late (`widened`).
 
 ``T`` itself (`planned_end`) is the earliest end, from the grouped lower bound on
 (`fleet.schedule.grouping.group_bound`), at which the models on their widths (or narrowing)
@@ -186,6 +187,8 @@ class Unit:
         scale: the group's epoch scale (epoch-equivalent samples per sample decoded).
         started: models of its stream launched before (the rest join that stream).
         narrowing: where a unit of one model narrows (`narrowed`), or None.
+        together: its members start at once (`together`): a small group's, which a member
+            joining its stream later would have decoded again.
     """
 
     group: str | None
@@ -196,6 +199,7 @@ class Unit:
     scale: float = 1.0
     started: tuple[str, ...] = ()
     narrowing: Narrowing | None = None
+    together: bool = False
 
     @property
     def gpus(self) -> int:
@@ -237,13 +241,14 @@ class Unit:
 
 def group_units(group: str | None, models: Sequence[str], counts: Sequence[int], samples: Sequence[float],
                 rates: Sequence[float], scale: float, tolerance: float | None,
-                narrowings: Sequence[Narrowing | None] = ()) -> list[Unit]:
+                narrowings: Sequence[Narrowing | None] = (), together: bool = False) -> list[Unit]:
     """The units of one group's `models` (each on its count, with its samples left and its rate
     there): rate-matched sets within `tolerance`, or one shared unit where it is None; in each,
     the models that train longest on their counts first (they start first). A model with a
-    narrowing (`narrowings`, beside `models`) is a unit of its own."""
+    narrowing (`narrowings`, beside `models`) is a unit of its own. `together`: the units'
+    members start at once (`Unit.together`)."""
     narrowings = list(narrowings) or [None] * len(models)
-    whole = Unit(group, tuple(models), tuple(counts), tuple(samples), tuple(rates), scale)
+    whole = Unit(group, tuple(models), tuple(counts), tuple(samples), tuple(rates), scale, together=together)
     alone = [i for i, n in enumerate(narrowings) if n is not None]
     shared = [i for i, n in enumerate(narrowings) if n is None]
     if tolerance is None:
@@ -259,12 +264,38 @@ def _part(unit: Unit, members: Sequence[int]) -> Unit:
     """`unit` of its `members` only (indices, in the order given)."""
     return Unit(unit.group, tuple(unit.models[i] for i in members), tuple(unit.counts[i] for i in members),
                 tuple(unit.samples[i] for i in members), tuple(unit.rates[i] for i in members), unit.scale,
-                unit.started, unit.narrowing if list(members) == [0] else None)
+                unit.started, unit.narrowing if list(members) == [0] else None, unit.together)
 
 
 def rest(unit: Unit, launched: int) -> Unit:
     """What is left of `unit` once its first `launched` members are launched."""
     return replace(_part(unit, range(launched, len(unit.models))), started=unit.started + unit.models[:launched])
+
+
+JOIN_WAIT = 0.1
+"""A small group's unit waits for the GPUs of all its members where that starts its first member
+no later than this share of the unit's run (`together`)."""
+
+
+def together(unit: Unit, gpus: int, wait: float) -> bool:
+    """Whether `unit`'s members start at once, on a job of `gpus` GPUs, when GPUs for all of
+    them are free, `wait` seconds after its first member could start: where the unit says so
+    (`Unit.together`: a small group's), none of them started yet, the job has the GPUs for all
+    and the wait is short (`JOIN_WAIT`); else each starts as its GPUs come free, joining the
+    stream of those before it. A member that joins a running stream starts where the stream
+    stands plus what it decoded ahead, and the stream decodes on for it: a small group's stream
+    is a pass ahead by then, so the join costs the group a second decoding."""
+    return unit.together and not unit.started and unit.gpus <= gpus and wait <= JOIN_WAIT * unit.seconds
+
+
+def head_start(now: float, free: int, busy_ends: Sequence[float], need: int) -> float:
+    """When a unit of `need` GPUs can start at the earliest, with `free` GPUs free at `now` and
+    the busy ones predicted to come free at `busy_ends` (one a GPU; an overdue one at `now`)."""
+    ends = sorted(max(now, end) for end in busy_ends)
+    short = need - free
+    if short <= 0:
+        return now
+    return ends[short - 1] if short <= len(ends) else math.inf
 
 
 def decode_per_gpu(units: Sequence[Unit]) -> float:
@@ -278,10 +309,10 @@ def decode_per_gpu(units: Sequence[Unit]) -> float:
 
 def scheduled(units: Sequence[Unit], gpus: int, end: float,
               widen: Callable[[Unit, float], Unit]) -> tuple[list[Unit], float]:
-    """`units` as the list schedule that starts them in order widens them: each member of each
-    unit, in order, takes the GPUs that come free first (all free at 0; a unit's later members
-    join its stream as their GPUs come free), and a unit that would end after `end` (or after
-    the units before it, where they end later) on its counts is widened (`widen(unit, pace)`:
+    """`units` as the list schedule that starts them in order widens them: each unit, in order,
+    takes the GPUs that come free first (all free at 0), its members at once when the last of
+    them has (`together`) or each as its GPUs come free, and a unit that would end after `end`
+    (or after the units before it, where they end later) on its counts is widened (`widen(unit, pace)`:
     its members on the fewest GPUs, no fewer than their own, at that pace) until it ends by
     then, or keeps the counts on which it ends first. Returns the units so widened and when
     the last of them ends.
@@ -299,8 +330,9 @@ def scheduled(units: Sequence[Unit], gpus: int, end: float,
 
 
 def _lay_out(unit: Unit, free: list[float]) -> float:
-    """Start `unit`'s members in order on the GPUs of `free` that come free first (`free`
-    then holds when their GPUs come free again); returns when its last member ends."""
+    """Start `unit`'s members in order on the GPUs of `free` that come free first, each as its
+    GPUs come free, or all at once when the last of them has (`together`); `free` then holds
+    when their GPUs come free again. Returns when its last member ends."""
     if unit.narrowing is not None:  # one model: all its GPUs until it narrows, the narrower count to its end
         start, narrow = free[unit.counts[0] - 1], unit.narrowing
         del free[:unit.counts[0]]
@@ -309,9 +341,10 @@ def _lay_out(unit: Unit, free: list[float]) -> float:
             for _ in range(count):
                 bisect.insort(free, start + seconds)
         return start + unit.seconds
-    finish = 0.0
+    (start, whole), finish = _first_start(unit, free), 0.0
     for count, samples in zip(unit.counts, unit.samples):
-        start = free[count - 1]
+        if not whole:
+            start = free[count - 1]
         del free[:count]
         finish = max(finish, start + samples / unit.pace)
         for _ in range(count):
@@ -319,11 +352,20 @@ def _lay_out(unit: Unit, free: list[float]) -> float:
     return finish
 
 
+def _first_start(unit: Unit, free: list[float]) -> tuple[float, bool]:
+    """When `unit`'s first member starts on the GPUs of `free`, and whether all its members
+    start then (`together`)."""
+    first = free[unit.counts[0] - 1]
+    if unit.gpus <= len(free) and together(unit, len(free), free[unit.gpus - 1] - first):
+        return free[unit.gpus - 1], True
+    return first, False
+
+
 def _earliest_end(unit: Unit, free: list[float], end: float, widen: Callable[[Unit, float], Unit]) -> Unit:
     """`unit` or a wider one (see `scheduled`), laid out on a copy of `free`."""
     best, option = None, unit
     while max(option.counts) <= len(free):
-        start = free[option.counts[0] - 1]
+        start, _ = _first_start(option, free)
         finish = _lay_out(option, list(free))
         if best is None or finish < best[1]:
             best = (option, finish)

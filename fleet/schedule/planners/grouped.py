@@ -21,10 +21,11 @@ The plan, for an end ``T``:
    of its own; only where that saves more than twice the GPU-seconds its checkpoint and restore
    (`COSTS`) hold.
 3. The units, the longest first, are laid out as a list schedule on the GPUs (`scheduled`):
-   each starts when enough GPUs have come free, and one that would end after ``T`` (or after
-   the units laid out before it) is widened, within a node, until it does not, if it trains
-   `WIDE` of ``T`` or longer (a short one ends late by little, and widening it would rest on
-   the rate table's multi-GPU rates, which estimated rates on CPU slots overstate).
+   each starts when enough GPUs have come free (a small group's, for all its members where
+   that is soon: `together`), and one that would end after ``T`` (or after the units laid out
+   before it) is widened, within a node, until it does not, if it trains `WIDE` of ``T`` or
+   longer (a short one ends late by little, and widening it would rest on the rate table's
+   multi-GPU rates, which estimated rates on CPU slots overstate).
 
 ``T`` starts at the earliest end at which the models' widths (and narrowing) hold no more
 GPU-time than the job has (`planned_end`: from the grouped lower bound on, widening past a node
@@ -33,9 +34,13 @@ later (`LATER`).
 
 Whenever GPUs come free, the units start in the plan's order while the first one fits the free
 GPUs (a unit waits for its GPUs rather than let later units take them, as its schedule
-assumed): on one node where its GPUs fit in one, preferring the nodes that already train its
-group and then the node with the fewest free GPUs that fit (whole free nodes stay free for
-wide units), else over several nodes (Alg. 3/4). A model that comes back to wait
+assumed). A small group's unit (`JOIN_AHEAD`) waits for GPUs for all its members where they
+are predicted free within `JOIN_WAIT` of its run (from the ends predicted at each start: a
+member that joined its stream later would have the group decoded again); otherwise, and for a
+larger group's unit, its members start as their GPUs come free, each joining the stream of
+those before it. A unit starts on one node where its GPUs fit in one, preferring the nodes that
+already train its group and then the node with the fewest free GPUs that fit (whole free nodes
+stay free for wide units), else over several nodes (Alg. 3/4). A model that comes back to wait
 (checkpointed, promoted at a rung) is queued at the end as a unit of its own.
 
 On whole data a large group's configurations train data-parallel (a hopping configuration
@@ -55,8 +60,8 @@ from fleet.schedule._base import (NO_DECISION, CheckpointCompleted, ClusterView,
                                   ModelPromoted, ModelState, StreamPlan)
 from fleet.schedule.costs import Overheads
 from fleet.schedule.group_plan import (Held, Narrowing, Unit, decode_per_gpu, fastest_count, group_units,
-                                       held_narrowing, held_on_width, narrowed, planned_end, rest, scheduled, widened,
-                                       width)
+                                       head_start, held_narrowing, held_on_width, narrowed, planned_end, rest,
+                                       scheduled, together, widened, width)
 from fleet.schedule.grouping import epoch_scale_of, group_bound, group_of
 from fleet.schedule.placement import place
 from fleet.schedule.planners._group_visits import group_visits
@@ -78,6 +83,12 @@ class Grouped(GroupPolicy):
     WIDE = 0.1
     """A unit the list schedule would end late is widened only when it trains this share of the
     planned end or longer (see the module)."""
+    JOIN_AHEAD = 3072
+    """Samples a member that joins a running stream starts past the stream's position at the
+    least, with the runtime's defaults (`runtime.qp_samples` 2048 decoded ahead, and the switch
+    two chunks of up to 512 past that): a group of no more than twice that many samples would be
+    decoded more than once per pass for a late member, so its units' members start at once
+    (`together`)."""
     COSTS = Overheads()
     """The checkpoint and restore a narrowing model is planned to pause for."""
 
@@ -86,6 +97,7 @@ class Grouped(GroupPolicy):
         self.resizing: dict[str, int] = {}  # a narrowing model being checkpointed: the GPUs it trains on next
         self.queued: set[str] = set()
         self.queue: list[Unit] = []
+        self.ends: dict[int, float] = {}  # a GPU started on -> when its model was predicted to end
         self.returned: list[str] = []  # models back to wait since the last fill
         if view.partitions is not None:  # data partitioned by its groups: visits (`_group_visits`)
             return
@@ -124,14 +136,24 @@ class Grouped(GroupPolicy):
             left, fits = sum(len(g) for g in free.values()), 0
             while fits < len(unit.counts) and sum(unit.counts[:fits + 1]) <= left:
                 fits += 1
-            if not fits:
-                break
+            waits = fits < len(unit.counts) and together(unit, view.total_gpus, self._wait(view, left, unit))
+            if not fits or waits:
+                break  # waits: for GPUs for all its members (`together`)
             plans.append(self._start(unit, fits, free, training, view))
             if fits < len(unit.counts):
                 self.queue[0] = rest(unit, fits)  # the others join its stream as their GPUs come free
                 break
             self.queue.pop(0)
         return Decision.launching(plans)
+
+    def _busy_ends(self, view: ClusterView) -> list[float]:
+        """When each busy GPU's model was predicted to end (now where none was)."""
+        free = set(view.free_gpus)
+        return [self.ends.get(g, view.time) for g in range(view.total_gpus) if g not in free]
+
+    def _wait(self, view: ClusterView, free: int, unit: Unit) -> float:
+        """How long `unit` would wait for GPUs for all its members, `free` being free now."""
+        return head_start(view.time, free, self._busy_ends(view), unit.gpus) - view.time
 
     @staticmethod
     def _widen(view: ClusterView, unit: Unit, pace: float) -> Unit:
@@ -177,8 +199,10 @@ class Grouped(GroupPolicy):
             else:
                 counts, narrowings = [width(p, s, target, gpn, limit) for p, s in zip(profiles, samples)], ()
             rates = [p.rate(c, gpn) for p, c in zip(profiles, counts)]
-            units += group_units(group, models, counts, samples, rates, epoch_scale_of(profiles[0]),
-                                 self.TOLERANCE if split else None, narrowings)
+            scale = epoch_scale_of(profiles[0])
+            small = view.rates.samples_per_epoch / scale <= 2 * self.JOIN_AHEAD  # its samples, decoded
+            units += group_units(group, models, counts, samples, rates, scale, self.TOLERANCE if split else None,
+                                 narrowings, together=small)
         return units
 
     def _narrowed(self, view: ClusterView, model_id: str, samples: float, end: float) -> tuple[int, Narrowing | None]:
@@ -269,6 +293,8 @@ class Grouped(GroupPolicy):
             after = round(done + unit.narrowing.first / view.rates.samples_per_epoch)
             self.narrowing[unit.models[0]] = (after, unit.narrowing.count)
         training.setdefault(unit.group, set()).update(g // gpn for g in used)
+        for run, samples in zip(runs, unit.samples):
+            self.ends.update(dict.fromkeys(run, view.time + samples / unit.pace))  # for `_wait`
         joined = next((s.id for s in view.streams if set(unit.started) & set(s.members)), None)
         return StreamPlan(tuple(Member(m, run) for m, run in zip(unit.models, runs)), join=joined)
 
