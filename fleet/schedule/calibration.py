@@ -45,7 +45,9 @@ class Calibration:
     Attributes:
         source: what measured it (e.g. ``the run in DIR``), for messages and results.json.
         rates: per model, ``{trainers: samples/s}`` its steps reached.
-        trainer_overhead_s: core-seconds per sample a member's trainers spent outside their steps.
+        trainer_overhead_s: core-seconds per sample a member's trainers spent outside their steps
+            (a member of one trainer, where the earlier run had some).
+        group_overhead_s: the same for members of several trainers (their allreduce).
         decode_core_s: core-seconds per sample the preprocessors spent.
         coordinator_cores: cores the coordinator thread kept busy (on the first node).
         start_s: a member's mean start (launch to first batch), seconds.
@@ -58,6 +60,7 @@ class Calibration:
     source: str
     rates: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     trainer_overhead_s: float | None = None
+    group_overhead_s: float | None = None
     decode_core_s: float | None = None
     coordinator_cores: float | None = None
     start_s: float | None = None
@@ -78,7 +81,8 @@ class Calibration:
             raise CalibrationError("prediction.measured: not an object")
         key = "cpu_rate" if device == "cpu" else "compute_rate"
         figures = {name: _figure(record, name) for name in
-                   ("trainer_overhead_s", "decode_core_s", "coordinator_cores", "start_s", "checkpoint_s")}
+                   ("trainer_overhead_s", "group_overhead_s", "decode_core_s", "coordinator_cores", "start_s",
+                    "checkpoint_s")}
         share = _figure(record, "core_share")
         if share is not None and not 0 < share <= 1:
             raise CalibrationError(f"prediction.measured.core_share: expected a number in (0, 1], got {share!r}")
@@ -114,6 +118,7 @@ class Calibration:
         if cores is None:
             return None
         changes = {name: value for name, value in (("trainer_overhead_s", self.trainer_overhead_s),
+                                                   ("group_overhead_s", self.group_overhead_s),
                                                    ("decode_core_s", self.decode_core_s),
                                                    ("coordinator_cores", self.coordinator_cores),
                                                    ("share", self.core_share))

@@ -41,6 +41,8 @@ class SharedCores:
         decode_core_s: core-seconds to decode and augment one training sample.
         trainer_overhead_s: core-seconds a member's trainers spend per sample outside their
             steps (receiving the stream, assembling batches).
+        group_overhead_s: the same for a member of several trainers (their allreduce and its
+            waits in it); None: `trainer_overhead_s`.
         coordinator_cores: cores the coordinator keeps busy on the first node.
         share: the part of `cores` a node's work gets where it wants more than the node has
             (measured; see the module).
@@ -52,6 +54,7 @@ class SharedCores:
     trainer_cores: float = 1.0
     decode_core_s: float = 0.0
     trainer_overhead_s: float = 0.0
+    group_overhead_s: float | None = None
     coordinator_cores: float = 0.0
     share: float = 1.0
     nodes_per_host: int = 1
@@ -63,19 +66,24 @@ class SharedCores:
             raise ValueError("share must be in (0, 1]")
         if self.nodes_per_host < 1:
             raise ValueError("nodes_per_host must be at least 1")
-        if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores) < 0:
-            raise ValueError("decode_core_s, trainer_overhead_s and coordinator_cores must not be negative")
+        if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores, self.group_overhead_s or 0.0) < 0:
+            raise ValueError("decode_core_s, trainer_overhead_s, group_overhead_s and coordinator_cores must not be "
+                             "negative")
 
     def member_rate(self, rate: float, trainers: int) -> float:
         """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead
         (steps that use no core overlap it)."""
         if not self.trainer_cores:
             return rate
-        return 1.0 / (1.0 / rate + self.trainer_overhead_s / (trainers * self.trainer_cores))
+        return 1.0 / (1.0 / rate + self.overhead_s(trainers) / (trainers * self.trainer_cores))
 
     def member_core_s(self, rate: float, trainers: int) -> float:
         """Core-seconds per sample of a member training on `trainers` at `rate` alone."""
-        return trainers * self.trainer_cores / rate + self.trainer_overhead_s
+        return trainers * self.trainer_cores / rate + self.overhead_s(trainers)
+
+    def overhead_s(self, trainers: int) -> float:
+        """Core-seconds per sample a member of `trainers` spends outside its steps."""
+        return self.group_overhead_s if trainers > 1 and self.group_overhead_s is not None else self.trainer_overhead_s
 
     def slowdown(self, load: float) -> float:
         """The factor (at most 1) a node's work moves at when it would use `load` cores (of

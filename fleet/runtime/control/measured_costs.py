@@ -7,7 +7,9 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
 
 - per model and group size, the rate its steps reached by the wall clock (``compute_rate``)
   and by their CPU time (``cpu_rate``: the rate with the cores to itself on a CPU node);
-- ``trainer_overhead_s``: core-seconds the trainers spent per sample outside their steps;
+- ``trainer_overhead_s``: core-seconds the trainers spent per sample outside their steps (of
+  members of one trainer, where the run had some), and ``group_overhead_s``, the same of
+  members of several (their allreduce and its waits in it);
 - ``decode_core_s``: core-seconds the preprocessors' decoding loops spent per sample they
   decoded (their waits and hand-offs included; not their start-up, nor rank 0's coordinator);
 - ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
@@ -102,9 +104,7 @@ class MeasuredCosts:
             if entry:
                 rates.setdefault(model, {})[str(size)] = entry
         record: dict = {"rates": rates}
-        samples = sum(g.samples for g in self.groups.values())
-        if samples:
-            record["trainer_overhead_s"] = sum(g.cpu_s - g.step_cpu_s for g in self.groups.values()) / samples
+        record.update(self._overheads())
         decoded = sum(decoded for _, decoded in self.preprocessors.values())
         if decoded:
             record["decode_core_s"] = sum(cpu for cpu, _ in self.preprocessors.values()) / decoded
@@ -117,6 +117,19 @@ class MeasuredCosts:
                 record[key] = value
         if core_share is not None:
             record["core_share"] = core_share
+        return record
+
+    def _overheads(self) -> dict[str, float]:
+        """``trainer_overhead_s``: the trainers' CPU seconds outside their steps per sample, of the
+        members of one trainer where the run had some (else of all); ``group_overhead_s``: the
+        same of members of several trainers (their allreduce and its waits), where it had some."""
+        single = _outside_steps([g for (_, size), g in self.groups.items() if size == 1])
+        group = _outside_steps([g for (_, size), g in self.groups.items() if size > 1])
+        record = {}
+        if single is not None or group is not None:
+            record["trainer_overhead_s"] = single if single is not None else group
+        if group is not None:
+            record["group_overhead_s"] = group
         return record
 
     def accounted_core_s(self) -> float:
@@ -148,3 +161,9 @@ class MeasuredCosts:
         work got, tail and all (where the ranks' own CPU was not sampled: `fleet.runtime.control.host_use`)."""
         accounted = self.accounted_core_s()
         return min(1.0, accounted / (cores * makespan)) if accounted > 0 and cores > 0 and makespan > 0 else None
+
+
+def _outside_steps(groups: list[_GroupTime]) -> float | None:
+    """`groups`' CPU seconds outside their steps per sample (None without a sample)."""
+    samples = sum(g.samples for g in groups)
+    return sum(g.cpu_s - g.step_cpu_s for g in groups) / samples if samples else None
