@@ -40,7 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -116,6 +116,10 @@ class Measured:
     decoded: int  # training samples decoded
     decoded_once: int  # groups whose training samples were decoded once per epoch pass
     accuracy: float  # the mean over groups of the best validation accuracy of a group's configurations
+    per_group: Mapping[str, float] = field(default_factory=dict, compare=False)  # that best, by group
+
+
+FIGURES = ("wall_s", "cpu_s", "makespan_s", "decoded", "decoded_once", "accuracy")  # a run's medians
 
 
 def rotated(entries: Sequence[str], index: int) -> list[str]:
@@ -130,13 +134,28 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def best_per_group(best: Mapping[str, float], groups: Mapping[str, str]) -> float:
-    """The mean over groups of the best of `best` (model id -> its best validation accuracy)
-    among each group's models (`groups`: model id -> group)."""
+def best_by_group(best: Mapping[str, float], groups: Mapping[str, str]) -> dict[str, float]:
+    """Per group, the best of `best` (model id -> its best validation accuracy) among its
+    models (`groups`: model id -> group)."""
     per_group: dict[str, float] = {}
     for model, accuracy in best.items():
         per_group[groups[model]] = max(per_group.get(groups[model], 0.0), accuracy)
-    return statistics.mean(per_group.values())
+    return per_group
+
+
+def best_per_group(best: Mapping[str, float], groups: Mapping[str, str]) -> float:
+    """The mean over groups of each group's best (`best_by_group`)."""
+    return statistics.mean(best_by_group(best, groups).values())
+
+
+def paired_difference(runs: Sequence[Measured], peers: Sequence[Measured]) -> tuple[float, float, int] | None:
+    """The mean over (round, group) pairs of `runs`' best accuracy of a group minus `peers'` in
+    the same round, its standard error and the pairs' count; None with fewer than 2 pairs."""
+    diffs = [run.per_group[g] - peer.per_group[g] for run, peer in zip(runs, peers)
+             for g in sorted(run.per_group) if g in peer.per_group]
+    if len(diffs) < 2:
+        return None
+    return statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5, len(diffs)
 
 
 def decoded_by_group(events: Sequence[dict], groups: Mapping[str, str]) -> Counter:
@@ -178,10 +197,10 @@ def policy_run(work: Path, data: Path, policy: str) -> Measured:
     cpu = children_cpu_s() - cpu
     res, events = run.results, read_events(work / policy / "events.jsonl")
     samples, epochs = group_facts(res)
-    best = {m["id"]: m.get("best_val_accuracy") or 0.0 for m in res["models"]}
+    best = best_by_group({m["id"]: m.get("best_val_accuracy") or 0.0 for m in res["models"]}, res["groups"])
     return Measured(run.wall_s, cpu, res["makespan_s"], res["samples_decoded"],
                     decoded_once(decoded_by_group(events, res["groups"]), samples, epochs),
-                    best_per_group(best, res["groups"]))
+                    statistics.mean(best.values()), best)
 
 
 def job_array(resolved_spec: Path, facts: tuple[dict, dict], work: Path) -> Measured:
@@ -205,8 +224,9 @@ def job_array(resolved_spec: Path, facts: tuple[dict, dict], work: Path) -> Meas
     trained = [json.loads((work / f"{i}.json").read_text()) for i in range(len(models))]
     groups = {m.id: m.group for m in models}
     decoded = tasks_decoded(trained, groups, facts[0])
+    best = best_by_group({t["id"]: t["best_val_accuracy"] for t in trained}, groups)
     return Measured(wall, cpu, None, sum(decoded.values()), decoded_once(decoded, *facts),
-                    best_per_group({t["id"]: t["best_val_accuracy"] for t in trained}, groups))
+                    statistics.mean(best.values()), best)
 
 
 def tasks_decoded(trained: Sequence[dict], groups: Mapping[str, str], samples: Mapping[str, int]) -> Counter:
@@ -239,8 +259,8 @@ def runtime_rounds(work: Path, data: Path, runs: int) -> dict[str, list[Measured
 
 def medians(runs: Sequence[Measured]) -> dict[str, float | None]:
     """Each field's median over `runs` (None where it has none: the job array's makespan)."""
-    return {field: None if getattr(runs[0], field) is None else statistics.median(getattr(r, field) for r in runs)
-            for field in Measured.__dataclass_fields__}
+    return {name: None if getattr(runs[0], name) is None else statistics.median(getattr(r, name) for r in runs)
+            for name in FIGURES}
 
 
 def runtime_table(measured: dict[str, list[Measured]], groups: int) -> str:
@@ -258,6 +278,11 @@ def runtime_table(measured: dict[str, list[Measured]], groups: int) -> str:
     for peer in ("model-task", JOB_ARRAY):
         lines.append(f"grouped / {peer}: wall {median['grouped']['wall_s'] / median[peer]['wall_s']:.2f}x, "
                      f"CPU {median['grouped']['cpu_s'] / median[peer]['cpu_s']:.2f}x")
+    for peer in ("model-task", JOB_ARRAY):
+        paired = paired_difference(measured["grouped"], measured[peer])
+        if paired is not None:
+            lines.append(f"grouped - {peer}: best val accuracy per group {paired[0]:+.3f} (standard error "
+                         f"{paired[1]:.3f} over {paired[2]} (round, group) pairs)")
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ about decoding each group once per epoch pass, and the medians over rounds."""
 from __future__ import annotations
 
 import importlib
+import statistics
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,16 @@ def test_the_job_array_counts_training_samples_like_fleet(groups):
     decoded = groups.tasks_decoded(trained, GROUPS, {"a": 100, "b": 40})
     assert decoded == {"a": 500, "b": 120}
     assert groups.decoded_once(decoded, {"a": 100, "b": 40}, {"a": 3, "b": 3}) == 1
+
+
+def test_best_accuracy_is_compared_group_by_group_within_each_round(groups):
+    runs = [groups.Measured(1, 1, 1, 1, 1, 0.5, {"a": 0.6, "b": 0.4}),
+            groups.Measured(1, 1, 1, 1, 1, 0.5, {"a": 0.7, "b": 0.5})]
+    peers = [groups.Measured(1, 1, 1, 1, 1, 0.5, {"a": 0.5, "b": 0.4, "c": 0.9}),
+             groups.Measured(1, 1, 1, 1, 1, 0.5, {"a": 0.6, "b": 0.3})]
+    mean, error, pairs = groups.paired_difference(runs, peers)
+    diffs = [0.1, 0.0, 0.1, 0.2]  # a group only one side trained ("c") is left out
+    assert pairs == 4 and mean == pytest.approx(0.1)
+    assert error == pytest.approx(statistics.stdev(diffs) / 2)
+    assert groups.paired_difference(runs[:1], [groups.Measured(1, 1, 1, 1, 1, 0.5, {"a": 0.5})]) is None
+    assert groups.best_by_group({"wide-a": 0.5, "small-a": 0.75, "wide-b": 0.25}, GROUPS) == {"a": 0.75, "b": 0.25}
