@@ -107,7 +107,7 @@ def _start(world: Any, who: RankIdentity, options: TrainOptions, started: dict):
     if rates["measure"]:
         _profile(ctx, options)
     elif rates["time_steps"]:
-        _time_steps(ctx, options, list(rates["time_steps"]))
+        _time_steps(ctx, options, list(rates["time_steps"]), list(rates["time_groups"]))
     if not options.profile_only:
         set_up(ctx, rates)
     return ctx
@@ -118,9 +118,9 @@ def _say(options: TrainOptions):
     return (lambda line: None) if options.quiet else (lambda line: print(line, flush=True))
 
 
-def _time_steps(ctx, options: TrainOptions, models: list[str]) -> None:
+def _time_steps(ctx, options: TrainOptions, models: list[str], groups: list[str]) -> None:
     """Every rank takes part; rank 0 writes steps.json (`fleet.profiling.timed_steps`)."""
-    document = run_timed_steps(ctx, models, _say(options))
+    document = run_timed_steps(ctx, models, groups, _say(options))
     if ctx.rank != 0:
         return
     path = Path(ctx.run_dir) / STEPS_FILE

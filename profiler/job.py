@@ -35,14 +35,14 @@ def run_profiling(ctx, say=print) -> dict | None:
     return _Driver(ctx, say).run()
 
 
-def run_timed_steps(ctx, models: list[str], say=print) -> dict | None:
-    """A few timed steps of `models` (one trainer each) and one preprocessor's decoding, for
-    the estimates of a job that does not profile (`fleet.profiling.timed_steps`); steps.json's
-    dict on rank 0, None elsewhere."""
+def run_timed_steps(ctx, models: list[str], groups: list[str], say=print) -> dict | None:
+    """A few timed steps of `models` (one trainer each; `groups` of them on 2 .. a node's
+    trainers too) and one preprocessor's decoding, for the estimates of a job that does not
+    profile (`fleet.profiling.timed_steps`); steps.json's dict on rank 0, None elsewhere."""
     if ctx.rank != 0:
         _serve(ctx)
         return None
-    return _Driver(ctx, say).timed_steps(models)
+    return _Driver(ctx, say).timed_steps(models, groups)
 
 
 def _serve(ctx) -> None:
@@ -118,21 +118,30 @@ class _Driver:
         searches = search_costs(self.spec, self.ctx.num_classes)  # what plans say of adaptive searches
         return {**document, "searches": searches} if searches else document
 
-    def timed_steps(self, models: list[str]) -> dict:
-        """steps.json's dict: `models` timed for a few steps on one trainer each, and one
-        preprocessor's decoding."""
+    def timed_steps(self, models: list[str], groups: list[str]) -> dict:
+        """steps.json's dict: `models` timed for a few steps on one trainer each (`groups` of
+        them on 2 .. a node's trainers too: `group_steps`), and one preprocessor's decoding."""
         began = time.monotonic()
-        self.say(f"timing {timed_steps.TIMED} steps of {len(models)} model(s) on one trainer each, "
-                 "to correct the rates estimated from FLOPs")
+        counts = timed_steps.group_counts(self.spec.cluster.gpus_per_node, self.gpus) if groups else []
+        self.say(f"timing {timed_steps.TIMED} steps of {len(models)} model(s) on one trainer each"
+                 + (f" ({len(groups)} on {counts[0]}-{counts[-1]} trainers too)" if counts else "")
+                 + ", to correct the rates estimated from FLOPs")
         self.measured = {m: {} for m in models}
         self._measure([(model, 1) for model in models], timed_steps.BATCHES, timed_steps.TIMED)
+        timed = [model for model in groups if "step_s" in self.measured.get(model, {}).get(1, {})]
+        self._measure([(model, m) for m in counts for model in timed], timed_steps.BATCHES, timed_steps.TIMED)
         preprocessing = self._measure_decoding((1,), timed_steps.DECODE_SECONDS)
         self._step(("done",))
         return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": self._on_one_trainer("rate"),
                 "checkpoint_s": self._on_one_trainer("checkpoint_s"), "eval_rate": self._on_one_trainer("eval_rate"),
-                "failed": self._on_one_trainer("failed"),
+                "failed": self._on_one_trainer("failed"), "group_steps": self._group_steps(timed),
                 "preprocessing": preprocessing, "hardware": self._hardware(),
                 "seconds": round(time.monotonic() - began, 3)}
+
+    def _group_steps(self, models: list[str]) -> dict:
+        """Seconds per step of each of `models` by trainer count, where the count timed."""
+        return {model: {str(m): e["step_s"] for m, e in sorted(self.measured[model].items()) if "step_s" in e}
+                for model in models}
 
     def _on_one_trainer(self, key: str) -> dict:
         """Each model's `key` as measured on one trainer, where it has one."""

@@ -49,6 +49,10 @@ def test_quickstart_ensemble_beats_chance(small_quickstart):
     top = result.stdout[result.stdout.index("fleet: the best 5 of"):].splitlines()
     assert top[1].split()[:2] == ["rank", "model"] and top[3].split()[1] == board[1].split(",")[1]  # the winner
     assert json.loads((run_dir / "plan.json").read_text())["rounds"]
+    # not profiled (too dear beside 2 epochs): a few steps timed per family, and the models of the
+    # fewest and the most parameter bytes on groups of 2 and 3 trainers too
+    steps = json.loads((run_dir / "steps.json").read_text())
+    assert len(steps["group_steps"]) == 2 and all(set(s) == {"1", "2", "3"} for s in steps["group_steps"].values())
     # learning rates of one cnn share a decoded stream (the flotilla the demo shows): all three, or
     # two where FLEET-G matches the third (its epochs' ends in its rate) with a faster model on fewer slots
     log = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]

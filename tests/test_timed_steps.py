@@ -7,7 +7,8 @@ import pytest
 
 from fleet.errors import UserError
 from fleet.profiling.document import fingerprint
-from fleet.profiling.timed_steps import corrections, representatives
+from fleet.profiling.timed_steps import (corrections, group_costs, group_counts, group_rates, group_representatives,
+                                         representatives)
 from fleet.runtime.control.rates_source import load_timed_steps
 from fleet.runtime.control.setup import corrected_rates
 from fleet.spec import parse_spec
@@ -71,3 +72,51 @@ def test_the_timed_saves_and_validation_passes_go_with_the_corrected_rates():
     # an older steps.json (no validation timed) still corrects the rates
     older = corrected_rates(spec, 1000, {k: v for k, v in steps.items() if k != "eval_rate"})
     assert older.rate(first, 1) == table.rate(first, 1) and "eval_rate" not in older.profile(first).extra
+
+
+def test_groups_are_timed_on_the_models_of_fewest_and_most_parameter_bytes_up_to_a_node():
+    param_bytes = {"a": 4_000, "b": 400_000, "c": 40_000}
+    assert group_representatives(param_bytes, ["c", "a", "b"]) == ["a", "b"]
+    assert group_representatives(param_bytes, ["c"]) == ["c"]
+    assert group_representatives(param_bytes, []) == []
+    assert group_counts(4, 16) == [2, 3, 4]  # a node's trainers: Eq. 5 goes on from there
+    assert group_counts(4, 3) == [2, 3]
+    assert group_counts(1, 8) == []  # no group within a node
+
+
+def test_a_groups_added_seconds_per_step_are_a_line_in_parameter_bytes():
+    # a: 1 MB, b: 11 MB; on 2 trainers a step takes 10 ms more for a, 30 ms more for b
+    steps = {"a": {1: 0.020, 2: 0.030, 3: 0.045}, "b": {1: 0.100, 2: 0.130, 3: 0.115}}
+    costs = group_costs(steps, {"a": 1_000_000, "b": 11_000_000})
+    assert [c.m for c in costs] == [2, 3]
+    two, three = costs
+    assert two.per_byte_s == pytest.approx(0.02 / 10e6) and two.fixed_s == pytest.approx(0.008)
+    assert two.seconds(6_000_000) == pytest.approx(0.020)
+    # on 3 trainers b added less than a: no negative slope, the mean of the two as fixed
+    assert three.per_byte_s == 0 and three.fixed_s == pytest.approx((0.025 + 0.015) / 2)
+    # a group slower per step than the profile's one trainer by nothing: no negative cost
+    assert group_costs({"a": {1: 0.05, 2: 0.04}}, {"a": 10})[0].fixed_s == 0
+    # a model of 6 MB, 1,000 samples/s alone at batch 32: 32 ms a step, 20 ms more on 2 trainers
+    rates = group_rates(1000.0, 32, 6_000_000, costs)
+    assert rates[2] == pytest.approx(2 * 32 / (0.032 + 0.020))
+    assert set(rates) == {2, 3}
+
+
+def test_timed_groups_replace_the_assumed_scaling_up_to_a_node_and_eq5_goes_on_beyond():
+    spec = parse_spec({"name": "t", "data": {"source": "digits"},
+                       "models": [{"family": "mlp"}, {"family": "mlp", "params": {"hidden": [256, 256]}}],
+                       "cluster": {"nodes": 2, "gpus_per_node": 3}})
+    small, large = (m.id for m in spec.models)
+    steps = {"fingerprint": fingerprint(spec), "rates": {small: 2000.0, large: 500.0}, "preprocessing": {},
+             "hardware": {}}
+    assumed = corrected_rates(spec, 1000, steps)
+    assert assumed.rate(small, 2) == pytest.approx(2000.0 * 2**0.9)  # no timed groups: r(1) m^0.9
+    batch = spec.model(small).train.batch_size
+    timed = {**steps, "group_steps": {small: {"1": batch / 2000.0, "2": batch / 2000.0 + 0.01,
+                                              "3": batch / 2000.0 + 0.02},
+                                      large: {"1": batch / 500.0, "2": batch / 500.0 + 0.01, "3": "bad"}}}
+    table = corrected_rates(spec, 1000, timed)
+    assert table.rate(small, 2) == pytest.approx(2 * batch / (batch / 2000.0 + 0.01))
+    assert table.rate(large, 2) == pytest.approx(2 * batch / (batch / 500.0 + 0.01))
+    assert table.rate(small, 3) == pytest.approx(3 * batch / (batch / 2000.0 + 0.02))
+    assert table.rate(small, 6) < 6 * table.rate(small, 3) / 3  # Eq. 5 beyond the node, from 2-3 trainers

@@ -198,7 +198,7 @@ def _rank0_rates(ctx) -> dict | str:
         if isinstance(setup, str):
             return setup
     return {"measure": decision.measure, "emulated": decision.emulated_rates, "setup": setup,
-            "time_steps": decision.time_steps}
+            "time_steps": decision.time_steps, "time_groups": decision.time_groups}
 
 
 def _lock_run_dir(ctx) -> None:

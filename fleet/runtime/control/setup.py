@@ -23,7 +23,8 @@ from fleet.inspect import describe_ensemble
 from fleet.prediction import candidates_for, costs_of, model_groups, planned_rates, simulated_early_stop
 from fleet.profiling.document import decode_limit, epochs_estimate, preprocessor_count, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
-from fleet.profiling.timed_steps import corrections, representatives
+from fleet.profiling.timed_steps import (corrections, group_costs, group_counts, group_rates, group_representatives,
+                                         representatives)
 from fleet.report.results import EARLY_STOP_REASON, ModelResult, RunResult, write_results
 from fleet.runtime.control.accounting import ModelRecord
 from fleet.runtime.control.fusing import Fusion, decided_rates, plan_fusion, recorded_decisions
@@ -137,6 +138,7 @@ class RatesDecision:
     emulated_rates: RateTable | None
     note: str = ""
     time_steps: tuple[str, ...] = ()  # not profiling: the models to time a few steps of first
+    time_groups: tuple[str, ...] = ()  # of them, those timed on groups of trainers too
 
 
 def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_epoch: int) -> RatesDecision:
@@ -168,10 +170,11 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_ep
         timed = steps_to_time(spec, run_dir) if emulated is None else ()
         note = f"not profiling: policy {named} never reads a rate" + (
             "; timing a few steps of each model family for its forecast" if timed else "")
-        return RatesDecision(False, emulated, note, timed)
+        return RatesDecision(False, emulated, note, timed, groups_to_time(spec, timed))
     if spec.scheduler.profile == AUTO and emulated is None and not spec.data.partitioned:
         worth, why = profiling_worth(spec, samples_per_epoch)
-        return RatesDecision(worth, emulated, why, () if worth else steps_to_time(spec, run_dir))
+        timed = () if worth else steps_to_time(spec, run_dir)
+        return RatesDecision(worth, emulated, why, timed, groups_to_time(spec, timed))
     return RatesDecision(True, emulated, f"profiling first: {why}")
 
 
@@ -209,6 +212,14 @@ def steps_to_time(spec: Spec, run_dir: Path) -> tuple[str, ...]:
     flops = {m: max(1, f) for m, f in ensemble_costs(spec)[0].items()}
     same = timed_as(spec.models, emulated=False)
     return tuple(representatives(flops, families_of(spec), sorted(set(same.values()))))
+
+
+def groups_to_time(spec: Spec, timed: tuple[str, ...]) -> tuple[str, ...]:
+    """Of the `timed` models, those timed on groups of 2 .. a node's trainers as well (the
+    fewest and the most parameter bytes), where such groups can form."""
+    if not timed or not group_counts(spec.cluster.gpus_per_node, spec.cluster.gpus):
+        return ()
+    return tuple(group_representatives(ensemble_costs(spec)[1], timed))
 
 
 def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateTable, str]:
@@ -251,8 +262,13 @@ def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTabl
     single = {entry["id"]: entry["rates"]["1"] for entry in document["models"]}
     factors = corrections(single, steps["rates"], {m: max(1, f) for m, f in flops.items()}, families_of(spec))
     timed = {key: steps.get(key) if isinstance(steps.get(key), dict) else {} for key in ("checkpoint_s", "eval_rate")}
+    costs = group_costs(_group_steps(steps), param_bytes)
     for entry in document["models"]:
         entry["rates"] = {m: rate * factors[entry["id"]] for m, rate in entry["rates"].items()}
+        if costs:  # the timed groups' costs up to a node's trainers, Eq. 5 beyond
+            model = spec.model(entry["id"])
+            grouped = group_rates(entry["rates"]["1"], model.train.batch_size, param_bytes.get(model.id, 0), costs)
+            entry["rates"] = {"1": entry["rates"]["1"], **{str(m): rate for m, rate in grouped.items()}}
         source = entry.get("timed_as", entry["id"])  # a model that trains as a timed one: its figures
         for key, values in timed.items():  # the timed models' saves and validation passes
             if is_positive_number(values.get(source)):
@@ -260,6 +276,19 @@ def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTabl
     document["preprocessing"], document["hardware"] = steps["preprocessing"], steps["hardware"]
     document["source"] = "estimated from FLOPs per sample, corrected by timed steps (steps.json)"
     return RateTable.from_dict(document)
+
+
+def _group_steps(steps: dict) -> dict[str, dict[int, float]]:
+    """steps.json's `group_steps` (model: {trainers: seconds per step}) with integer counts;
+    the well-formed entries only (an older steps.json has none)."""
+    block = steps.get("group_steps")
+    out: dict[str, dict[int, float]] = {}
+    for model, by_m in (block.items() if isinstance(block, dict) else ()):
+        if isinstance(by_m, dict):
+            kept = {int(m): s for m, s in by_m.items() if str(m).isdigit() and int(m) >= 1 and is_positive_number(s)}
+            if 1 in kept and len(kept) > 1:
+                out[model] = kept
+    return out
 
 
 def check_partitions(spec: Spec) -> Partitions | None:
