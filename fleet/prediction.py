@@ -216,14 +216,21 @@ def search_lines(searches: Mapping[str, Mapping], rates) -> list[str]:
     under ``searches``) counted its architectures' FLOPs, the rates estimated for its smallest
     and largest (the planned rate times the middle's FLOPs over theirs, as an asked model is
     planned); and that the rest is decided while the run trains."""
-    lines = []
+    alike: dict[str, list[tuple[str, str, str]]] = {}  # the same search over several groups: one line
     for name, facts in searches.items():
         first, last = facts["models"]
         planned = [rates.rate(m, 1) for m in (first, last) if m in rates.ids]
-        head = (f"search {name}: sampler {facts['sampler']}, budget {facts['budget']} models ({first} ... {last}) "
-                f"over {', '.join(facts['space'])}")
-        lines.append(f"{head}; {_search_rates(facts, min(planned) if planned else None)}; which values each trains "
-                     "with, and so its rate and epochs, is decided while the run trains")
+        tail = (f"over {', '.join(facts['space'])}; {_search_rates(facts, min(planned) if planned else None)}; "
+                "which values each trains with, and so its rate and epochs, is decided while the run trains")
+        alike.setdefault(f"sampler {facts['sampler']}, budget {facts['budget']}\0{tail}", []).append((name, first, last))
+    lines = []
+    for key, studies in alike.items():
+        what, tail = key.split("\0")
+        (name, first, last), (end, _, _) = studies[0], studies[-1]
+        if len(studies) == 1:
+            lines.append(f"search {name}: {what} models ({first} ... {last}) {tail}")
+        else:
+            lines.append(f"searches {name} ... {end} (one study per group, {len(studies)}): {what} models each {tail}")
     return ["", *lines] if lines else []
 
 
@@ -315,7 +322,8 @@ def _decode_line(block: dict) -> str:
 
 
 def _policy_table(results: dict) -> str:
-    reference = "baseline" if "baseline" in results else "mop"  # partitioned data: Cerebro's scheduler
+    # one model per GPU, as users run: baseline; model-task over groups; Cerebro's mop on partitioned data
+    reference = next((name for name in ("baseline", "model-task", "mop") if name in results), next(iter(results)))
     base = results[reference].makespan
     rows = [
         [name, format_duration(r.makespan), f"{r.makespan:,.0f}", len(r.timeline.rounds),

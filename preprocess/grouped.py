@@ -6,7 +6,9 @@ the loader every command that plans, profiles, runs, reports or resumes goes thr
 the group keys and expands each configuration over the groups: model
 ``<configuration id>-<id_part(key)>`` trains and validates on that group's samples only
 (`ModelSpec.group` holds the raw key). A resolved spec (a run directory's ``spec.yaml``)
-already names each model's group and is not expanded again.
+already names each model's group and is not expanded again. An adaptive search's entry becomes
+one study per group (``<study>-<id_part(key)>``, its budget each): a group's configurations
+learn from each other only, as its early stopping compares them with each other only.
 """
 
 from __future__ import annotations
@@ -144,8 +146,10 @@ def _grouped_models(spec: Spec, keys: Sequence[str]) -> tuple[list[ModelSpec], l
                 n += 1
                 model_id = f"{base}-{n}"
             seen.add(model_id)
-            models.append(config.model_copy(update={"id": model_id, "group": key,
-                                                    "seed": model_seed(spec.seed, model_id)}))
+            update = {"id": model_id, "group": key, "seed": model_seed(spec.seed, model_id)}
+            if config.search is not None:  # one study per group: its configurations learn from each other only
+                update["search"] = config.search.model_copy(update={"study": f"{config.search.study}-{parts[key]}"})
+            models.append(config.model_copy(update=update))
             entries.append(spec.entries[index] if index < len(spec.entries) else index)
     return models, entries
 
@@ -169,7 +173,21 @@ def expand_over_groups(spec: Spec, sizes: Sequence[tuple[str, int]]) -> Expansio
         raise SpecError(f"data.group_by: {len(spec.models)} configuration(s) x {len(kept):,} group(s) = {count:,} "
                         f"models (at most {MAX_MODELS:,})")
     models, entries = _grouped_models(spec, kept)
+    _check_group_studies(models, entries)
     return Expansion(spec.model_copy(update={"models": tuple(models), "entries": tuple(entries)}), skipped)
+
+
+def _check_group_studies(models: Sequence[ModelSpec], entries: Sequence[int]) -> None:
+    """Two searches' studies of a group must not take one name (entry ``s`` over group ``x``
+    and an entry named ``s-x``, over any group of the same part)."""
+    owners: dict[str, int] = {}
+    for model, entry in zip(models, entries):
+        if model.search is None:
+            continue
+        study = model.search.study
+        if owners.setdefault(study, entry) != entry:
+            raise SpecError(f"models[{entry}].name: its study of a group and one of models[{owners[study]}] would "
+                            f"both be {study!r}; rename one entry")
 
 
 def needs_expansion(spec: Spec) -> bool:

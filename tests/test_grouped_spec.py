@@ -2,6 +2,7 @@
 configurations over the groups (`preprocess.grouped`), ids, the resolved spec's round trip,
 each group's own split, and rates made epoch-equivalent."""
 
+import json
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ from PIL import Image
 
 from conftest import REPO
 from fleet.errors import UserError
-from fleet.prediction import epoch_equivalent
+from fleet.prediction import dry_run, epoch_equivalent
 from fleet.report.status import render, replay
 from fleet.runtime.control.setup import check_same_ensemble, prepare_run_dir
 from fleet.schedule import RateTable
@@ -249,3 +250,22 @@ def test_status_counts_the_groups_whose_every_model_converged():
     job = replay(events, {m: 2 for m in groups}, groups)
     assert ", 3/4 models converged, 1/2 groups done" in render(job, "run")[1]
     assert "groups" not in render(replay(events, {m: 2 for m in groups}), "run")[1]
+
+
+def test_the_dry_run_of_groups_compares_the_policies_with_model_task(grouped_h5, tmp_path):
+    """`fleet profile`'s report over groups: grouped and its three baselines, each against
+    model-task (one model per GPU, what users run), as baseline is on whole data."""
+    path = tmp_path / "s.yaml"
+    data = {"source": "hdf5", "path": str(grouped_h5), "image_size": 8, "group_by": {"dataset": "groups"}}
+    path.write_text(yaml.safe_dump(doc(data, scheduler={"policy": "grouped"}, cluster={"gpus_per_node": 2})))
+    spec = load_run_spec(path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    profile = {"schema": 1, "gpus_per_node": 2, "samples_per_epoch": 320,
+               "models": [{"id": m.id, "rates": {"1": 1000.0, "2": 1800.0}} for m in spec.models]}
+    (run_dir / "profile.json").write_text(json.dumps(profile))
+    report = dry_run(spec, run_dir)
+    table = report[report.index("\npolicy ") + 1:].splitlines()
+    assert table[0].split()[-2:] == ["vs", "model-task"]
+    assert {line.split()[0] for line in table[2:6]} == {"grouped", "group-task", "model-task", "group-parallel"}
+    assert (run_dir / "plan.json").exists()

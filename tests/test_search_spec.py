@@ -15,6 +15,7 @@ from fleet.schedule.rates import RateTable
 from fleet.spec import SpecError, parse_spec
 from fleet.spec import search as spec_search
 from fleet.spec.asked import asked_path, read_asked, with_asked
+from preprocess.grouped import expand_over_groups
 
 from conftest import REPO
 
@@ -75,11 +76,27 @@ def test_searches_refuse_early_stopping_whose_rungs_wait_to_fill(method):
     parse_spec(doc(scheduler={"early_stop": "asha"}, train={"max_epochs": 9}), check_paths=False)
 
 
-def test_a_search_over_groups_is_not_built_yet():
-    with pytest.raises(SpecError, match=r"^models\[1\]\.sampler: .*group_by"):
-        parse_spec(doc(data={"source": "hdf5", "path": "/nowhere.h5", "image_size": 8,
-                             "group_by": {"dataset": "groups"}}, scheduler={"policy": "grouped"}),
-                   check_paths=False)
+def test_a_search_over_groups_is_one_study_per_group_with_its_budget_each():
+    grouped = doc(data={"source": "hdf5", "path": "/nowhere.h5", "image_size": 8, "group_by": {"dataset": "groups"}},
+                  scheduler={"policy": "grouped"})
+    spec = expand_over_groups(parse_spec(grouped, check_paths=False), [("Berlin", 300), ("Sao Paulo", 200)]).spec
+    slots = {m.id: m.search for m in spec.models if m.search is not None}
+    assert set(slots) == {f"s-00{k}-{g}" for g in ("berlin", "sao-paulo") for k in range(4)}
+    assert {s.study for s in slots.values()} == {"s-berlin", "s-sao-paulo"}
+    assert sorted((s.study, s.index) for s in slots.values()) == [(g, k) for g in ("s-berlin", "s-sao-paulo")
+                                                                   for k in range(4)]
+    assert {s.budget for s in slots.values()} == {4}
+    same = RateTable.from_dict({"gpus_per_node": 1, "samples_per_epoch": 100,
+                                "models": [{"id": m.id, "rates": {"1": 500.0}} for m in spec.models]})
+    said = [line for line in search_lines(spec_search.searches_of(spec.models), same) if line]
+    assert len(said) == 1 and said[0].startswith("searches s-berlin ... s-sao-paulo (one study per group, 2): "
+                                                 "sampler tpe, budget 4 models each over hidden"), said
+    again = parse_spec(spec.resolved(), check_paths=False)  # the run directory's spec.yaml keeps them
+    assert {m.id: m.search for m in again.models if m.search is not None} == slots
+    # an entry named like another's study of a group: refused in one line
+    clash = {**grouped, "models": [grouped["models"][1], {**grouped["models"][1], "name": "s-berlin"}]}
+    with pytest.raises(SpecError, match=r"^models\[\d\]\.name: .*would both be 's-berlin-berlin'"):
+        expand_over_groups(parse_spec(clash, check_paths=False), [("Berlin", 300), ("berlin-berlin", 200)])
 
 
 def test_two_searches_of_one_name_are_refused():

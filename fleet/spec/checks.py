@@ -249,10 +249,9 @@ SEARCH_EARLY_STOP = ("none", "asha", "median")
 never fill while the study keeps adding models."""
 
 
-def check_search(data: DataSpec, scheduler: SchedulerSpec, models: tuple[ModelSpec, ...],
-                 entries: tuple[int, ...]) -> None:
-    """An adaptive search (a model with a `search` slot) runs on whole data, without groups
-    (one study per group is not built yet), and early stopping of asha or median only."""
+def check_search(scheduler: SchedulerSpec, models: tuple[ModelSpec, ...], entries: tuple[int, ...]) -> None:
+    """An adaptive search (a model with a `search` slot) runs with early stopping of asha or
+    median only (over groups: one study per group, `preprocess.grouped`)."""
     searched = [entry for model, entry in zip(models, entries) if model.search is not None]
     if not searched:
         return
@@ -261,9 +260,6 @@ def check_search(data: DataSpec, scheduler: SchedulerSpec, models: tuple[ModelSp
         if missing is not None:
             raise SpecError(f"models[{entry}].sampler: {model.search.sampler} needs the package {missing}, which is "
                             f"not installed (pip install {missing})")
-    if data.group_by is not None:
-        raise SpecError(f"models[{searched[0]}].sampler: an adaptive search over groups (data.group_by) is not "
-                        "built yet (one study per group); use sampler random")
     early = scheduler.early_stop
     if early is not None and early.method not in SEARCH_EARLY_STOP:
         raise SpecError(f"scheduler.early_stop: {early.method!r} waits for full rungs, which never fill while an "

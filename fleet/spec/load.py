@@ -281,7 +281,7 @@ def parse_spec(doc: Any, *, run_dir: str | None = None, check_paths: bool = True
     check_groups(data, models, entries)
     scheduler = check_early_stop(validate(SchedulerSpec, raw.scheduler, ("scheduler",)), models, entries)
     check_hopping(data, scheduler)
-    check_search(data, scheduler, models, entries)
+    check_search(scheduler, models, entries)
     check_grouped_policy(data, scheduler)
     runtime = validate(RuntimeSpec, raw.runtime, ("runtime",))
     check_fusion(data, runtime)
