@@ -59,6 +59,15 @@ def planned_rates(rates: RateTable, spec, calibration, scales: Mapping[str, floa
     return epoch_equivalent(rates, scales, model_groups(spec))
 
 
+def lead_samples(spec) -> float:
+    """How far a member of a stream runs ahead of its slowest member (`Scenario.lead_samples`):
+    the chunks decoded but not yet released by every member -- the slowest member's Qp and Qt
+    (`runtime.qp_samples`, `runtime.qt_samples`) and the preprocessors' window in flight (about
+    one Qp again). Where an epoch is many times this, members move nearly in lockstep; on a
+    small data set they train apart, each at its own pace."""
+    return 2.0 * spec.runtime.qp_samples + spec.runtime.qt_samples
+
+
 def model_groups(spec) -> dict[str, str]:
     """Each model's id and the raw key of its group ({} without `data.group_by`): results.json's
     ``groups``, and what the planners are told."""
@@ -76,6 +85,7 @@ def _scenario(rates, spec, gpus: int, epochs: Mapping[str, float] | None = None)
     per_node = spec.cluster.preprocessors_per_node
     scenario = with_partitions(profile_scenario(rates, whole_epochs(estimates), estimates, gpus, per_node,
                                                 spec.cluster.virtual_nodes), spec)
+    scenario = replace(scenario, lead_samples=lead_samples(spec))
     if calibration is None:
         return scenario
     return calibration.scenario(scenario, preprocessor_count(per_node, rates.extra, scenario.cluster.nodes))

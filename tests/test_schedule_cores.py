@@ -1,5 +1,7 @@
 """Shared cores on CPU nodes in the simulator (`fleet.schedule.cores`), checked by hand."""
 
+from dataclasses import replace
+
 import pytest
 
 from fleet.profiling.document import shared_cores
@@ -34,6 +36,17 @@ def test_two_trainers_on_one_core_share_it():
     # then alone at 6/s: 48 / 6 = 8 s more, 12 s in all.
     result = simulate(create_policy("baseline"), on_cores(SharedCores(cores=1)), FREE)
     assert spans(result) == pytest.approx({"X": 12, "Y": 4})
+
+
+def test_members_running_ahead_of_their_stream_load_the_cores_at_their_own_pace():
+    # Homogeneous: X and Y on one stream, 1 core. In lockstep Y waits for X: 6/6 + 6/30 = 1.2
+    # cores on 1, both at 5/s, both end at 12 s. Where the queues let Y run ahead (the whole
+    # run fits in the lead), each trains at its own pace: 2 cores wanted, both at half speed;
+    # Y ends at 60 / 15 = 4 s (X at 12 samples), X alone at 6/s: 48 / 6 = 8 s more.
+    lockstep = simulate(create_policy("homogeneous"), on_cores(SharedCores(cores=1)), FREE)
+    assert spans(lockstep) == pytest.approx({"X": 12, "Y": 12})
+    ahead = simulate(create_policy("homogeneous"), replace(on_cores(SharedCores(cores=1)), lead_samples=1e6), FREE)
+    assert spans(ahead) == pytest.approx({"X": 12, "Y": 4})
 
 
 def test_decoding_shares_the_cores_with_training():

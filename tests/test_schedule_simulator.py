@@ -61,6 +61,23 @@ def test_shared_stream_moves_at_the_slowest_member_by_hand():
     assert result.gpu_time.pacing == pytest.approx(8)
 
 
+@pytest.mark.parametrize("lead, makespan, y_end, pacing", [
+    # Y runs ahead of X by up to 20 samples: 24/s more than X until 0.83 s (Y 25, X 5), then
+    # at X's 6/s; its first epoch ends at pos 40 (6.67 s); X ends at 10 s (Y at 80), Y alone
+    # at 30/s: 40 more samples, 1.33 s
+    (20.0, 10 + 40 / 30, 10 + 40 / 30, (10 - 20 / 24) * (1 - 6 / 30)),
+    # the whole run fits in the lead: each member at its own rate, Y done at 120 / 30 = 4 s
+    (1000.0, 10.0, 4.0, 0.0),
+])
+def test_a_member_runs_ahead_of_its_stream_by_the_lead_the_queues_allow_by_hand(lead, makespan, y_end, pacing):
+    result = simulate(create_policy("homogeneous"), replace(scenario([1, 2]), lead_samples=lead), FREE)
+    assert result.makespan == pytest.approx(makespan)
+    ends = {m.model: m.end for m in result.timeline.members}
+    assert ends == pytest.approx({"X": 10.0, "Y": y_end})
+    assert result.samples_decoded == pytest.approx(120)  # still decoded once for both
+    assert result.gpu_time.pacing == pytest.approx(pacing)
+
+
 class AloneOnPreprocessors(Policy):
     """Each model alone on a GPU, like Baseline, but decoded by the run's preprocessors."""
 
@@ -350,7 +367,8 @@ def small_scenarios(draw):
     epochs = tuple(draw(st.integers(1, 5)) for _ in range(models))
     estimates = tuple(e * draw(st.floats(0.7, 1.3)) for e in epochs)
     gpus = draw(st.integers(1, 10))
-    return Scenario(rates, epochs, estimates, Cluster(gpus, gpn))
+    lead = draw(st.sampled_from([0.0, 30.0, 1e6]))  # lockstep, a lead of part of an epoch, unbounded
+    return Scenario(rates, epochs, estimates, Cluster(gpus, gpn), lead_samples=lead)
 
 
 @settings(max_examples=50, deadline=None)
@@ -358,3 +376,14 @@ def small_scenarios(draw):
 def test_invariants_on_random_rate_tables(scen, policy):
     result = simulate(create_policy(policy, seed=0), scen, Overheads(latency_s=1.0))
     _check_invariants(result, scen)
+
+
+def test_predictions_of_a_spec_let_members_lead_as_far_as_its_queues():
+    from fleet.prediction import _scenario, lead_samples
+    from fleet.spec import parse_spec
+
+    spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
+                       "runtime": {"qp_samples": 512, "qt_samples": 256}})
+    assert lead_samples(spec) == 2 * 512 + 256
+    table = RateTable((ModelProfile(spec.models[0].id, (100.0,)),), 1, 60)
+    assert _scenario(table, spec, 1).lead_samples == 1280

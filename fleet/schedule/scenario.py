@@ -67,6 +67,9 @@ class Scenario:
         cores: on CPU nodes, the cores the trainers and preprocessors share and what a sample
             costs on them (`fleet.schedule.cores`); None: every trainer has its device to itself
             (GPUs) and decoding is limited by `decode_rate` only.
+        lead_samples: how far (samples) a member may run ahead of its stream's slowest member,
+            as the runtime's queues let it (chunks decoded and received but not yet released by
+            every member); 0: a stream's members move in lockstep at the slowest one's pace.
     """
 
     rates: RateTable
@@ -82,6 +85,7 @@ class Scenario:
     visited: tuple[tuple[int, ...], ...] = ()
     cores: SharedCores | None = None
     partition_groups: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+    lead_samples: float = 0.0
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)
@@ -96,6 +100,8 @@ class Scenario:
             raise ValueError("true_epochs and epochs_estimate need one entry per model")
         if any(e < 1 for e in self.true_epochs):
             raise ValueError("every model needs at least one epoch")
+        if not self.lead_samples >= 0:
+            raise ValueError(f"lead_samples must be >= 0, got {self.lead_samples!r}")
         for name in ("decode_rate", "own_decode_rate"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive (or None)")

@@ -366,8 +366,11 @@ class _Run:
         if stream is None or stream.version != version:
             return
         stream.sync(self.now())
-        pos, index, _, epoch = stream.pop_boundary()
-        stream.pos = max(stream.pos, pos)
+        reached = self.physics.boundary_reached(stream)
+        if reached is None:  # a member's lead reached the cap: it moves at the pace from now
+            self.physics.repace(stream)
+            return
+        _, index, _, epoch = reached
         model = self.physics.models[index]
         if stream.partition is not None:
             self._visit_end(stream, model)
@@ -444,7 +447,7 @@ def _summarize(run: _Run) -> SimResult:
     streams = sorted(physics.finished_streams + list(physics.streams.values()), key=lambda s: s.id)
     records = tuple(
         StreamRecord(s.id, s.round, s.start if s.start is not None else s.end, s.end,
-                     tuple(s.all_members), s.pos / s.decode_scale)  # grouped: real samples
+                     tuple(s.all_members), max(s.pos, s.front) / s.decode_scale)  # grouped: real samples
         for s in streams
     )
     members = tuple(sorted(physics.members, key=lambda r: (r.launched, r.stream, r.model)))

@@ -1,9 +1,13 @@
 """How streams move in the simulator's virtual time: the physics of a simulated run.
 
 Members wait for their start (planning, restore and start-up costs), a stream moves at its
-slowest running member's pace (or its share of decoding), every member advances by the same
-samples, and a member leaves when it converges, is checkpointed or ends its visit of a
-partition. The simulator's run (`fleet.schedule.simulator`) owns the event loop and the
+slowest running member's pace (or its share of decoding), and a member leaves when it
+converges, is checkpointed or ends its visit of a partition. With `Scenario.lead_samples`
+(the runtime's queues: chunks decoded but not yet released by every member) a faster member
+runs ahead of the slowest, at its own pace within the decoding, until it leads by that many
+samples, then at the stream's pace; its trainers load their node's cores at its own pace while
+it does, and decoding keeps up with the member furthest ahead. Without it (0) every member
+advances by the same samples. The simulator's run (`fleet.schedule.simulator`) owns the event loop and the
 `Driver`; it keeps the books of state, epochs and visits (the driver's `Ledger`) and asks this
 module only where things are in time: each model's samples, GPUs and stream, each stream's
 position and pace, and the records of who trained where.
@@ -98,13 +102,19 @@ class StreamMotion:
     __slots__ = (
         "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
         "boundaries", "version", "start", "end", "all_members", "partition", "own_decode_rate", "decode_scale",
-        "changes", "paced",
+        "changes", "paced", "lead_cap", "ahead", "speeds", "front",
     )
 
     def __init__(self, stream_id: int, round_index: int, partition: int | None = None,
-                 own_decode_rate: float | None = None):
+                 own_decode_rate: float | None = None, lead_cap: float = 0.0):
         self.id, self.round, self.partition = stream_id, round_index, partition
         self.own_decode_rate = own_decode_rate  # decoded by its member between steps: at this rate
+        # members ahead of the slowest (`Scenario.lead_samples`; 0: lockstep): by index, their
+        # samples ahead of `pos` (at most `lead_cap`) and the speed they move at while below it
+        self.lead_cap = lead_cap
+        self.ahead: dict[int, float] = {}
+        self.speeds: dict[int, float] = {}
+        self.front = 0.0  # the furthest position a member reached: what was decoded
         self.active: dict[int, ModelMotion] = {}
         self.waiting: dict[int, ModelMotion] = {}
         self.pos = 0.0
@@ -126,29 +136,121 @@ class StreamMotion:
         if self.active and dt > 0:
             self.pos += self.pace * dt
             self.slack += self.slack_rate * dt
+            full = self.lead_cap * (1 - 1e-9)  # within rounding of the cap: at it
+            for index, speed in self.speeds.items():  # leads grow until they reach the cap
+                if speed > self.pace:
+                    ahead = self.ahead.get(index, 0.0) + (speed - self.pace) * dt
+                    self.ahead[index] = self.lead_cap if ahead >= full else ahead
+            self.front = max(self.front, self.pos + max(self.ahead.values(), default=0.0))
         self.synced_at = now
+
+    def member_demand(self, model: ModelMotion) -> float:
+        """The pace `model` allows: its rate (its steps and, for a stream its member decodes,
+        its own decoding in turn)."""
+        if self.own_decode_rate is None:
+            return model.own_rate
+        return 1 / (1 / model.own_rate + 1 / (self.own_decode_rate * self.decode_scale))
 
     @property
     def demand(self) -> float:
-        """The pace its members allow: the slowest running member's rate (its steps and
-        its own decoding in turn, for a stream its member decodes)."""
-        slowest = min(m.own_rate for m in self.active.values())
-        if self.own_decode_rate is None:
-            return slowest
-        return 1 / (1 / slowest + 1 / (self.own_decode_rate * self.decode_scale))
+        """The pace its members allow: the slowest running member's (`member_demand`)."""
+        return min(self.member_demand(m) for m in self.active.values())
 
-    def repace(self, decode_share: float = math.inf) -> None:
+    def leading(self) -> dict[int, float]:
+        """Members (by index) below the lead cap, by what they would move at (their demand):
+        none in lockstep."""
+        if not self.lead_cap:
+            return {}
+        return {i: self.member_demand(m) for i, m in self.active.items() if self.ahead.get(i, 0.0) < self.lead_cap}
+
+    @property
+    def decode_demand(self) -> float:
+        """What its decoding must keep up with: its fastest member below the lead cap, else its pace."""
+        return max(self.leading().values(), default=self.demand)
+
+    def repace(self, decode_share: float = math.inf, speed_of=None) -> None:
+        """The pace: the slowest member's demand within `decode_share`; members below the lead
+        cap move at ``speed_of(their demand)`` (default: their demand within `decode_share`)."""
         if not self.active:
             self.pace = self.slack_rate = 0.0
+            self.speeds = {}
             return
-        if self.paced == (self.changes, decode_share):  # the same members and share: the same pace
+        key = (self.changes, decode_share, frozenset(self.leading()))
+        if self.paced == key:  # the same members, share and leads: the same pace
             return
-        self.paced = (self.changes, decode_share)
+        self.paced = key
         self.pace = min(self.demand, decode_share)
-        self.slack_rate = sum(len(m.gpus) * (1 - self.pace / m.own_rate) for m in self.active.values())
+        limit = speed_of or (lambda demand: min(demand, decode_share))
+        self.speeds = {i: max(self.pace, limit(d)) for i, d in self.leading().items()}
+        self.slack_rate = sum(len(m.gpus) * (1 - self.speeds.get(i, self.pace) / m.own_rate)
+                              for i, m in self.active.items())
 
     def progress(self, model: ModelMotion) -> float:
-        return model.samples + (self.pos - model.join_pos if model.join_pos is not None else 0.0)
+        if model.join_pos is None:
+            return model.samples
+        return model.samples + self.pos - model.join_pos + self.ahead.get(model.index, 0.0)
+
+    def level(self) -> None:
+        """Keep `pos` at the slowest member (after one left): the leads' common part moves into it."""
+        if self.lead_cap and self.active:
+            common = min(self.ahead.get(i, 0.0) for i in self.active)
+            if common > 0:
+                self.pos += common
+                self.ahead = {i: a - common for i, a in self.ahead.items() if i in self.active}
+
+    def next_event_s(self, models: Sequence[ModelMotion]) -> float:
+        """With leads: seconds from now to the nearest of a member's queued boundary and a lead
+        reaching the cap (inf: none)."""
+        soonest = math.inf
+        for index, speed in self.speeds.items():
+            if speed > self.pace:
+                soonest = min(soonest, (self.lead_cap - self.ahead.get(index, 0.0)) / (speed - self.pace))
+        for entry in self._live(models):
+            soonest = min(soonest, self._seconds_to(entry))
+        return max(0.0, soonest)
+
+    def take_next(self, models: Sequence[ModelMotion]) -> tuple[float, int, int, int] | None:
+        """With leads, at the event `next_event_s` scheduled: the queued boundary a member
+        reaches now (taken from the queue, met exactly), or None where the event was a lead
+        reaching the cap (that member's lead set to it: rounding may leave it a hair below)."""
+        filling = {i: (self.lead_cap - self.ahead.get(i, 0.0)) / (speed - self.pace)
+                   for i, speed in self.speeds.items() if speed > self.pace}
+        live = self._live(models)
+        entry = min(live, key=self._seconds_to) if live else None
+        member = min(filling, key=filling.get) if filling else None
+        if entry is None or (member is not None and filling[member] < self._seconds_to(entry)):
+            if member is not None:
+                self.ahead[member] = self.lead_cap
+            return None
+        self.boundaries.remove(entry)
+        heapq.heapify(self.boundaries)
+        index = entry[1]
+        self.ahead[index] = self.ahead.get(index, 0.0) + max(0.0, self._remaining(entry))
+        return entry
+
+    def _live(self, models: Sequence[ModelMotion]) -> list[tuple[float, int, int, int]]:
+        return [e for e in self.boundaries
+                if e[1] in self.active and models[e[1]].generation == e[2] and models[e[1]].stream is self]
+
+    def _remaining(self, entry: tuple[float, int, int, int]) -> float:
+        return entry[0] - self.pos - self.ahead.get(entry[1], 0.0)
+
+    def _seconds_to(self, entry: tuple[float, int, int, int]) -> float:
+        """Seconds until the member of `entry` reaches it: at its speed until its lead is full,
+        then at the pace."""
+        remaining, index = self._remaining(entry), entry[1]
+        if remaining <= 0:
+            return 0.0
+        speed = self.speeds.get(index, self.pace)
+        if speed <= 0:
+            return math.inf
+        if speed > self.pace:
+            filling = (self.lead_cap - self.ahead.get(index, 0.0)) / (speed - self.pace)
+            if remaining <= speed * filling:
+                return remaining / speed
+            remaining -= speed * filling
+            return filling + (remaining / self.pace if self.pace > 0 else math.inf)
+        return remaining / self.pace if self.pace > 0 else math.inf
 
     def push_boundary(self, model: ModelMotion, epoch: int, epoch_samples: float) -> None:
         """Queue where `model`'s epoch number `epoch` ends, in this stream's positions."""
@@ -218,6 +320,7 @@ class StreamPhysics:
         """`ready`'s models are in `stream` and start training together at `when`."""
         if ready:
             stream.decode_scale = self.scales[ready[0][0].index]  # one group per stream
+            stream.lead_cap = self.scenario.lead_samples * stream.decode_scale
         for model, _ in ready:
             model.stream = stream
             stream.waiting[model.index] = model
@@ -272,11 +375,13 @@ class StreamPhysics:
         active = [s for s in self.streams.values() if s.active]
         shares = self._decode_shares(active)
         alone = {s.id: min(s.demand, shares.get(s.id, math.inf)) for s in active}
-        factors = self._node_slowdowns(active, alone)
+        factors = self._node_slowdowns(active, alone, shares)
         gpn = self.scenario.cluster.gpus_per_node
         for stream in active:
             nodes = {g // gpn for m in stream.active.values() for g in m.gpus}
-            self._repace_one(stream, alone[stream.id] * min(factors[k] for k in nodes))
+            factor, share = min(factors[k] for k in nodes), shares.get(stream.id, math.inf)
+            self._repace_one(stream, alone[stream.id] * factor,
+                             lambda demand, share=share, factor=factor: min(demand, share) * factor)
         if not changed.active:
             self._repace_one(changed, math.inf)
 
@@ -287,42 +392,62 @@ class StreamPhysics:
             return {}
         shares: dict[int, float] = {}
         for partition in {s.partition for s in active if s.own_decode_rate is None}:
-            sharing = {s.id: s.demand / s.decode_scale for s in active
+            sharing = {s.id: s.decode_demand / s.decode_scale for s in active
                        if s.partition == partition and s.own_decode_rate is None}
             capacity = self.scenario.decode_rate / (1 if partition is None else self.partitions.count)
             shares.update({i: share * self.streams[i].decode_scale
                            for i, share in decode_shares(sharing, capacity).items()})
         return shares
 
-    def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float]) -> dict[int, float]:
+    def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float],
+                        shares: dict[int, float]) -> dict[int, float]:
         """Per node, the factor its work moves at: its machine's cores over the load of the streams
-        moving at `paces` (trainers where their members are, decoding spread over all nodes or
-        on the member's node for a stream it decodes itself, the coordinator on the first)."""
+        moving at `paces` (their members below the lead cap at their own demand within the
+        stream's decoding `shares`; trainers where their members are, decoding -- at its fastest
+        member's pace -- spread over all nodes or on the member's node for a stream it decodes
+        itself, the coordinator on the first)."""
         cores, cluster = self.scenario.cores, self.scenario.cluster
         load = dict.fromkeys(range(cluster.nodes), 0.0)
         load[0] = cores.coordinator_cores if active else 0.0
         for stream in active:
             pace = paces[stream.id]
-            for model in stream.active.values():
+            share = shares.get(stream.id, math.inf)
+            speeds = {i: max(pace, min(d, share)) for i, d in stream.leading().items()}
+            for index, model in stream.active.items():
                 cost = cores.member_core_s(model.own_alone_rate, len(model.gpus))
                 if stream.own_decode_rate is not None:
                     cost += cores.decode_core_s / stream.decode_scale / len(stream.active)
                 for g in model.gpus:
-                    load[g // cluster.gpus_per_node] += pace * cost * model.trainer_share / len(model.gpus)
+                    load[g // cluster.gpus_per_node] += (speeds.get(index, pace) * cost * model.trainer_share
+                                                         / len(model.gpus))
             if stream.own_decode_rate is None:
+                decoding = max(speeds.values(), default=pace)
                 for k in load:
-                    load[k] += pace * cores.decode_core_s / stream.decode_scale / cluster.nodes
+                    load[k] += decoding * cores.decode_core_s / stream.decode_scale / cluster.nodes
         return cores.node_slowdowns(load)
 
-    def _repace_one(self, stream: StreamMotion, decode_share: float) -> None:
+    def _repace_one(self, stream: StreamMotion, decode_share: float, speed_of=None) -> None:
         stream.sync(self.now)
-        stream.repace(decode_share)
+        stream.repace(decode_share, speed_of)
         stream.version += 1
         stream.drop_stale(self.models)
-        if stream.active and stream.boundaries:
+        if stream.lead_cap and stream.active:  # members ahead: the nearest boundary or full lead
+            ahead = stream.next_event_s(self.models)
+            if ahead < math.inf:
+                self.queue.push(self.now + ahead, BOUNDARY, (stream.id, stream.version))
+        elif stream.active and stream.boundaries:
             pos = stream.boundaries[0][0]
             when = self.now + max(0.0, pos - stream.pos) / stream.pace
             self.queue.push(when, BOUNDARY, (stream.id, stream.version))
+
+    def boundary_reached(self, stream: StreamMotion) -> tuple[float, int, int, int] | None:
+        """At `stream`'s ``BOUNDARY`` event: the queued boundary reached (taken from the queue;
+        in lockstep the nearest, its position met), or None where a member's lead reached the cap."""
+        if stream.lead_cap:
+            return stream.take_next(self.models)
+        reached = stream.pop_boundary()
+        stream.pos = max(stream.pos, reached[0])
+        return reached
 
     def leave(self, stream: StreamMotion, model: ModelMotion, outcome: Outcome, released: float) -> None:
         """`model` stops training in `stream` now; its GPUs are held until `released`."""
@@ -339,6 +464,9 @@ class StreamPhysics:
         model.samples = progress
         model.join_pos = None
         del stream.active[model.index]
+        stream.ahead.pop(model.index, None)
+        stream.speeds.pop(model.index, None)
+        stream.level()
         stream.changes += 1
         self.repace(stream)
         self.close_if_empty(stream)

@@ -20,7 +20,7 @@ from fleet.atomic import atomic_write_json, atomic_write_text
 from fleet.errors import UserError
 from fleet.host import node_cores
 from fleet.inspect import describe_ensemble
-from fleet.prediction import candidates_for, costs_of, model_groups, planned_rates, simulated_early_stop
+from fleet.prediction import candidates_for, costs_of, lead_samples, model_groups, planned_rates, simulated_early_stop
 from fleet.profiling.document import decode_limit, epochs_estimate, preprocessor_count, reuse_verdict, shared_cores
 from fleet.profiling.plan import predicted_profiling_s, profiling_verdict, timed_as
 from fleet.profiling.timed_steps import (corrections, group_costs, group_counts, group_rates, group_representatives,
@@ -343,7 +343,8 @@ def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rat
                     decode_rate=decode_rate, own_decode_rate=decode_limit(todo.extra, 1, 1), cores=basis.cores,
                     partition_sizes=parts.sizes if parts else (), partition_groups=parts.groups if parts else (),
                     visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
-                    resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models))
+                    resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models),
+                    lead_samples=lead_samples(spec))
 
 
 def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rate: float | None,
