@@ -226,16 +226,16 @@ def search_lines(searches: Mapping[str, Mapping], rates) -> list[str]:
     under ``searches``) counted its architectures' FLOPs, the rates estimated for its smallest
     and largest (the planned rate times the middle's FLOPs over theirs, as an asked model is
     planned); and that the rest is decided while the run trains."""
-    alike: dict[str, list[tuple[str, str, str]]] = {}  # the same search over several groups: one line
+    alike: dict[tuple[str, str], list[tuple[str, str, str]]] = {}  # one search over several groups: one line
     for name, facts in searches.items():
         first, last = facts["models"]
         planned = [rates.rate(m, 1) for m in (first, last) if m in rates.ids]
+        what = f"sampler {facts['sampler']}, budget {facts['budget']}"
         tail = (f"over {', '.join(facts['space'])}; {_search_rates(facts, min(planned) if planned else None)}; "
                 "which values each trains with, and so its rate and epochs, is decided while the run trains")
-        alike.setdefault(f"sampler {facts['sampler']}, budget {facts['budget']}\0{tail}", []).append((name, first, last))
+        alike.setdefault((what, tail), []).append((name, first, last))
     lines = []
-    for key, studies in alike.items():
-        what, tail = key.split("\0")
+    for (what, tail), studies in alike.items():
         (name, first, last), (end, _, _) = studies[0], studies[-1]
         if len(studies) == 1:
             lines.append(f"search {name}: {what} models ({first} ... {last}) {tail}")

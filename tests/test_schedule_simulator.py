@@ -28,10 +28,12 @@ from fleet.schedule import (
     paper100,
     simulate,
 )
+from fleet.prediction import _scenario, lead_samples
 from fleet.schedule.calibration import Calibration
 from fleet.schedule.costs import FREE
 from fleet.schedule.ledger import Ledger
 from fleet.schedule.simulator import Outcome
+from fleet.spec import parse_spec
 
 # n = 60, M = 2. X: r(1) = 6, r(2) = 10. Y: r(1) = 30, r(2) = 48.
 TINY = RateTable((ModelProfile("X", (6.0, 10.0), param_bytes=0), ModelProfile("Y", (30.0, 48.0))), 2, 60)
@@ -379,9 +381,6 @@ def test_invariants_on_random_rate_tables(scen, policy):
 
 
 def test_predictions_of_a_spec_let_members_lead_as_far_as_its_queues():
-    from fleet.prediction import _scenario, lead_samples
-    from fleet.spec import parse_spec
-
     spec = parse_spec({"name": "x", "data": {"source": "digits"}, "models": [{"family": "mlp"}],
                        "runtime": {"qp_samples": 512, "qt_samples": 256}})
     assert lead_samples(spec) == 2 * 512 + 256

@@ -106,12 +106,13 @@ class StreamMotion:
     )
 
     def __init__(self, stream_id: int, round_index: int, partition: int | None = None,
-                 own_decode_rate: float | None = None, lead_cap: float = 0.0):
+                 own_decode_rate: float | None = None):
         self.id, self.round, self.partition = stream_id, round_index, partition
         self.own_decode_rate = own_decode_rate  # decoded by its member between steps: at this rate
-        # members ahead of the slowest (`Scenario.lead_samples`; 0: lockstep): by index, their
-        # samples ahead of `pos` (at most `lead_cap`) and the speed they move at while below it
-        self.lead_cap = lead_cap
+        # members ahead of the slowest (`Scenario.lead_samples`, set with the members: 0 is
+        # lockstep): by index, their samples ahead of `pos` (at most `lead_cap`) and the speed
+        # they move at while below it
+        self.lead_cap = 0.0
         self.ahead: dict[int, float] = {}
         self.speeds: dict[int, float] = {}
         self.front = 0.0  # the furthest position a member reached: what was decoded
@@ -175,13 +176,14 @@ class StreamMotion:
             self.pace = self.slack_rate = 0.0
             self.speeds = {}
             return
-        key = (self.changes, decode_share, frozenset(self.leading()))
+        leading = self.leading()
+        key = (self.changes, decode_share, frozenset(leading))
         if self.paced == key:  # the same members, share and leads: the same pace
             return
         self.paced = key
         self.pace = min(self.demand, decode_share)
         limit = speed_of or (lambda demand: min(demand, decode_share))
-        self.speeds = {i: max(self.pace, limit(d)) for i, d in self.leading().items()}
+        self.speeds = {i: max(self.pace, limit(d)) for i, d in leading.items()}
         self.slack_rate = sum(len(m.gpus) * (1 - self.speeds.get(i, self.pace) / m.own_rate)
                               for i, m in self.active.items())
 
@@ -201,10 +203,7 @@ class StreamMotion:
     def next_event_s(self, models: Sequence[ModelMotion]) -> float:
         """With leads: seconds from now to the nearest of a member's queued boundary and a lead
         reaching the cap (inf: none)."""
-        soonest = math.inf
-        for index, speed in self.speeds.items():
-            if speed > self.pace:
-                soonest = min(soonest, (self.lead_cap - self.ahead.get(index, 0.0)) / (speed - self.pace))
+        soonest = min(self._filling().values(), default=math.inf)
         for entry in self._live(models):
             soonest = min(soonest, self._seconds_to(entry))
         return max(0.0, soonest)
@@ -213,8 +212,7 @@ class StreamMotion:
         """With leads, at the event `next_event_s` scheduled: the queued boundary a member
         reaches now (taken from the queue, met exactly), or None where the event was a lead
         reaching the cap (that member's lead set to it: rounding may leave it a hair below)."""
-        filling = {i: (self.lead_cap - self.ahead.get(i, 0.0)) / (speed - self.pace)
-                   for i, speed in self.speeds.items() if speed > self.pace}
+        filling = self._filling()
         live = self._live(models)
         entry = min(live, key=self._seconds_to) if live else None
         member = min(filling, key=filling.get) if filling else None
@@ -227,6 +225,11 @@ class StreamMotion:
         index = entry[1]
         self.ahead[index] = self.ahead.get(index, 0.0) + max(0.0, self._remaining(entry))
         return entry
+
+    def _filling(self) -> dict[int, float]:
+        """Members (by index) whose lead grows, by the seconds until it reaches the cap."""
+        return {i: (self.lead_cap - self.ahead.get(i, 0.0)) / (speed - self.pace)
+                for i, speed in self.speeds.items() if speed > self.pace}
 
     def _live(self, models: Sequence[ModelMotion]) -> list[tuple[float, int, int, int]]:
         return [e for e in self.boundaries

@@ -167,14 +167,14 @@ def rates_decision(spec: Spec, run_dir: Path, profile_only: bool, samples_per_ep
         return RatesDecision(False, emulated, f"rates from {path}: {why}")
     named = spec.scheduler.policy
     if spec.scheduler.profile == AUTO and named != AUTO and not policy_class(named).reads_rates:
-        timed = steps_to_time(spec, run_dir) if emulated is None else ()
+        timed, groups = steps_to_time(spec, run_dir) if emulated is None else ((), ())
         note = f"not profiling: policy {named} never reads a rate" + (
             "; timing a few steps of each model family for its forecast" if timed else "")
-        return RatesDecision(False, emulated, note, timed, groups_to_time(spec, timed))
+        return RatesDecision(False, emulated, note, timed, groups)
     if spec.scheduler.profile == AUTO and emulated is None and not spec.data.partitioned:
         worth, why = profiling_worth(spec, samples_per_epoch)
-        timed = () if worth else steps_to_time(spec, run_dir)
-        return RatesDecision(worth, emulated, why, timed, groups_to_time(spec, timed))
+        timed, groups = ((), ()) if worth else steps_to_time(spec, run_dir)
+        return RatesDecision(worth, emulated, why, timed, groups)
     return RatesDecision(True, emulated, f"profiling first: {why}")
 
 
@@ -204,22 +204,20 @@ def _read_json(path: Path) -> dict | None:
         raise UserError(f"{path}: cannot read it: {exc}") from None
 
 
-def steps_to_time(spec: Spec, run_dir: Path) -> tuple[str, ...]:
+def steps_to_time(spec: Spec, run_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The models whose steps a job that does not profile times first (a few per family,
-    `fleet.profiling.timed_steps`); none where steps.json already holds this ensemble's."""
+    `fleet.profiling.timed_steps`), and of them those timed on groups of 2 .. a node's trainers
+    as well (the fewest and the most parameter bytes, where such groups can form); none where
+    steps.json already holds this ensemble's."""
     if load_timed_steps(run_dir, spec) is not None:
-        return ()
-    flops = {m: max(1, f) for m, f in ensemble_costs(spec)[0].items()}
+        return (), ()
+    flops, param_bytes = ensemble_costs(spec)
     same = timed_as(spec.models, emulated=False)
-    return tuple(representatives(flops, families_of(spec), sorted(set(same.values()))))
-
-
-def groups_to_time(spec: Spec, timed: tuple[str, ...]) -> tuple[str, ...]:
-    """Of the `timed` models, those timed on groups of 2 .. a node's trainers as well (the
-    fewest and the most parameter bytes), where such groups can form."""
-    if not timed or not group_counts(spec.cluster.gpus_per_node, spec.cluster.gpus):
-        return ()
-    return tuple(group_representatives(ensemble_costs(spec)[1], timed))
+    timed = tuple(representatives({m: max(1, f) for m, f in flops.items()}, families_of(spec),
+                                  sorted(set(same.values()))))
+    if not group_counts(spec.cluster.gpus_per_node, spec.cluster.gpus):
+        return timed, ()
+    return timed, tuple(group_representatives(param_bytes, timed))
 
 
 def rate_table(spec: Spec, run_dir: Path, samples_per_epoch: int) -> tuple[RateTable, str]:
