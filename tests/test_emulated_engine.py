@@ -190,6 +190,30 @@ def test_a_step_sleeps_the_time_the_profile_predicts():
     assert engine.busy_seconds == pytest.approx(0.1 + 0.08)
 
 
+def test_a_group_step_takes_the_profiled_time_with_its_allreduce_not_on_top_of_it():
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    engine = EmulatedEngine(EngineOptions(spec(), SHAPE, CLASSES), RATES, group_size=2, sleep=sleep,
+                            clock=lambda: now[0])
+    for reduce_s in (0.03, 0.25, 0.0):  # this host's allreduce: part of a step, longer than one, none
+        engine.compute_gradients(*batch(32))
+        now[0] += reduce_s
+        engine.apply_gradients()
+    engine.compute_gradients(*batch(32))
+    assert slept == [pytest.approx(0.1), pytest.approx(0.07), pytest.approx(0.1)]  # the third: none at all
+    assert engine.busy_seconds == pytest.approx(0.27)
+
+    alone, waits = emulated(group_size=1)  # no allreduce: every step sleeps the profiled time
+    for _ in range(2):
+        alone.train_step(*batch(32))
+    assert waits == [pytest.approx(32 / 400)] * 2
+
+
 def test_evaluate_waits_a_fixed_share_of_an_epoch_whatever_the_validation_size():
     engine, slept = emulated(group_size=2, eval_fraction=0.01)
     engine.evaluate(*batch(10))

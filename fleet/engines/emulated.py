@@ -7,7 +7,12 @@ wait), so the real runtime (MPI ranks, queues, collectives, checkpoints, the α 
 Timing
     `compute_gradients(x, y)` on a replica of a group of `group_size` = m trainers sleeps
     ``len(x) * m / r(m)`` seconds, with ``r(m) = rates.rate(model.id, m)``: the group
-    processes m shards of ``len(x)`` samples per step at ``r(m)`` samples/s. `evaluate` sleeps
+    processes m shards of ``len(x)`` samples per step at ``r(m)`` samples/s. ``r(m)`` is the
+    group's rate with its gradients' allreduce, so a replica of a group of 2 or more sleeps
+    that much less by what its previous step's allreduce took on this host (between
+    `compute_gradients` and `apply_gradients`): the real allreduce of a few emulated parameters
+    among ranks that share a laptop's cores stands in for the profiled model's, not on top of
+    it; where it takes longer than the whole step, the step takes that long. `evaluate` sleeps
     a fixed ``eval_fraction`` (default 1%) of the predicted epoch time,
     ``samples_per_epoch / r(m)``, whatever the size of the validation set.
     `group_size` is a public attribute: set it when a checkpoint resumes on another GPU count.
@@ -85,6 +90,7 @@ class EmulatedEngine(Engine):
         grad_size: number of emulated parameters (`num_parameters`).
         eval_fraction: `evaluate` sleeps this fraction of the predicted epoch time.
         sleep: how to wait (injectable for tests); gets seconds.
+        clock: monotonic seconds (injectable for tests): times a group's allreduce.
 
     Raises:
         UserError: the profile has no rates for the model, or a bad device.
@@ -102,6 +108,7 @@ class EmulatedEngine(Engine):
         grad_size: int = 256,
         eval_fraction: float = 0.01,
         sleep: Callable[[float], Any] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ):
         model, device, num_classes = options.model, options.device, options.num_classes
         if model.id not in rates.ids:
@@ -122,7 +129,9 @@ class EmulatedEngine(Engine):
         self.eval_fraction = float(eval_fraction)
         self.emulated_epochs = self._converge_epochs(epochs_to_converge)
         self.busy_seconds = 0.0
-        self._sleep = sleep
+        self._sleep, self._clock = sleep, clock
+        self._computed_at: float | None = None  # a group's replica: when its gradients were ready
+        self._reduce_s = 0.0  # ... and how long the allreduce after them took
         rng = np.random.default_rng(_seed(model.seed, "emulated:init"))
         self._params = rng.standard_normal(self.num_parameters).astype(np.float32)
         self._grads = np.zeros(self.num_parameters, dtype=np.float32)
@@ -159,7 +168,8 @@ class EmulatedEngine(Engine):
 
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> float:
         self._check_batch(x, y)
-        self._wait(self.step_seconds(len(x)))
+        self._wait(max(0.0, self.step_seconds(len(x)) - self._reduce_s))
+        self._computed_at = self._clock() if self.group_size > 1 else None
         loss = self._train_loss()
         noise = np.random.default_rng([_seed(self.spec.seed, "emulated:grad"), self._steps])
         np.multiply(self._params, np.float32(0.1), out=self._grads)
@@ -185,6 +195,8 @@ class EmulatedEngine(Engine):
         np.copyto(self._grads, flat.astype(np.float32, copy=False))
 
     def apply_gradients(self) -> None:
+        computed, self._computed_at = self._computed_at, None
+        self._reduce_s = self._clock() - computed if computed is not None else 0.0
         self._params -= np.float32(self._lr) * self._grads
         self._grads[:] = 0.0
         self._steps += 1
