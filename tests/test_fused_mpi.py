@@ -144,7 +144,7 @@ def test_a_bundle_checkpointed_by_the_signal_mid_epoch_resumes_from_its_models_c
     data = {"source": "synthetic", "samples": 2400, "image_size": 16, "channels": 3, "val_fraction": 0.1}
     spec = four_cnns(tmp_path, "measure", 1, "fleet-g", epochs, data, min_speedup=1e9)
     run_dir = tmp_path / "run"
-    signal_job(start_train(2, spec, run_dir), run_dir, 4)  # every model's first epoch, then a little
+    signal_job(start_train(2, spec, run_dir), run_dir, 4, into_epoch=0.5)  # every model's first epoch, half another
     first = results(run_dir)
     assert first["interrupted"] is True
     saved = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "checkpoints").glob("*/latest.json")}

@@ -432,12 +432,15 @@ def three_cnns_on_two_slots() -> tuple[list, dict, dict]:
     return models, data, {"nodes": 1, "gpus_per_node": 2, "preprocessors_per_node": 1}
 
 
-def signal_job(job: subprocess.Popen, run_dir: Path, epochs: int, signum: int = signal.SIGUSR1) -> None:
+def signal_job(job: subprocess.Popen, run_dir: Path, epochs: int, signum: int = signal.SIGUSR1,
+               into_epoch: float | None = None) -> None:
     """Send the checkpoint signal to every rank once the run has logged `epochs` epochs in all
-    (a little into the next one); the job must exit 75."""
+    (a little into the next one: 0.3 s, or `into_epoch` of the longest epoch logged, which
+    scales with the machine's load); the job must exit 75."""
     try:
         wait_for_epochs(job, run_dir, epochs, "the signal")
-        time.sleep(0.3)  # into the next epoch: the checkpoint lands mid-epoch
+        longest = max((e["epoch_s"] for e in events(run_dir) if e["event"] == "epoch"), default=0.0)
+        time.sleep(0.3 if into_epoch is None else into_epoch * longest)  # the checkpoint lands mid-epoch
         for pid in rank_pids(run_dir):
             os.kill(pid, signum)
         job.wait(timeout=120)
