@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_fleet
+from fleet.schedule.calibration import ASSUMED_TAIL_PER_MODEL_S, ASSUMED_TAIL_S
 from headless import open_page
 
 CLASSES = 10
@@ -53,6 +54,13 @@ def test_quickstart_ensemble_beats_chance(small_quickstart):
     # fewest and the most parameter bytes on groups of 2 and 3 trainers too
     steps = json.loads((run_dir / "steps.json").read_text())
     assert len(steps["group_steps"]) == 2 and all(set(s) == {"1", "2", "3"} for s in steps["group_steps"].values())
+    # no earlier job measured what lies outside its makespan: the wall time is predicted from its
+    # launch and start-up (the timed steps in it), known before the first step, and an assumed tail
+    prediction, overhead = results["prediction"], results["overhead_s"]
+    tail = ASSUMED_TAIL_S + ASSUMED_TAIL_PER_MODEL_S * len(models)
+    assert prediction["wall_s"] == pytest.approx(overhead["launch"] + overhead["startup"] + prediction["makespan_s"]
+                                                 + tail, abs=0.01)
+    assert prediction["measured_wall_s"] > results["makespan_s"] + overhead["startup"]
     # learning rates of one cnn share a decoded stream (the flotilla the demo shows): all three, or
     # two where FLEET-G matches the third (its epochs' ends in its rate) with a faster model on fewer slots
     log = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]

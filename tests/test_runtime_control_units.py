@@ -9,7 +9,7 @@ import pytest
 from fleet.runtime.control.accounting import ModelRecord, RunAccount
 from fleet.runtime.control.membership import Membership
 from fleet.runtime.control.streams import Group, LiveStream
-from fleet.runtime.protocol import Paused, StartMember, StreamLayout, StreamSource
+from fleet.runtime.protocol import MemberLeft, Paused, StartMember, StreamLayout, StreamSource
 from fleet.schedule import ModelState, RateTable
 from fleet.schedule.ledger import Ledger
 
@@ -97,6 +97,23 @@ def test_a_group_joining_on_the_master_rank_of_a_leaving_group_waits_for_the_nex
     live.awaiting = {}
     recorded.membership.regroup(live, switch=97)
     assert live.layout.masters == (1, 4, 3) and recorded.started()[-1] == ("c", 97) and not live.joining
+
+
+def test_a_runs_record_tells_fresh_starts_from_joins_into_running_streams(tmp_path):
+    # a join's start waits for its stream's chunks, which predictions price at the stream's pace:
+    # the calibration of a later run takes the fresh starts' mean, not one swollen by the joins
+    recorded = RecordedMembership(tmp_path, Ledger(rates4(), [3] * 4, total_gpus=4, gpus_per_node=4))
+    live = LiveStream(StreamLayout(0, 0, (0,), (1,)), StreamSource(1, 0, 0, 8), 0)
+    live.groups = {"a": Group("a", (1,), (0,), 1)}
+    live.joining = [Group("b", (2,), (1,), 2)]
+    recorded.membership.regroup(live, switch=12)
+    account = recorded.account
+    assert account.joins == {"b"}
+    for model, start_s in (("a", 0.1), ("b", 0.7), ("c", 0.3)):
+        account.left(MemberLeft(model, 0, 1, True, 2, 0, 1.0, 0.0, 10, start_s=start_s))
+    record = account.measured_costs(makespan=5.0)
+    assert record["start_s"] == pytest.approx(1.1 / 3) and record["fresh_start_s"] == pytest.approx(0.2)
+    assert account.joins == set()
 
 
 def test_a_deferred_join_that_would_leave_its_stream_without_a_master_starts_a_stream_of_its_own(tmp_path):

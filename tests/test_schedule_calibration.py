@@ -52,6 +52,11 @@ def test_measured_costs_enter_the_cores_the_decoding_and_the_overheads():
     assert costs.checkpoint_s(10**9) == 0.25 and costs.start_s == 0.5
     bare = Calibration("x")
     assert bare.decode_rate(2, 123.0) == 123.0 and bare.overheads(Overheads()) == Overheads()
+    # a run that told its fresh starts from its joins: the fresh ones, and a join waits for its stream
+    told = Calibration.from_record({**RECORD, "fresh_start_s": 0.125}, "cpu", "earlier")
+    joins = told.overheads(Overheads(join_samples=300.0))
+    assert (joins.start_s, joins.join_samples) == (0.125, 300.0)
+    assert calibration.overheads(Overheads(join_samples=300.0)).join_samples == 0.0  # in start_s: joins' waits
 
 
 def test_an_earlier_runs_rates_under_no_trainers_are_passed_over():

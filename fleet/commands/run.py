@@ -20,6 +20,8 @@ from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_com
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.local import train_local
+from fleet.schedule.calibration import assumed_wall_s
+from fleet.schedule.rates import is_number
 from fleet.schedule_io import load_calibration
 from fleet.spec import SpecError
 from preprocess.grouped import load_run_spec
@@ -77,7 +79,10 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float) 
     `fleet run` starting mpiexec to the ranks' start-up clock: mpiexec, interpreters, imports,
     MPI_Init) and ``shutdown`` (from the last model's end to every rank's exit; rank 0 draws
     the report meanwhile, ``report`` of it), and to its ``prediction`` the wall time from
-    `fleet run` starting the ranks to their exit (``measured_wall_s``)."""
+    `fleet run` starting the ranks to their exit (``measured_wall_s``), and where no earlier job
+    measured what lies outside the makespan, the predicted wall time (``wall_s``: the launch
+    and start-up as they took, known before the first step, the predicted makespan and an
+    assumed tail, `fleet.schedule.calibration.assumed_wall_s`)."""
     path = run_dir / "results.json"
     events = {e["event"]: e for e in read_events(run_dir / "events.jsonl") if e["event"] in ("run_start", "run_end")}
     if not path.exists() or set(events) != {"run_start", "run_end"}:
@@ -86,8 +91,12 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float) 
     overhead = results.setdefault("overhead_s", {})
     overhead["launch"] = round(max(0.0, events["run_start"]["time"] - events["run_start"]["startup_s"] - launched), 3)
     overhead["shutdown"] = round(max(0.0, ended - events["run_end"]["time"]), 3)
-    if isinstance(results.get("prediction"), dict):
-        results["prediction"]["measured_wall_s"] = round(ended - launched, 3)
+    prediction = results.get("prediction")
+    if isinstance(prediction, dict):
+        prediction["measured_wall_s"] = round(ended - launched, 3)
+        if prediction.get("wall_s") is None and is_number(prediction.get("makespan_s")):  # no earlier job measured it
+            prediction["wall_s"] = round(assumed_wall_s(overhead["launch"], float(overhead.get("startup") or 0.0),
+                                                        prediction["makespan_s"], len(results.get("models") or ())), 3)
     atomic_write_json(path, results)
 
 

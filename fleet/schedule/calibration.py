@@ -13,7 +13,10 @@ and plans with those instead of what it would otherwise assume:
   preprocessors' per sample decoded (their waits and hand-offs included), in place of the
   profile's bare decoding, and the cores the coordinator kept busy;
 - the decoding limit: the preprocessors' cores over what a sample cost them;
-- a member's start and a checkpoint's seconds, as measured;
+- a member's start and a checkpoint's seconds, as measured; where the earlier run told fresh
+  starts from joins into running streams, the fresh ones, and a join waits for its stream's
+  chunks at the stream's pace as without a calibration (a pilot of one policy then prices
+  the joins of another by their own stream);
 - the part of a member's time its epochs' ends take (validation, save, best predictions:
   ``epoch_end_share``), in which it takes nothing from its stream: every rate is that much lower;
 - on CPU nodes that the earlier run oversubscribed, the part of the cores its work got
@@ -51,6 +54,8 @@ class Calibration:
         decode_core_s: core-seconds per sample the preprocessors spent.
         coordinator_cores: cores the coordinator thread kept busy (on the first node).
         start_s: a member's mean start (launch to first batch), seconds.
+        fresh_start_s: the same of the members that did not join a running stream; None where
+            the earlier run did not tell them apart (then `start_s` holds the joins' waits).
         checkpoint_s: a save's mean seconds.
         core_share: the part of an oversubscribed CPU node's cores the work got.
         outside_s: the earlier job's wall time outside its makespan (launch, start-up, report
@@ -64,6 +69,7 @@ class Calibration:
     decode_core_s: float | None = None
     coordinator_cores: float | None = None
     start_s: float | None = None
+    fresh_start_s: float | None = None
     checkpoint_s: float | None = None
     core_share: float | None = None
     outside_s: float | None = None
@@ -82,7 +88,7 @@ class Calibration:
         key = "cpu_rate" if device == "cpu" else "compute_rate"
         figures = {name: _figure(record, name) for name in
                    ("trainer_overhead_s", "group_overhead_s", "decode_core_s", "coordinator_cores", "start_s",
-                    "checkpoint_s")}
+                    "fresh_start_s", "checkpoint_s")}
         share = _figure(record, "core_share")
         if share is not None and not 0 < share <= 1:
             raise CalibrationError(f"prediction.measured.core_share: expected a number in (0, 1], got {share!r}")
@@ -138,11 +144,30 @@ class Calibration:
                        decode_rate=self.decode_rate(preprocessors, scenario.decode_rate))
 
     def overheads(self, base: Overheads) -> Overheads:
-        """`base` with the measured save (as each checkpoint's and restore's cost) and start
-        (the mean of the earlier run's members, its joins' waits for their streams in it)."""
+        """`base` with the measured save (as each checkpoint's and restore's cost) and start:
+        the mean of the earlier run's fresh starts, a join still waiting for `base`'s
+        `join_samples` of its stream; of a run that did not tell them apart, the mean of all its
+        members' starts, its joins' waits in it."""
         if self.checkpoint_s is not None:
             base = replace(base, latency_s=self.checkpoint_s, bandwidth=math.inf)
+        if self.fresh_start_s is not None:
+            return replace(base, start_s=self.fresh_start_s)
         return base if self.start_s is None else replace(base, start_s=self.start_s, join_samples=0.0)
+
+
+ASSUMED_TAIL_S = 3.0
+"""Seconds from a job's last step to its exit (its first batch's wait, rank 0's report, the
+ranks' shutdown) where no earlier job measured them, besides `ASSUMED_TAIL_PER_MODEL_S`:
+bench/predict.py's runs on a 2-core VM took 3.0-3.4 s for 8 models, 3.7-4.2 s for 32."""
+ASSUMED_TAIL_PER_MODEL_S = 0.03
+"""... and per model of the job (the report's rows and charts)."""
+
+
+def assumed_wall_s(launch_s: float, startup_s: float, makespan_s: float, models: int) -> float:
+    """The wall time of `fleet run` predicted where no earlier job measured its time outside the
+    makespan: the launch and start-up (profile or timed steps included) as they took before the
+    first step, the predicted `makespan_s`, and the tail assumed for `models` models."""
+    return launch_s + startup_s + makespan_s + ASSUMED_TAIL_S + ASSUMED_TAIL_PER_MODEL_S * models
 
 
 def _outside(overhead: Any) -> float | None:

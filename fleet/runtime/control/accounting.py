@@ -50,6 +50,8 @@ class RunAccount:
         self.checkpoint_gpu_s = 0.0
         self.saves = 0  # checkpoints counted in checkpoint_s
         self.start_s, self.starts = 0.0, 0  # members' starts (StartMember to first batch): sum, count
+        self.fresh_start_s, self.fresh_starts = 0.0, 0  # ... of those that did not join a running stream
+        self.joins: set[str] = set()  # models whose pending start joins a running stream
         self.val_decoded = 0
         self.plan_rounds: list[dict] = []
         self.costs = MeasuredCosts()
@@ -62,7 +64,7 @@ class RunAccount:
         record.epochs = report.epoch
         record.history.append({k: v for k, v in report.__dict__.items() if k not in ("model", "stop_reason", "bundle")})
         self.count_checkpoint(report.checkpoint_s, group_size)
-        self._count_start(report.start_s)
+        self._count_start(report.model, report.start_s)
         if not report.bundle:  # a bundle's rates and CPU time are not its models' own
             self.costs.epoch(report, group_size)
         if report.stop_reason is not None:
@@ -75,7 +77,7 @@ class RunAccount:
         record.gpu_seconds = report.gpu_seconds
         record.parameters = report.parameters
         self.val_decoded += report.val_decoded
-        self._count_start(report.start_s)
+        self._count_start(report.model, report.start_s)
         if not report.converged:
             record.epochs = report.epochs
 
@@ -84,10 +86,19 @@ class RunAccount:
         self.checkpoint_gpu_s += seconds * max(1, group_size)
         self.saves += seconds > 0
 
-    def _count_start(self, seconds: float) -> None:
+    def joined(self, models) -> None:
+        """`models` start by joining a running stream (their starts wait for its chunks)."""
+        self.joins.update(models)
+
+    def _count_start(self, model: str, seconds: float) -> None:
         if seconds > 0:
             self.start_s += seconds
             self.starts += 1
+            if model in self.joins:
+                self.joins.discard(model)
+            else:
+                self.fresh_start_s += seconds
+                self.fresh_starts += 1
 
     def measured_overheads(self) -> Overheads:
         """This run's costs, for the simulations that weigh a change of rates, and for the
@@ -104,7 +115,8 @@ class RunAccount:
         preprocessors, coordinator (over `makespan`), starts and saves cost, and the part of an
         oversubscribed CPU node's cores its work got (`MeasuredCosts`)."""
         return self.costs.record(self.start_s / self.starts if self.starts else None,
-                                 self.checkpoint_s / self.saves if self.saves else None, makespan, core_share)
+                                 self.checkpoint_s / self.saves if self.saves else None, makespan, core_share,
+                                 self.fresh_start_s / self.fresh_starts if self.fresh_starts else None)
 
     # -- plan.json ----------------------------------------------------------------------------
 

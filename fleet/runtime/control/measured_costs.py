@@ -90,10 +90,12 @@ class MeasuredCosts:
         books[1] += report.decoded
 
     def record(self, start_s: float | None, checkpoint_s: float | None, makespan: float = 0.0,
-               core_share: float | None = None) -> dict:
+               core_share: float | None = None, fresh_start_s: float | None = None) -> dict:
         """``prediction.measured`` of results.json (figures it has no measure of are left out);
         `makespan`: the run's seconds, over which the coordinator's CPU is spread; `core_share`:
-        the part of an oversubscribed CPU node's cores the work got (`core_share_over`)."""
+        the part of an oversubscribed CPU node's cores the work got (`core_share_over`);
+        `fresh_start_s`: the mean start of members that did not join a running stream (a join
+        also waits for the stream's chunks, which predictions price at the stream's pace)."""
         rates: dict[str, dict[str, dict[str, float]]] = {}
         for (model, size), group in sorted(self.groups.items()):
             entry = {}
@@ -112,7 +114,7 @@ class MeasuredCosts:
             record["epoch_end_share"] = self.end_s / (self.epoch_s + self.end_s)
         if self.coordinator_cpu_s is not None and makespan > 0:
             record["coordinator_cores"] = self.coordinator_cpu_s / makespan
-        for key, value in (("start_s", start_s), ("checkpoint_s", checkpoint_s)):
+        for key, value in (("start_s", start_s), ("fresh_start_s", fresh_start_s), ("checkpoint_s", checkpoint_s)):
             if value is not None:
                 record[key] = value
         if core_share is not None:

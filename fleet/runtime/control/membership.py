@@ -224,6 +224,8 @@ class Membership:
         live.last_switch, live.pausing = switch, False
         self._send_regroup(old, Regroup(live.layout, switch), [g.model for g in joining])
         for group in joining:
+            if switch > 0:
+                self.account.joined(group.training)
             self.starter.start_group(live, group, first_chunk=switch)
         if live.leaving or live.joining:
             self._request_change(live)
