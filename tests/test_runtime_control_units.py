@@ -114,6 +114,9 @@ def test_a_runs_record_tells_fresh_starts_from_joins_into_running_streams(tmp_pa
     record = account.measured_costs(makespan=5.0)
     assert record["start_s"] == pytest.approx(1.1 / 3) and record["fresh_start_s"] == pytest.approx(0.2)
     assert account.joins == set()
+    account.joined(["d"])  # a join that leaves before any data: its next start is not taken for a join
+    account.left(MemberLeft("d", 0, 1, False, 0, 0, 0.0, 0.0, 10, start_s=0.0))
+    assert account.joins == set() and account.starts == 3
 
 
 def test_a_deferred_join_that_would_leave_its_stream_without_a_master_starts_a_stream_of_its_own(tmp_path):

@@ -78,6 +78,7 @@ class RunAccount:
         record.parameters = report.parameters
         self.val_decoded += report.val_decoded
         self._count_start(report.model, report.start_s)
+        self.joins.discard(report.model)  # its start ended, counted or not (a join left before any data)
         if not report.converged:
             record.epochs = report.epochs
 
