@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fleet.runtime.control.host_use import RANK0_ROLE, HostUse, core_share, process_cpu_s
+from fleet.runtime.control.host_use import RANK0_ROLE, HostUse, core_share, process_cpu_s, run_queue_wait_s
 from fleet.runtime.control.measured_costs import MeasuredCosts
 from fleet.runtime.protocol import StreamDone
 
@@ -20,15 +20,27 @@ class Clock:
 
 
 def sampled(steps, cores=2.0):
-    """A HostUse over `steps` of (seconds later, CPU seconds of each of two ranks so far, demand)."""
-    clock, state = Clock(), {"cpu": (0.0, 0.0), "demand": 0.0}
+    """A HostUse over `steps` of (seconds later, CPU seconds of each of two ranks so far, demand
+    [, run-queue waits of each rank so far]; without them none can be read)."""
+    clock, state = Clock(), {"cpu": (0.0, 0.0), "demand": 0.0, "waits": None}
     use = HostUse((1, 2), cores, lambda: state["demand"], period_s=0.5, clock=clock,
-                  read=lambda pid: state["cpu"][pid - 1])
-    for later, cpu, demand in steps:
+                  read=lambda pid: state["cpu"][pid - 1],
+                  waits=lambda pid: None if state["waits"] is None else state["waits"][pid - 1])
+    for later, cpu, demand, *waits in steps:
         clock.now += later
-        state["cpu"], state["demand"] = cpu, demand
+        state["cpu"], state["demand"], state["waits"] = cpu, demand, (waits[0] if waits else None)
         use.tick()
     return use
+
+
+def test_the_cores_count_as_wanted_where_the_ranks_threads_waited_for_them():
+    use = sampled([
+        (0.0, (0.0, 0.0), 9.0, (0.0, 0.0)),
+        (1.0, (0.9, 0.9), 9.0, (0.5, 0.4)),  # 0.9 threads waited on average: saturated
+        (1.0, (1.5, 1.3), 9.0, (0.6, 0.5)),  # 0.2: the work fitted, whatever the estimate said
+        (1.0, (2.4, 2.2), 0.0, (1.0, 0.7)),  # 0.6: saturated, whatever the estimate said
+    ])
+    assert use.busy_share() == pytest.approx((1.8 + 1.8) / 4.0)
 
 
 def test_only_the_time_the_work_wanted_more_than_the_cores_counts_for_how_busy_they_were():
@@ -55,7 +67,7 @@ def test_the_share_counts_what_the_costs_account_for_and_virtual_nodes_on_one_ho
 def test_no_figure_without_a_second_of_saturated_samples_or_with_a_rank_unread():
     short = sampled([(0.0, (0.0, 0.0), 3.0), (0.6, (0.5, 0.5), 3.0)])
     assert short.busy_share() is None and core_share(short, 1.0, 2.0) is None
-    gone = HostUse((1,), 2.0, lambda: 3.0, read=lambda pid: None)
+    gone = HostUse((1,), 2.0, lambda: 3.0, read=lambda pid: None, waits=lambda pid: None)
     gone.tick()
     assert gone.failed and gone.cpu_s() is None
 
@@ -66,11 +78,14 @@ def test_a_process_cpu_is_read_from_proc():
     sum(i * i for i in range(200_000))
     assert process_cpu_s(os.getpid()) > 0
     assert process_cpu_s(2**22 + 12345) is None
+    assert run_queue_wait_s(2**22 + 12345) is None
+    if os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"):
+        assert run_queue_wait_s(os.getpid()) >= 0.0
 
 
 def test_each_role_has_its_ranks_cpu_from_the_first_sample_to_the_last():
     clock, cpu = Clock(), {1: 1.0, 2: 5.0, 3: 7.0}
-    use = HostUse((1, 2, 3), 2.0, lambda: 3.0, period_s=0.5, clock=clock, read=cpu.get,
+    use = HostUse((1, 2, 3), 2.0, lambda: 3.0, period_s=0.5, clock=clock, read=cpu.get, waits=lambda pid: None,
                   roles=(RANK0_ROLE, "trainer", "trainer"))
     use.tick()
     clock.now, cpu[1], cpu[2], cpu[3] = 1.0, 3.5, 6.0, 9.0

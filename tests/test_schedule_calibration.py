@@ -126,7 +126,7 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
                                "b": {"2": {"compute_rate": 250.0, "cpu_rate": 500.0}}}
     # outside their steps: one-trainer members (a) apart from members of several (b: the allreduce)
     assert record["trainer_overhead_s"] == pytest.approx((0.5 + 0.5 + 0.2) / 2400)
-    assert record["group_overhead_s"] == pytest.approx(1.0 / 1000)
+    assert record["group_trainer_overhead_s"] == pytest.approx(1.0 / 2000)  # per trainer of the two
     assert record["decode_core_s"] == pytest.approx((4.5 + 1.5) / 6000)
     assert record["start_s"] == 0.4 and "checkpoint_s" not in record
     assert "core_share" not in record  # its ranks fitted the cores (none given)
@@ -136,17 +136,27 @@ def test_a_run_books_its_steps_trainers_and_preprocessors():
     assert calibration.cores(SharedCores(cores=2)).coordinator_cores == 0.25
     assert calibration.cores(SharedCores(cores=2)).share == 1.0
     shared = calibration.cores(SharedCores(cores=2))
-    assert shared.overhead_s(1) == record["trainer_overhead_s"] and shared.overhead_s(2) == record["group_overhead_s"]
+    assert shared.overhead_s(1) == record["trainer_overhead_s"]
+    assert shared.overhead_s(2) == pytest.approx(1.0 / 1000) and shared.overhead_s(4) == pytest.approx(2.0 / 1000)
 
 
 def test_a_run_of_groups_only_prices_every_member_by_them():
     costs = MeasuredCosts()
     costs.epoch(epoch("b", (4.0, 5.0, 1000), rate=250.0), 2)
     record = costs.record(start_s=None, checkpoint_s=None)
-    assert record["trainer_overhead_s"] == record["group_overhead_s"] == pytest.approx(1.0 / 1000)
-    # a record of an older run (one figure for every member) prices groups by it too
-    older = Calibration.from_record({"trainer_overhead_s": 2e-4}, "cpu", "x").cores(SharedCores(cores=2))
-    assert older.overhead_s(1) == older.overhead_s(4) == 2e-4
+    assert record["trainer_overhead_s"] == record["group_trainer_overhead_s"] == pytest.approx(1.0 / 2000)
+    # a record of an older run (one figure per member, whatever its size) prices each trainer by
+    # its one-trainer figure
+    older = Calibration.from_record({"trainer_overhead_s": 2e-4, "group_overhead_s": 9e-4}, "cpu", "x")
+    assert older.cores(SharedCores(cores=2)).overhead_s(1) == 2e-4
+    assert older.cores(SharedCores(cores=2)).overhead_s(4) == pytest.approx(8e-4)
+
+
+def test_an_emulated_runs_step_clock_does_not_replace_the_profiles_rates():
+    record = {"rates": {"a": {"1": {"compute_rate": 500.0, "cpu_rate": 9e5}}}, "trainer_overhead_s": 2e-5}
+    assert Calibration.from_record(record, "emulated", "x").rates == {}  # its steps sleep the profile's times
+    assert Calibration.from_record(record, "gpu", "x").rates == {"a": {1: 500.0}}
+    assert Calibration.from_record(record, "emulated", "x").trainer_overhead_s == 2e-5
 
 
 def test_an_oversubscribed_run_keeps_the_part_of_its_cores_its_measured_work_got():

@@ -169,8 +169,10 @@ def test_what_only_a_run_measures_is_assumed_until_measured():
 def test_members_of_several_trainers_pay_their_own_work_outside_the_steps():
     cores = SharedCores(cores=4, trainer_overhead_s=1e-4, group_overhead_s=1e-3)
     assert cores.member_core_s(1000.0, 1) == pytest.approx(1 / 1000 + 1e-4)
-    assert cores.member_core_s(1800.0, 2) == pytest.approx(2 / 1800 + 1e-3)  # the allreduce's CPU in it
-    assert cores.member_rate(1800.0, 2) == pytest.approx(1 / (1 / 1800 + 1e-3 / 2))
-    assert SharedCores(cores=4, trainer_overhead_s=1e-4).overhead_s(2) == 1e-4  # none measured: one figure
+    # every trainer of a group pays its own (its share, the allreduce's CPU in it)
+    assert cores.member_core_s(1800.0, 2) == pytest.approx(2 / 1800 + 2e-3)
+    assert cores.member_rate(1800.0, 2) == pytest.approx(1 / (1 / 1800 + 1e-3))
+    assert cores.member_core_s(3000.0, 4) == pytest.approx(4 / 3000 + 4e-3)
+    assert SharedCores(cores=4, trainer_overhead_s=1e-4).overhead_s(3) == pytest.approx(3e-4)  # none measured
     with pytest.raises(ValueError, match="group_overhead_s"):
         SharedCores(cores=4, group_overhead_s=-1.0)

@@ -6,7 +6,8 @@ same spec (``fleet run --calibrate-from DIR``, or a resumed job from its own dir
 and plans with those instead of what it would otherwise assume:
 
 - each model's rates: where it trained on ``m`` trainers, the rate its steps reached there (by
-  their CPU time on a CPU node: the rate with the cores to itself; by the wall clock on GPUs);
+  their CPU time on a CPU node: the rate with the cores to itself; by the wall clock on GPUs;
+  none on the emulated device, whose steps take the profile's times by construction);
   on other group sizes the table's rate times the same correction; a model the earlier run did
   not train, the table's rates times the median correction of those it did;
 - on CPU nodes, the trainers' core-seconds per sample outside their steps, the
@@ -50,7 +51,8 @@ class Calibration:
         rates: per model, ``{trainers: samples/s}`` its steps reached.
         trainer_overhead_s: core-seconds per sample a member's trainers spent outside their steps
             (a member of one trainer, where the earlier run had some).
-        group_overhead_s: the same for members of several trainers (their allreduce).
+        group_overhead_s: the same per trainer of a member of several trainers (its share of the
+            stream, its allreduce), recorded as ``group_trainer_overhead_s``.
         decode_core_s: core-seconds per sample the preprocessors spent.
         coordinator_cores: cores the coordinator thread kept busy (on the first node).
         start_s: a member's mean start (launch to first batch), seconds.
@@ -87,15 +89,21 @@ class Calibration:
             raise CalibrationError("prediction.measured: not an object")
         key = "cpu_rate" if device == "cpu" else "compute_rate"
         figures = {name: _figure(record, name) for name in
-                   ("trainer_overhead_s", "group_overhead_s", "decode_core_s", "coordinator_cores", "start_s",
-                    "fresh_start_s", "checkpoint_s")}
+                   ("trainer_overhead_s", "decode_core_s", "coordinator_cores", "start_s", "fresh_start_s",
+                    "checkpoint_s")}
+        # per trainer of a group; a run before 2026-11-29 booked it per member (`group_overhead_s`):
+        # not comparable across group sizes, so such a record's groups take `trainer_overhead_s`
+        figures["group_overhead_s"] = _figure(record, "group_trainer_overhead_s")
         share = _figure(record, "core_share")
         if share is not None and not 0 < share <= 1:
             raise CalibrationError(f"prediction.measured.core_share: expected a number in (0, 1], got {share!r}")
         end = _figure(record, "epoch_end_share") or 0.0
         if not end < 1:
             raise CalibrationError(f"prediction.measured.epoch_end_share: expected a number in [0, 1), got {end!r}")
-        return cls(source, _rates(record.get("rates", {}), key), **figures, core_share=share,
+        rates = _rates(record.get("rates", {}), key)
+        if device == "emulated":  # its steps sleep for the profile's times by construction: what
+            rates = {}            # its clock adds is its host's load, which the cores model prices
+        return cls(source, rates, **figures, core_share=share,
                    outside_s=_outside(overhead), epoch_end_share=end)
 
     def rates_for(self, table: RateTable) -> RateTable:

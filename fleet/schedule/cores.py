@@ -11,7 +11,9 @@ Each kind of work costs core-seconds per sample:
 - a member training on ``m`` trainers at the rate ``r`` the rate table gives (its rate with
   the node to itself) uses ``m * trainer_cores`` cores at that rate, so ``m * trainer_cores / r``
   core-seconds per sample of its stream, plus ``trainer_overhead_s`` for what a trainer does
-  outside its steps (receiving chunks, assembling batches);
+  outside its steps (receiving chunks, assembling batches); each trainer of a group pays
+  ``group_overhead_s`` per sample of the stream (its share of the chunks, and its part of every
+  step's allreduce, whose count per sample does not shrink with the group), so ``m`` times that;
 - decoding a sample costs ``decode_core_s`` (one preprocessor decodes on one core), spread over
   the nodes' preprocessors, or on the member's own node for a stream its member decodes;
 - the coordinator (a thread of rank 0, on the first node) keeps ``coordinator_cores`` busy
@@ -41,8 +43,9 @@ class SharedCores:
         decode_core_s: core-seconds to decode and augment one training sample.
         trainer_overhead_s: core-seconds a member's trainers spend per sample outside their
             steps (receiving the stream, assembling batches).
-        group_overhead_s: the same for a member of several trainers (their allreduce and its
-            waits in it); None: `trainer_overhead_s`.
+        group_overhead_s: core-seconds one trainer of a member of several trainers spends per
+            sample of the stream outside its steps (its share, its allreduce and the waits in
+            it; the member's are `trainers` times that); None: `trainer_overhead_s`.
         coordinator_cores: cores the coordinator keeps busy on the first node.
         share: the part of `cores` a node's work gets where it wants more than the node has
             (measured; see the module).
@@ -82,8 +85,11 @@ class SharedCores:
         return trainers * self.trainer_cores / rate + self.overhead_s(trainers)
 
     def overhead_s(self, trainers: int) -> float:
-        """Core-seconds per sample a member of `trainers` spends outside its steps."""
-        return self.group_overhead_s if trainers > 1 and self.group_overhead_s is not None else self.trainer_overhead_s
+        """Core-seconds per sample a member of `trainers` spends outside its steps (every
+        trainer of a group its own)."""
+        if trainers <= 1:
+            return self.trainer_overhead_s
+        return trainers * (self.group_overhead_s if self.group_overhead_s is not None else self.trainer_overhead_s)
 
     def slowdown(self, load: float) -> float:
         """The factor (at most 1) a node's work moves at when it would use `load` cores (of

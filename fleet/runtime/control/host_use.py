@@ -9,7 +9,11 @@ themselves), and the ranks do work their costs per sample leave out. A job shari
 its ranks' CPU seconds from ``/proc`` every `PERIOD_S`, and keeps
 
 - how busy the host's cores were during the samples in which the job's work wanted more than
-  the host has (every busy trainer slot's cores and every preprocessor's): `busy_share`;
+  the host has: `busy_share`. Wanting more is measured where Linux keeps its run-queue waits
+  (``/proc/PID/task/*/schedstat``): an interval in which the ranks' threads waited for a core
+  at least `WAITING_THREADS` threads' worth of its time. Elsewhere it is estimated from what
+  the job runs (every busy trainer slot's cores and every preprocessor's, at both ends of the
+  interval), which counts a rank that waits for data as wanting its core;
 - all the ranks' CPU seconds from the first sample to the last: `cpu_s`, and the same per rank
   role (`cpu_by_role`: the preprocessors', the trainers', rank 0's), which a run sets beside
   what each role's measured costs account for.
@@ -28,6 +32,7 @@ from collections.abc import Callable, Sequence
 PERIOD_S = 0.5
 RANK0_ROLE = "rank 0"  # rank 0's role in `cpu_by_role`: a preprocessor that also runs the coordinator
 MIN_SATURATED_S = 1.0  # less time than this with the cores wanted by more than they are: no figure
+WAITING_THREADS = 0.5  # ranks' threads waiting for a core, on average over an interval, that make it saturated
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -42,6 +47,22 @@ def process_cpu_s(pid: int) -> float | None:
         return None
 
 
+def run_queue_wait_s(pid: int) -> float | None:
+    """Seconds the threads of process `pid` have waited for a core while ready to run, from
+    ``/proc``; None where it cannot be read (gone, not Linux, a kernel without schedstat)."""
+    try:
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as handle:
+                    total += int(handle.read().split()[1])
+            except FileNotFoundError:  # the thread ended between the listing and the read
+                continue
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class HostUse:
     """Samples the CPU seconds of a job's ranks on one host (see the module).
 
@@ -49,20 +70,22 @@ class HostUse:
         pids: the job's ranks' processes on this host.
         roles: each process's role (as `pids`), for `cpu_by_role`; none: every one "rank".
         cores: the host's cores the ranks run on.
-        demand: the cores the job's work would use now (busy trainer slots' and preprocessors').
+        demand: the cores the job's work would use now (busy trainer slots' and preprocessors'),
+            where the run-queue waits cannot be read.
         period_s: seconds between samples.
-        clock, read: the time and one process's CPU seconds (tests give their own).
+        clock, read, waits: the time, one process's CPU seconds and its threads' run-queue waits
+            (tests give their own).
     """
 
     def __init__(self, pids: Sequence[int], cores: float, demand: Callable[[], float], period_s: float = PERIOD_S,
                  clock: Callable[[], float] = time.monotonic, read: Callable[[int], float | None] = process_cpu_s,
-                 roles: Sequence[str] | None = None):
+                 roles: Sequence[str] | None = None, waits: Callable[[int], float | None] = run_queue_wait_s):
         self.pids, self.cores, self.demand, self.period_s = tuple(pids), cores, demand, period_s
         self.roles = tuple(roles) if roles is not None else ("rank",) * len(self.pids)
         if len(self.roles) != len(self.pids):
             raise ValueError("roles must name one role per pid")
-        self.clock, self.read = clock, read
-        self.last: tuple[float, float, bool] | None = None  # (time, CPU seconds, wanted more than the cores)
+        self.clock, self.read, self.waits = clock, read, waits
+        self.last: tuple[float, float, bool, float | None] | None = None  # (time, CPU seconds, demand > cores, waits)
         self.first: tuple[float, float] | None = None
         self.first_readings: list[float] = []  # each rank's CPU seconds at the first sample
         self.last_readings: list[float] = []  # ... and at the last
@@ -77,18 +100,28 @@ class HostUse:
 
     def sample(self) -> None:
         """Read every rank's CPU seconds now; the interval since the last sample counts as
-        saturated where the work wanted more than the cores at both its ends."""
+        saturated where the ranks' threads waited for a core (see the module), or where their
+        waits cannot be read, where the work wanted more than the cores at both its ends."""
         readings = [self.read(pid) for pid in self.pids]
         if any(r is None for r in readings):
             self.failed = True  # a rank gone, or no /proc: the figures would be wrong
             return
+        waited = [self.waits(pid) for pid in self.pids]
+        waits = None if any(w is None for w in waited) else sum(waited)
         now, cpu, wanting = self.clock(), sum(readings), self.demand() > self.cores
         if self.last is None:
             self.first, self.first_readings = (now, cpu), readings
-        elif wanting and self.last[2]:
+        elif self._saturated(now, wanting, waits):
             self.saturated_s += now - self.last[0]
             self.saturated_cpu_s += cpu - self.last[1]
-        self.last, self.last_readings = (now, cpu, wanting), readings
+        self.last, self.last_readings = (now, cpu, wanting, waits), readings
+
+    def _saturated(self, now: float, wanting: bool, waits: float | None) -> bool:
+        """Whether the interval from the last sample to `now` had more work than cores."""
+        last_time, _, last_wanting, last_waits = self.last
+        if waits is not None and last_waits is not None:
+            return waits - last_waits >= WAITING_THREADS * (now - last_time)
+        return wanting and last_wanting
 
     def busy_share(self) -> float | None:
         """The share of the cores the ranks kept busy while the work wanted more than them."""

@@ -8,8 +8,9 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
 - per model and group size, the rate its steps reached by the wall clock (``compute_rate``)
   and by their CPU time (``cpu_rate``: the rate with the cores to itself on a CPU node);
 - ``trainer_overhead_s``: core-seconds the trainers spent per sample outside their steps (of
-  members of one trainer, where the run had some), and ``group_overhead_s``, the same of
-  members of several (their allreduce and its waits in it);
+  members of one trainer, where the run had some), and ``group_trainer_overhead_s``, the same
+  per trainer of members of several (each trainer's share of the stream, its allreduce and the
+  waits in it: a member of ``m`` trainers costs ``m`` times that per sample of its stream);
 - ``decode_core_s``: core-seconds the preprocessors' decoding loops spent per sample they
   decoded (their waits and hand-offs included; not their start-up, nor rank 0's coordinator);
 - ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
@@ -123,15 +124,16 @@ class MeasuredCosts:
 
     def _overheads(self) -> dict[str, float]:
         """``trainer_overhead_s``: the trainers' CPU seconds outside their steps per sample, of the
-        members of one trainer where the run had some (else of all); ``group_overhead_s``: the
-        same of members of several trainers (their allreduce and its waits), where it had some."""
-        single = _outside_steps([g for (_, size), g in self.groups.items() if size == 1])
-        group = _outside_steps([g for (_, size), g in self.groups.items() if size > 1])
+        members of one trainer where the run had some (else per trainer of the groups');
+        ``group_trainer_overhead_s``: the same per trainer of members of several trainers (their
+        allreduce and its waits), where it had some."""
+        single = _outside_steps([(g, 1) for (_, size), g in self.groups.items() if size == 1])
+        group = _outside_steps([(g, size) for (_, size), g in self.groups.items() if size > 1])
         record = {}
         if single is not None or group is not None:
             record["trainer_overhead_s"] = single if single is not None else group
         if group is not None:
-            record["group_overhead_s"] = group
+            record["group_trainer_overhead_s"] = group
         return record
 
     def accounted_core_s(self) -> float:
@@ -165,7 +167,8 @@ class MeasuredCosts:
         return min(1.0, accounted / (cores * makespan)) if accounted > 0 and cores > 0 and makespan > 0 else None
 
 
-def _outside_steps(groups: list[_GroupTime]) -> float | None:
-    """`groups`' CPU seconds outside their steps per sample (None without a sample)."""
-    samples = sum(g.samples for g in groups)
-    return sum(g.cpu_s - g.step_cpu_s for g in groups) / samples if samples else None
+def _outside_steps(groups: list[tuple[_GroupTime, int]]) -> float | None:
+    """`groups`' (each with its trainers) CPU seconds outside their steps per sample and
+    trainer (None without a sample)."""
+    trainer_samples = sum(g.samples * size for g, size in groups)
+    return sum(g.cpu_s - g.step_cpu_s for g, _ in groups) / trainer_samples if trainer_samples else None

@@ -30,7 +30,7 @@ from fleet.runtime.train.best_predictions import BestPredictions
 from fleet.runtime.train.bundle_steps import BundleSteps
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.runtime.train.member_checkpoints import MemberCheckpoints
-from fleet.runtime.train.stint import EpochTotals, MemberCosts, next_batch, resumed_totals
+from fleet.runtime.train.stint import EpochTotals, MemberCosts, next_batch, resumed_totals, trainer_cpu_s
 from fleet.runtime.train.stop import StopReason, StopTracker
 
 
@@ -218,7 +218,7 @@ class BundleTraining:
         totals, samples = self.totals, max(1, self.totals.samples)
         epoch_s = time.monotonic() - totals.started
         rates = (samples / max(1e-9, totals.compute_s), totals.consumed_per_s(epoch_s))
-        cpu = (totals.step_cpu_s, time.process_time() - totals.cpu_started, totals.samples - totals.resumed)
+        cpu = (totals.step_cpu_s, trainer_cpu_s() - totals.cpu_started, totals.samples - totals.resumed)
         group = self.lead.model.group
         evaluated = self.engine.evaluate_with_probabilities(*self.ctx.validation_of(group))
         self._share_time()

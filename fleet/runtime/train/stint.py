@@ -6,6 +6,7 @@ model's `GroupTraining` and a bundle's `BundleTraining`."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,34 @@ from typing import Any
 from fleet.runtime.data.queues import Batch, Batcher
 from fleet.runtime.data.stream import StreamThread
 from fleet.runtime.waiting import WaitTimeout
+
+
+_APART: dict[int, float] = {}  # CPU clocks of this process's threads that do other work -> their last reading
+
+
+def set_apart(thread: threading.Thread) -> None:
+    """Leave the CPU of `thread` (started: a trainer's own decoder, whose decoding the
+    preprocessors' books count) out of `trainer_cpu_s` from now on."""
+    if hasattr(time, "pthread_getcpuclockid") and thread.ident is not None:
+        clock = time.pthread_getcpuclockid(thread.ident)
+        _APART[clock] = _read(clock, 0.0)
+
+
+def trainer_cpu_s() -> float:
+    """This trainer process's CPU seconds, less all those of the threads `set_apart`."""
+    apart = 0.0
+    for clock, last in _APART.items():
+        _APART[clock] = reading = _read(clock, last)
+        apart += reading
+    return time.process_time() - apart
+
+
+def _read(clock: int, last: float) -> float:
+    """The CPU seconds of a thread's clock; `last` once the thread has ended."""
+    try:
+        return time.clock_gettime(clock)
+    except OSError:
+        return last
 
 
 @dataclass
@@ -25,7 +54,7 @@ class EpochTotals:
     started: float = field(default_factory=time.monotonic)
     resumed: int = 0  # of `samples`, those trained before a checkpoint, by an earlier stint
     step_cpu_s: float = 0.0  # CPU seconds of this trainer's thread in its steps (this stint)
-    cpu_started: float = field(default_factory=time.process_time)  # the process's CPU seconds then
+    cpu_started: float = field(default_factory=trainer_cpu_s)  # the process's CPU seconds then (`trainer_cpu_s`)
 
     def consumed_per_s(self, epoch_s: float) -> float:
         """Samples per second the group took from its stream since `started`."""

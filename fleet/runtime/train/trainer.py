@@ -43,7 +43,7 @@ from fleet.runtime.train.bundle import BundleTraining
 from fleet.runtime.train.collectives.factory import create_collective
 from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.runtime.train.member_checkpoints import MemberCheckpoints
-from fleet.runtime.train.stint import EpochTotals, MemberCosts, next_batch, resumed_totals
+from fleet.runtime.train.stint import EpochTotals, MemberCosts, next_batch, resumed_totals, set_apart, trainer_cpu_s
 from fleet.runtime.train.stop import StopReason, StopTracker
 from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
 
@@ -313,7 +313,7 @@ class GroupTraining:
         seconds in steps and in all with the samples they trained (this stint's part of the
         epoch; every member calls it)."""
         totals = self.totals
-        sums = np.array([totals.loss_sum, totals.compute_s, totals.step_cpu_s, time.process_time() - totals.cpu_started])
+        sums = np.array([totals.loss_sum, totals.compute_s, totals.step_cpu_s, trainer_cpu_s() - totals.cpu_started])
         if self.size > 1:
             self.collective.allreduce_sum(sums)
         return float(sums[0]), float(sums[1] / self.size), (float(sums[2]), float(sums[3]), totals.samples - totals.resumed)
@@ -327,7 +327,7 @@ class GroupTraining:
 
     def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr, cpu) -> StopReason | None:
         compute_rate, consumed = rates  # samples/s computed, and taken from the stream
-        ending, ending_cpu = time.monotonic(), time.process_time()
+        ending, ending_cpu = time.monotonic(), trainer_cpu_s()
         val_x, val_y = self.ctx.validation_of(self.model.group)
         metrics, probabilities = self.engine.evaluate_with_probabilities(val_x, val_y)
         self.engine.end_epoch()
@@ -348,7 +348,7 @@ class GroupTraining:
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
             reason.value if reason else None, samples, self.costs.take_start_s(), cpu, len(val_y),
-            end_s=time.monotonic() - ending, end_cpu_s=time.process_time() - ending_cpu,
+            end_s=time.monotonic() - ending, end_cpu_s=trainer_cpu_s() - ending_cpu,
         )
         self.link.report(report, "an epoch report")
         return reason
@@ -370,6 +370,7 @@ class TrainerLoop:
         decoder = OwnDecoder(self.ctx) if self.ctx.own_decoding else None
         if decoder is not None:
             decoder.start()
+            set_apart(decoder)  # its decoding is booked as a preprocessor's
         while True:
             command = self._next_command()
             if isinstance(command, Shutdown):
