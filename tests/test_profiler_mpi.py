@@ -232,7 +232,7 @@ def test_a_pilot_run_calibrates_the_profiles_predictions(tmp_path):
     # a run in that directory plans and forecasts itself with the pilot's measures
     plan = plan_run(load_spec(str(spec), run_dir=str(run_dir)), run_dir, document["samples_per_epoch"])
     assert plan.rates_source.endswith("calibrated by the profile's pilot run (3.0 s)")
-    assert plan.basis.calibration.outside_s > 0 and plan.forecast.makespan_s > 0
+    assert plan.basis.calibration.tail_s > 0 and plan.forecast.makespan_s > 0
 
     (tmp_path / "mine" / "pilot").mkdir(parents=True)
     (tmp_path / "mine" / "profile.json").write_text((run_dir / "profile.json").read_text())

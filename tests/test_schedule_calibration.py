@@ -14,7 +14,8 @@ from fleet.runtime.control.measured_costs import MeasuredCosts
 from fleet.profiling.document import JOIN_CHUNKS
 from fleet.runtime.protocol import INBOX_DEPTH, EpochReport, MemberLeft, StreamDone
 from fleet.schedule import Cluster, ModelProfile, Overheads, RateTable, Scenario
-from fleet.schedule.calibration import Calibration, CalibrationError
+from fleet.schedule.calibration import (ASSUMED_TAIL_PER_MODEL_S, ASSUMED_TAIL_S, Calibration, CalibrationError,
+                                       predicted_wall_s)
 from fleet.schedule.choice import PREDICTION_COSTS
 from fleet.schedule.cores import SharedCores
 from fleet.schedule_io import load_calibration, pilot_calibration
@@ -194,8 +195,12 @@ def test_fleet_run_refuses_a_directory_it_cannot_learn_from_in_one_line(tmp_path
 
 def test_the_earlier_jobs_time_outside_its_makespan_predicts_the_wall_time():
     overhead = {"launch": 1.0, "startup": 2.0, "first_batch": 0.5, "report": 1.5, "shutdown": 3.0, "planning": 9.0}
-    assert Calibration.from_record(RECORD, "cpu", "x", overhead).outside_s == 6.5  # report is within shutdown
-    assert Calibration.from_record(RECORD, "cpu", "x", {"startup": 2.0}).outside_s is None  # not by fleet run
+    earlier = Calibration.from_record(RECORD, "cpu", "x", overhead)
+    assert (earlier.launch_s, earlier.tail_s) == (1.0, 3.5)  # the report is within the shutdown
+    assert Calibration.from_record(RECORD, "cpu", "x", {"startup": 2.0}).tail_s is None  # not by fleet run
+    # the job's own launch and start-up (a larger job's take longer), the earlier job's tail
+    assert predicted_wall_s(9.0, 15.0, 20.0, 32, earlier.tail_s) == 9.0 + 15.0 + 20.0 + 3.5
+    assert predicted_wall_s(9.0, 15.0, 20.0, 32) == 9.0 + 15.0 + 20.0 + ASSUMED_TAIL_S + 32 * ASSUMED_TAIL_PER_MODEL_S
     with pytest.raises(CalibrationError, match="overhead_s"):
         Calibration.from_record(RECORD, "cpu", "x", {**overhead, "launch": "slow"})
 
@@ -216,7 +221,7 @@ def test_a_profiles_pilot_calibrates_it_and_a_bad_pilot_names_its_field():
     pilot = {"seconds": 30, "measured": RECORD, "overhead_s": {"launch": 1.0, "shutdown": 2.0}}
     with_pilot = RateTable(TABLE.models, 4, 1000, {"pilot": pilot})
     calibration = pilot_calibration(with_pilot, "cpu")
-    assert calibration.source == "the profile's pilot run (30 s)" and calibration.outside_s == 3.0
+    assert calibration.source == "the profile's pilot run (30 s)" and calibration.tail_s == 2.0
     assert calibration.rates_for(with_pilot).models[0].rates[0] == 80.0
     assert pilot_calibration(TABLE, "cpu") is None
     elsewhere = RateTable(TABLE.models, 4, 1000, {"pilot": {**pilot, "device": "cpu"}})

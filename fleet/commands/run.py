@@ -20,7 +20,7 @@ from fleet.runtime.launch.mpiexec import find_mpiexec, launcher_for, mpiexec_com
 from fleet.runtime.launch.signals import EXIT_CHECKPOINTED
 from fleet.runtime.train.collectives.factory import resolve_backend
 from fleet.runtime.train.local import train_local
-from fleet.schedule.calibration import assumed_wall_s
+from fleet.schedule.calibration import predicted_wall_s
 from fleet.schedule.rates import is_number
 from fleet.schedule_io import load_calibration
 from fleet.spec import SpecError
@@ -79,10 +79,10 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float) 
     `fleet run` starting mpiexec to the ranks' start-up clock: mpiexec, interpreters, imports,
     MPI_Init) and ``shutdown`` (from the last model's end to every rank's exit; rank 0 draws
     the report meanwhile, ``report`` of it), and to its ``prediction`` the wall time from
-    `fleet run` starting the ranks to their exit (``measured_wall_s``), and where no earlier job
-    measured what lies outside the makespan, the predicted wall time (``wall_s``: the launch
-    and start-up as they took, known before the first step, the predicted makespan and an
-    assumed tail, `fleet.schedule.calibration.assumed_wall_s`)."""
+    `fleet run` starting the ranks to their exit (``measured_wall_s``) and the predicted one
+    (``wall_s``: the launch and start-up as they took, known before the first step, the
+    predicted makespan and the tail an earlier job of the spec took, ``tail_s``, else an
+    assumed one: `fleet.schedule.calibration.predicted_wall_s`)."""
     path = run_dir / "results.json"
     events = {e["event"]: e for e in read_events(run_dir / "events.jsonl") if e["event"] in ("run_start", "run_end")}
     if not path.exists() or set(events) != {"run_start", "run_end"}:
@@ -94,9 +94,11 @@ def record_time_outside_the_ranks(run_dir: Path, launched: float, ended: float) 
     prediction = results.get("prediction")
     if isinstance(prediction, dict):
         prediction["measured_wall_s"] = round(ended - launched, 3)
-        if prediction.get("wall_s") is None and is_number(prediction.get("makespan_s")):  # no earlier job measured it
-            prediction["wall_s"] = round(assumed_wall_s(overhead["launch"], float(overhead.get("startup") or 0.0),
-                                                        prediction["makespan_s"], len(results.get("models") or ())), 3)
+        if is_number(prediction.get("makespan_s")):
+            tail = prediction.get("tail_s")
+            prediction["wall_s"] = round(predicted_wall_s(overhead["launch"], float(overhead.get("startup") or 0.0),
+                                                          prediction["makespan_s"], len(results.get("models") or ()),
+                                                          tail if is_number(tail) else None), 3)
     atomic_write_json(path, results)
 
 

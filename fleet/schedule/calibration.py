@@ -60,8 +60,10 @@ class Calibration:
             the earlier run did not tell them apart (then `start_s` holds the joins' waits).
         checkpoint_s: a save's mean seconds.
         core_share: the part of an oversubscribed CPU node's cores the work got.
-        outside_s: the earlier job's wall time outside its makespan (launch, start-up, report
-            and shutdown), for the predicted wall time; None where not recorded.
+        launch_s, tail_s: the earlier job's wall time before its ranks' start-up (its launch)
+            and after its first step was due (the first batch's wait, the report, the ranks'
+            shutdown), for the predicted wall time (with the start-up the job itself measures);
+            None where not recorded (not started by `fleet run`).
     """
 
     source: str
@@ -74,7 +76,8 @@ class Calibration:
     fresh_start_s: float | None = None
     checkpoint_s: float | None = None
     core_share: float | None = None
-    outside_s: float | None = None
+    launch_s: float | None = None
+    tail_s: float | None = None
     epoch_end_share: float = 0.0
 
     @classmethod
@@ -104,7 +107,7 @@ class Calibration:
         if device == "emulated":  # its steps sleep for the profile's times by construction: what
             rates = {}            # its clock adds is its host's load, which the cores model prices
         return cls(source, rates, **figures, core_share=share,
-                   outside_s=_outside(overhead), epoch_end_share=end)
+                   **_outside(overhead), epoch_end_share=end)
 
     def rates_for(self, table: RateTable) -> RateTable:
         """`table` with each model's rates corrected by what was measured, its epochs' ends
@@ -171,21 +174,26 @@ ASSUMED_TAIL_PER_MODEL_S = 0.03
 """... and per model of the job (the report's rows and charts)."""
 
 
-def assumed_wall_s(launch_s: float, startup_s: float, makespan_s: float, models: int) -> float:
-    """The wall time of `fleet run` predicted where no earlier job measured its time outside the
-    makespan: the launch and start-up (profile or timed steps included) as they took before the
-    first step, the predicted `makespan_s`, and the tail assumed for `models` models."""
-    return launch_s + startup_s + makespan_s + ASSUMED_TAIL_S + ASSUMED_TAIL_PER_MODEL_S * models
+def predicted_wall_s(launch_s: float, startup_s: float, makespan_s: float, models: int,
+                     tail_s: float | None = None) -> float:
+    """The wall time of `fleet run` predicted: the launch and start-up (profile or timed steps
+    included) as they took before the first step, the predicted `makespan_s`, and the tail
+    (the first batch's wait, the report, the shutdown) as an earlier job of the same spec
+    measured it (`tail_s`), else as assumed for `models` models."""
+    if tail_s is None:
+        tail_s = ASSUMED_TAIL_S + ASSUMED_TAIL_PER_MODEL_S * models
+    return launch_s + startup_s + makespan_s + tail_s
 
 
-def _outside(overhead: Any) -> float | None:
-    """Seconds of an earlier job's wall time outside its makespan, when `fleet run` recorded them."""
+def _outside(overhead: Any) -> dict[str, float | None]:
+    """An earlier job's seconds before and after what its ranks' start-up and makespan take
+    (`launch_s`, `tail_s`), where `fleet run` recorded them (else None)."""
     if not isinstance(overhead, Mapping) or not all(k in overhead for k in ("launch", "shutdown")):
-        return None
-    parts = [overhead.get(k, 0.0) for k in ("launch", "startup", "first_batch", "shutdown")]
-    if not all(is_number(p) and p >= 0 for p in parts):
+        return {"launch_s": None, "tail_s": None}
+    parts = {k: overhead.get(k, 0.0) for k in ("launch", "startup", "first_batch", "shutdown")}
+    if not all(is_number(p) and p >= 0 for p in parts.values()):
         raise CalibrationError("overhead_s: expected seconds >= 0 for launch, startup, first_batch and shutdown")
-    return float(sum(parts))
+    return {"launch_s": float(parts["launch"]), "tail_s": float(parts["first_batch"] + parts["shutdown"])}
 
 
 def _figure(record: Mapping, name: str) -> float | None:

@@ -36,7 +36,7 @@ from fleet.runtime.events import first_batch_s, read_events
 from fleet.runtime.train.checkpoint import CheckpointStore
 from fleet.schedule import Cluster, Policy, RateTable, Scenario, whole_epochs
 from fleet.schedule.bundling import Bundled
-from fleet.schedule.calibration import Calibration
+from fleet.schedule.calibration import Calibration, predicted_wall_s
 from fleet.schedule.choice import (AUTO, PREDICTION_COSTS, PolicyChoice, PolicySwitch, choose_policy,
                                    switch_targets)
 from fleet.schedule.cores import SharedCores
@@ -527,8 +527,8 @@ def write_run(spec: Spec, run_dir: Path, coordinator, makespan: float, startup_s
         models=models,
         policy_choice=plan.choice_record(coordinator.switches),
         early_stop=asdict(plan.early.settings) if plan.early else {},
-        prediction=prediction_record(plan, makespan, coordinator.interrupted, measured_record(spec, plan, coordinator,
-                                                                                              makespan)),
+        prediction=prediction_record(plan, makespan, coordinator.interrupted,
+                                     measured_record(spec, plan, coordinator, makespan), startup_s, len(models)),
         groups=model_groups(spec),
     )
     write_results(run_dir, result)
@@ -568,17 +568,22 @@ def node_preprocessors(spec: Spec, rates: RateTable) -> int:
     return math.ceil(preprocessor_count(cluster.preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes)
 
 
-def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict) -> dict:
+def prediction_record(plan: RunPlan, makespan: float, interrupted: bool, measured: dict, startup_s: float = 0.0,
+                      models: int = 0) -> dict:
     """results.json's ``prediction``: the run's forecast of itself beside its measured makespan
     (the ratio only for a job that finished: an interrupted one did part of the work), and what
-    it measured of its costs (``measured``, for the runs that learn from it)."""
+    it measured of its costs (``measured``, for the runs that learn from it). Where an earlier
+    job measured its launch and tail, the wall time too (`predicted_wall_s`, with this job's
+    `startup_s`; `fleet run` puts this job's launch in it) and the tail it took (``tail_s``)."""
     if plan.forecast is None:
         return {"measured": measured}
     record = {**plan.forecast.to_record(), "rates": plan.rates_source, "measured_makespan_s": makespan,
               "measured": measured}
     calibration = plan.basis.calibration
-    if calibration is not None and calibration.outside_s is not None:
-        record["wall_s"] = plan.forecast.makespan_s + calibration.outside_s  # as long outside as the earlier job
+    if calibration is not None and calibration.tail_s is not None:
+        record["tail_s"] = calibration.tail_s
+        record["wall_s"] = predicted_wall_s(calibration.launch_s, startup_s, plan.forecast.makespan_s, models,
+                                            calibration.tail_s)
     if not interrupted:
         record["measured_over_predicted"] = makespan / max(plan.forecast.makespan_s, 1e-9)
     return record
