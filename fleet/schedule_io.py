@@ -70,7 +70,8 @@ def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json"
     predictions on `device`; None where the profile has no pilot, or one that ran on another
     device. An emulated run (its steps sleep for the profile's times) takes a CPU pilot's costs
     on the host (decoding, the trainers' work outside their steps, starts, saves, the part of
-    the cores the work got) but not its rates.
+    the cores the work got) but not its rates, nor what its groups' allreduce of real gradients
+    cost.
 
     Raises:
         UserError: the pilot block is malformed (one line naming `where` and the field).
@@ -89,8 +90,10 @@ def pilot_calibration(rates: RateTable, device: str, where: str = "profile.json"
                                               block.get("overhead_s"))
     except CalibrationError as exc:
         raise UserError(f"{where}: {PILOT}.{exc}") from None
-    # the emulated device's steps take the profile's times: of a CPU pilot, all but its rates
-    return calibration if ran_on == device else replace(calibration, rates={})
+    # the emulated device's steps take the profile's times and its groups allreduce a few
+    # stand-in parameters: of a CPU pilot, all but its rates and its groups' allreduce of real
+    # gradients (each trainer of a group is priced as one of one trainer)
+    return calibration if ran_on == device else replace(calibration, rates={}, group_overhead_s=None)
 
 
 def load_calibration(run_dir: Path, device: str, required: bool) -> Calibration | None:

@@ -230,6 +230,10 @@ def test_a_profiles_pilot_calibrates_it_and_a_bad_pilot_names_its_field():
     emulated = pilot_calibration(elsewhere, "emulated")
     assert emulated.rates == {} and emulated.rates_for(elsewhere) == elsewhere
     assert emulated.decode_core_s == 5e-3 and emulated.start_s == 0.5
+    # nor what its groups' allreduce of real gradients cost (an emulated group's is of a few stand-ins)
+    grouped = {**pilot, "device": "cpu", "measured": {**RECORD, "group_trainer_overhead_s": 9e-4}}
+    assert pilot_calibration(RateTable(TABLE.models, 4, 1000, {"pilot": grouped}), "cpu").group_overhead_s == 9e-4
+    assert pilot_calibration(RateTable(TABLE.models, 4, 1000, {"pilot": grouped}), "emulated").group_overhead_s is None
     for bad, field in (([], "pilot: expected an object"), ({"measured": {"start_s": -1}}, "pilot.prediction.measured.start_s")):
         with pytest.raises(UserError, match=f"profile.json: {field}"):
             pilot_calibration(RateTable(TABLE.models, 4, 1000, {"pilot": bad}), "cpu")
