@@ -16,7 +16,7 @@ from typing import Any
 
 from fleet.atomic import atomic_write_json
 from fleet.errors import UserError
-from fleet.profiling.document import decode_limit, shared_cores
+from fleet.profiling.document import decode_limit, preprocessor_count, shared_cores
 from fleet.schedule.calibration import Calibration, CalibrationError
 from fleet.schedule.rates import ProfileFormatError, RateTable
 from fleet.schedule.simulator import Cluster, Scenario, SimResult
@@ -57,9 +57,11 @@ def profile_scenario(
     one machine's, shared by all the nodes)."""
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
+    per_node = preprocessor_count(preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
                     own_decode_rate=decode_limit(rates.extra, 1, 1),  # one process's
-                    cores=shared_cores(rates.extra, nodes_per_host=cluster.nodes if virtual_nodes else 1))
+                    cores=shared_cores(rates.extra, nodes_per_host=cluster.nodes if virtual_nodes else 1,
+                                       preprocessors=per_node))
 
 
 PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet profile --pilot`)

@@ -45,6 +45,20 @@ def test_poll_returns_the_first_truthy_value_and_times_out_with_the_reason():
         poll(lambda: None, "the moon", timeout_s=0.02, backoff=Backoff(1e-3, 1e-3))
 
 
+def test_a_poll_that_waits_books_its_seconds_and_its_polling_cpu():
+    books = waiting.WaitBooks()
+    assert poll(lambda: 5, "x", timeout_s=1, books=books) == 5
+    assert books.totals() == (0.0, 0.0)  # there at once: no wait
+    calls = iter([None] * 20 + [3])
+    assert poll(lambda: next(calls), "x", timeout_s=1, backoff=Backoff(1e-3, 2e-3), books=books) == 3
+    seconds, cpu_s = books.totals()
+    assert 0.02 <= seconds < 1.0 and 0.0 <= cpu_s < seconds  # it slept most of it
+    assert books.since((0.01, 0.0)) == pytest.approx((seconds - 0.01, cpu_s))
+    with pytest.raises(WaitTimeout):
+        poll(lambda: None, "the moon", timeout_s=0.02, backoff=Backoff(1e-3, 1e-3), books=books)
+    assert books.totals()[0] > seconds + 0.015  # a wait that timed out counts too
+
+
 @pytest.mark.parametrize("affinity, node_threads, fits", [
     (16, 12, True),   # the node's polling threads fit the cores this job may use
     (16, 20, False),  # ranks outnumber cores

@@ -305,6 +305,7 @@ def test_eight_ranks_every_policy_finishes(tmp_path, policy):
     assert 0 < measured["epoch_end_share"] < 0.5  # validation, saves and best predictions: a part of each epoch
     if policy == "homogeneous":  # one stream over both nodes: some chunks in place, some as bytes
         assert 0 < res["chunks_in_shared_memory"] < res["samples_decoded"] / 64
+        assert 0 < measured["trainer_wait_cores"] < 0.5  # the faster members wait for the slowest, polling
     if policy == "auto":  # it ran the candidate with the lowest predicted makespan, and says so
         choice = res["policy_choice"]
         assert set(choice["predicted_makespan_s"]) == {"fleet-g", "fleet-adaptive", "fleet-l", "homogeneous", "baseline"}

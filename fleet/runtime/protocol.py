@@ -215,6 +215,7 @@ class EpochReport:
     bundle: tuple[str, ...] = ()  # the models of the bundle it trained in (its rates are the bundle's), else ()
     end_s: float = 0.0  # the master's end of the epoch before this report: validation, save, best predictions (0: not timed)
     end_cpu_s: float = 0.0  # the master process's CPU seconds in that end
+    waits: tuple[float, float] = (0.0, 0.0)  # the group's stream threads' waits for data: seconds, CPU seconds
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ class MemberLeft:
     visited: int | None = None  # partitioned data: the partition whose visit ended with this leave (a hop)
     cpu: tuple[float, float, int] = (0.0, 0.0, 0)  # as EpochReport's, of the epoch it leaves mid-way (this stint)
     compute_rate: float = 0.0  # samples/s its steps reached in that part of the epoch (0: none)
+    waits: tuple[float, float] = (0.0, 0.0)  # as EpochReport's, of that part
 
 
 @dataclass(frozen=True)
@@ -292,3 +294,4 @@ class StreamDone:
     hollow: int = 0  # chunks sent as a header only, after every member had left
     read_from: tuple[tuple[str, int], ...] = ()  # (file, samples) this rank read for the stream
     cpu_s: float = 0.0  # CPU seconds of this rank's decoding loop since it began serving (all its streams, its waits)
+    idle: tuple[float, float] = (0.0, 0.0)  # of them, its loop's rounds with nothing to do: seconds, CPU seconds

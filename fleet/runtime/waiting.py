@@ -97,12 +97,53 @@ def busy_polling_fits(threads_on_node: int) -> bool:
     return threads_on_node <= node_cores()
 
 
-def poll(test: Callable[[], T | None], what: str, timeout_s: float, backoff: Backoff | None = None) -> T:
-    """Call `test()` until it returns something other than None/False; return that.
+class WaitBooks:
+    """The seconds a process's threads waited in polls of one kind and the CPU seconds the
+    polling took meanwhile (`poll`'s `books`): what a waiting rank costs its node's cores."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+        self.cpu_s = 0.0
+
+    def add(self, seconds: float, cpu_s: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+            self.cpu_s += cpu_s
+
+    def totals(self) -> tuple[float, float]:
+        """(seconds, CPU seconds) so far."""
+        with self._lock:
+            return self.seconds, self.cpu_s
+
+    def since(self, earlier: tuple[float, float]) -> tuple[float, float]:
+        """(seconds, CPU seconds) since `earlier` (a `totals`)."""
+        seconds, cpu_s = self.totals()
+        return seconds - earlier[0], cpu_s - earlier[1]
+
+
+DATA_WAITS = WaitBooks()
+"""This process's waits for data in its stream threads (a trainer's: chunks, shares, room in
+its group's sends)."""
+
+
+def poll(test: Callable[[], T | None], what: str, timeout_s: float, backoff: Backoff | None = None,
+         books: WaitBooks | None = None) -> T:
+    """Call `test()` until it returns something other than None/False; return that. Where
+    `test` fails at first, the wait's seconds and the polling thread's CPU seconds go to `books`.
 
     Raises:
         WaitTimeout: `timeout_s` passed first; the message is ``timed out after N s waiting for <what>``.
     """
+    if books is not None:
+        result = test()
+        if result is not None and result is not False:
+            return result
+        began, cpu_began = time.monotonic(), time.thread_time()
+        try:
+            return poll(test, what, timeout_s, backoff)
+        finally:
+            books.add(time.monotonic() - began, time.thread_time() - cpu_began)
     backoff = backoff or HOT
     deadline = time.monotonic() + timeout_s
     for delay in backoff.sleeps():

@@ -11,8 +11,9 @@ and plans with those instead of what it would otherwise assume:
   on other group sizes the table's rate times the same correction; a model the earlier run did
   not train, the table's rates times the median correction of those it did;
 - on CPU nodes, the trainers' core-seconds per sample outside their steps, the
-  preprocessors' per sample decoded (their waits and hand-offs included), in place of the
-  profile's bare decoding, and the cores the coordinator kept busy;
+  preprocessors' per sample decoded (their hand-offs included), in place of the profile's bare
+  decoding, the cores the coordinator kept busy and those a waiting trainer's or preprocessor's
+  polling kept busy;
 - the decoding limit: the preprocessors' cores over what a sample cost them;
 - a member's start and a checkpoint's seconds, as measured; where the earlier run told fresh
   starts from joins into running streams, the fresh ones, and a join waits for its stream's
@@ -59,6 +60,8 @@ class Calibration:
         fresh_start_s: the same of the members that did not join a running stream; None where
             the earlier run did not tell them apart (then `start_s` holds the joins' waits).
         checkpoint_s: a save's mean seconds.
+        trainer_wait_cores, preprocessor_wait_cores: the cores a trainer's polling kept busy
+            while it waited for data, and a preprocessor's while its streams had no room.
         core_share: the part of an oversubscribed CPU node's cores the work got.
         launch_s, tail_s: the earlier job's wall time before its ranks' start-up (its launch)
             and after its first step was due (the first batch's wait, the report, the ranks'
@@ -75,6 +78,8 @@ class Calibration:
     start_s: float | None = None
     fresh_start_s: float | None = None
     checkpoint_s: float | None = None
+    trainer_wait_cores: float | None = None
+    preprocessor_wait_cores: float | None = None
     core_share: float | None = None
     launch_s: float | None = None
     tail_s: float | None = None
@@ -93,7 +98,7 @@ class Calibration:
         key = "cpu_rate" if device == "cpu" else "compute_rate"
         figures = {name: _figure(record, name) for name in
                    ("trainer_overhead_s", "decode_core_s", "coordinator_cores", "start_s", "fresh_start_s",
-                    "checkpoint_s")}
+                    "checkpoint_s", "trainer_wait_cores", "preprocessor_wait_cores")}
         # per trainer of a group; a run before 2026-11-29 booked it per member (`group_overhead_s`):
         # not comparable across group sizes, so such a record's groups take `trainer_overhead_s`
         figures["group_overhead_s"] = _figure(record, "group_trainer_overhead_s")
@@ -138,6 +143,8 @@ class Calibration:
                                                    ("group_overhead_s", self.group_overhead_s),
                                                    ("decode_core_s", self.decode_core_s),
                                                    ("coordinator_cores", self.coordinator_cores),
+                                                   ("trainer_wait_cores", self.trainer_wait_cores),
+                                                   ("preprocessor_wait_cores", self.preprocessor_wait_cores),
                                                    ("share", self.core_share))
                    if value is not None}
         return replace(cores, **changes)

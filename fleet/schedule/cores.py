@@ -19,8 +19,14 @@ Each kind of work costs core-seconds per sample:
 - the coordinator (a thread of rank 0, on the first node) keeps ``coordinator_cores`` busy
   while anything trains.
 
-A member waiting for data uses no core (the runtime's waits sleep where ranks outnumber
-cores). Where a node's work wants more than its cores, it does not get all of them: hand-offs leave moments when every rank waits, and a process does what its costs per
+A rank that waits uses little of a core, but some: the runtime's waits sleep where ranks
+outnumber cores, and poll between their sleeps. A trainer waiting for its stream's data keeps
+``trainer_wait_cores`` busy (its stream thread's polls), a preprocessor whose streams have no
+room ``preprocessor_wait_cores`` (its loop's rounds); on a node of many ranks that adds up. A
+member waits for the part of its time its stream moves slower than its own rate (on the
+emulated device, whose steps sleep whatever the load, also for the part the node's load slows
+the stream), a preprocessor for the part of the node's `preprocessors` that decoding leaves
+unused. Where a node's work wants more than its cores, it does not get all of them: hand-offs leave moments when every rank waits, and a process does what its costs per
 sample leave out (its loops, its messages). ``share`` is the part of the cores the work gets
 then, as measured by an earlier run or a pilot on an oversubscribed node (1 where none was).
 The quantities are measured (the profile's rates and decoding, the node's cores) or
@@ -29,6 +35,7 @@ learned from an earlier run's measurements; they enter here as data.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 
@@ -51,6 +58,9 @@ class SharedCores:
             (measured; see the module).
         nodes_per_host: nodes that share one machine's `cores` (virtual nodes: 1 for real
             nodes); their work is slowed together, by their machine's load.
+        trainer_wait_cores: cores one trainer keeps busy while it waits for data.
+        preprocessor_wait_cores: cores one preprocessor keeps busy while its streams have no room.
+        preprocessors: preprocessor processes on one node.
     """
 
     cores: float
@@ -61,6 +71,9 @@ class SharedCores:
     coordinator_cores: float = 0.0
     share: float = 1.0
     nodes_per_host: int = 1
+    trainer_wait_cores: float = 0.0
+    preprocessor_wait_cores: float = 0.0
+    preprocessors: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.trainer_cores >= 0:
@@ -69,9 +82,10 @@ class SharedCores:
             raise ValueError("share must be in (0, 1]")
         if self.nodes_per_host < 1:
             raise ValueError("nodes_per_host must be at least 1")
-        if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores, self.group_overhead_s or 0.0) < 0:
-            raise ValueError("decode_core_s, trainer_overhead_s, group_overhead_s and coordinator_cores must not be "
-                             "negative")
+        if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores, self.group_overhead_s or 0.0,
+               self.trainer_wait_cores, self.preprocessor_wait_cores, self.preprocessors) < 0:
+            raise ValueError("decode_core_s, trainer_overhead_s, group_overhead_s, coordinator_cores, the wait cores "
+                             "and preprocessors must not be negative")
 
     def member_rate(self, rate: float, trainers: int) -> float:
         """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead
@@ -91,19 +105,36 @@ class SharedCores:
             return self.trainer_overhead_s
         return trainers * (self.group_overhead_s if self.group_overhead_s is not None else self.trainer_overhead_s)
 
-    def slowdown(self, load: float) -> float:
+    def slowdown(self, load: float, waits: float = 0.0, slowed_waits: float = 0.0) -> float:
         """The factor (at most 1) a node's work moves at when it would use `load` cores (of
-        which it gets `share` when it wants more than the node has)."""
+        which it gets `share` when it wants more than the node has), beside `waits`: the cores
+        its waiting ranks' polling would use, of which `slowed_waits` only while the work moves
+        at full pace (ranks whose waits grow as it slows: at factor ``f`` they would use
+        ``waits + slowed_waits * (1 - f)``). A poll waits for a core as the work does: every
+        demand is slowed alike."""
         usable = self.cores * self.share
-        return 1.0 if load <= usable else usable / load
+        wanted = load + waits
+        if wanted <= usable:
+            return 1.0
+        if slowed_waits <= 0:
+            return usable / wanted
+        # f * (wanted + slowed_waits * (1 - f)) = usable: its root in (0, 1)
+        total = wanted + slowed_waits
+        return (total - math.sqrt(max(0.0, total * total - 4.0 * slowed_waits * usable))) / (2.0 * slowed_waits)
 
-    def node_slowdowns(self, loads: dict[int, float]) -> dict[int, float]:
-        """Per node, the factor its work moves at, its `loads` (cores wanted, by node index)
-        summed over the nodes of each machine (`nodes_per_host` consecutive nodes)."""
-        hosts: dict[int, float] = {}
+    def node_slowdowns(self, loads: dict[int, float],
+                       waits: dict[int, tuple[float, float]] | None = None) -> dict[int, float]:
+        """Per node, the factor its work moves at, its `loads` (cores wanted, by node index) and
+        its `waits` (``(waits, slowed_waits)``, see `slowdown`) summed over the nodes of each
+        machine (`nodes_per_host` consecutive nodes)."""
+        hosts: dict[int, list[float]] = {}
         for node, load in loads.items():
-            hosts[node // self.nodes_per_host] = hosts.get(node // self.nodes_per_host, 0.0) + load
-        return {node: self.slowdown(hosts[node // self.nodes_per_host]) for node in loads}
+            host = hosts.setdefault(node // self.nodes_per_host, [0.0, 0.0, 0.0])
+            steady, slowed = (waits or {}).get(node, (0.0, 0.0))
+            host[0] += load
+            host[1] += steady
+            host[2] += slowed
+        return {node: self.slowdown(*hosts[node // self.nodes_per_host]) for node in loads}
 
     def oversubscribed(self, trainers: int, preprocessors: int) -> bool:
         """Whether a node of `trainers` busy trainers and `preprocessors` decoding (each node of
@@ -120,8 +151,18 @@ ASSUMED_TRAINER_OVERHEAD_S = 1.5e-5
 it (a pilot of bench/predict.py's sweep, 24 px images: 1.45e-5; its runs 1.4-2.2e-5)."""
 
 
+ASSUMED_TRAINER_WAIT_CORES = 0.03
+"""Cores a trainer waiting for data keeps busy where nothing measured it: its stream thread
+polls for 50 us between sleeps of up to 2 ms (`fleet.runtime.waiting.SHARING`), and wakes;
+bench/predict.py's runs on a 2-core VM: 0.030-0.037 (fitted over their epochs' waits)."""
+ASSUMED_PREPROCESSOR_WAIT_CORES = 0.02
+"""The same of a preprocessor whose streams have no room (its loop's rounds between sleeps)."""
+
+
 def assumed_costs(cores: SharedCores) -> SharedCores:
     """`cores` of a CPU node with what only a run measures (a pilot, an earlier run) assumed:
-    `ASSUMED_SHARE` and `ASSUMED_TRAINER_OVERHEAD_S`; a measurement replaces them
-    (`fleet.schedule.calibration.Calibration.cores`)."""
-    return replace(cores, share=ASSUMED_SHARE, trainer_overhead_s=ASSUMED_TRAINER_OVERHEAD_S)
+    `ASSUMED_SHARE`, `ASSUMED_TRAINER_OVERHEAD_S` and the wait cores; a measurement replaces
+    them (`fleet.schedule.calibration.Calibration.cores`)."""
+    return replace(cores, share=ASSUMED_SHARE, trainer_overhead_s=ASSUMED_TRAINER_OVERHEAD_S,
+                   trainer_wait_cores=ASSUMED_TRAINER_WAIT_CORES,
+                   preprocessor_wait_cores=ASSUMED_PREPROCESSOR_WAIT_CORES)

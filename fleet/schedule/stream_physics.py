@@ -411,23 +411,37 @@ class StreamPhysics:
         itself, the coordinator on the first)."""
         cores, cluster = self.scenario.cores, self.scenario.cluster
         load = dict.fromkeys(range(cluster.nodes), 0.0)
+        waits = {k: [0.0, 0.0] for k in range(cluster.nodes)}  # the polling of waiting ranks: steady, and growing as the work slows
+        decoding_cores = dict.fromkeys(range(cluster.nodes), 0.0)
         load[0] = cores.coordinator_cores if active else 0.0
         for stream in active:
             pace = paces[stream.id]
             share = shares.get(stream.id, math.inf)
             speeds = {i: max(pace, min(d, share)) for i, d in stream.leading().items()}
             for index, model in stream.active.items():
+                speed = speeds.get(index, pace)
                 cost = cores.member_core_s(model.own_alone_rate, len(model.gpus))
                 if stream.own_decode_rate is not None:
                     cost += cores.decode_core_s / stream.decode_scale / len(stream.active)
+                # the part of its time it waits for its stream: at this speed, and on sleeping
+                # steps (the emulated device's) also the part by which the load slows the stream
+                moving = min(1.0, speed / model.own_rate) if model.own_rate > 0 else 1.0
+                polling = cores.trainer_wait_cores * model.trainer_share
                 for g in model.gpus:
-                    load[g // cluster.gpus_per_node] += (speeds.get(index, pace) * cost * model.trainer_share
-                                                         / len(model.gpus))
+                    node = g // cluster.gpus_per_node
+                    load[node] += speed * cost * model.trainer_share / len(model.gpus)
+                    waits[node][0] += polling * (1.0 - moving)
+                    if not cores.trainer_cores:
+                        waits[node][1] += polling * moving
             if stream.own_decode_rate is None:
                 decoding = max(speeds.values(), default=pace)
                 for k in load:
-                    load[k] += decoding * cores.decode_core_s / stream.decode_scale / cluster.nodes
-        return cores.node_slowdowns(load)
+                    decoding_cores[k] += decoding * cores.decode_core_s / stream.decode_scale / cluster.nodes
+        for k in load:
+            load[k] += decoding_cores[k]
+            if active:  # preprocessors wait for room where decoding leaves them idle
+                waits[k][0] += cores.preprocessor_wait_cores * max(0.0, cores.preprocessors - decoding_cores[k])
+        return cores.node_slowdowns(load, {k: (steady, slowed) for k, (steady, slowed) in waits.items()})
 
     def _repace_one(self, stream: StreamMotion, decode_share: float, speed_of=None) -> None:
         stream.sync(self.now)

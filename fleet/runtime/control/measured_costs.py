@@ -7,12 +7,17 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
 
 - per model and group size, the rate its steps reached by the wall clock (``compute_rate``)
   and by their CPU time (``cpu_rate``: the rate with the cores to itself on a CPU node);
-- ``trainer_overhead_s``: core-seconds the trainers spent per sample outside their steps (of
-  members of one trainer, where the run had some), and ``group_trainer_overhead_s``, the same
-  per trainer of members of several (each trainer's share of the stream, its allreduce and the
-  waits in it: a member of ``m`` trainers costs ``m`` times that per sample of its stream);
+- ``trainer_overhead_s``: core-seconds the trainers spent per sample outside their steps and
+  their waits for data (of members of one trainer, where the run had some), and
+  ``group_trainer_overhead_s``, the same per trainer of members of several (each trainer's share
+  of the stream, its allreduce and the waits in it: a member of ``m`` trainers costs ``m``
+  times that per sample of its stream);
 - ``decode_core_s``: core-seconds the preprocessors' decoding loops spent per sample they
-  decoded (their waits and hand-offs included; not their start-up, nor rank 0's coordinator);
+  decoded (their hand-offs included; not their rounds with nothing to do, their start-up, nor
+  rank 0's coordinator);
+- ``trainer_wait_cores`` and ``preprocessor_wait_cores``: the cores a trainer's stream thread
+  kept busy polling while it waited for data, and a preprocessor's loop while its streams had
+  no room (where the run had a second of such waits);
 - ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
 - ``epoch_end_share``: the part of a member's time its epochs' ends took (its validation pass,
   its save and best predictions), in which it takes nothing from its stream;
@@ -42,6 +47,8 @@ class _GroupTime:
     cpu_s: float = 0.0
     compute_samples: int = 0
     compute_s: float = 0.0
+    wait_s: float = 0.0  # its stream threads' waits for data
+    wait_cpu_s: float = 0.0  # ... and the CPU seconds of their polling
 
 
 class MeasuredCosts:
@@ -49,7 +56,8 @@ class MeasuredCosts:
 
     def __init__(self) -> None:
         self.groups: dict[tuple[str, int], _GroupTime] = {}
-        self.preprocessors: dict[int, list[float]] = {}  # rank -> [CPU seconds so far, samples decoded]
+        # rank -> [CPU seconds so far, samples decoded, idle seconds so far, their CPU seconds]
+        self.preprocessors: dict[int, list[float]] = {}
         self.coordinator_cpu_s: float | None = None  # the coordinator thread's CPU seconds, once it ended
         self.epoch_s = 0.0  # the timed epochs' seconds on the stream ...
         self.end_s = 0.0  # ... and at their ends (validation, save, best predictions)
@@ -60,7 +68,7 @@ class MeasuredCosts:
         A report that arrives after its model's GPUs went (0 trainers: a stop or a checkpoint
         crossed it) says nothing of a group size."""
         if group_size >= 1:
-            self._add(report.model, group_size, report.cpu, report.samples, report.samples_per_s)
+            self._add(report.model, group_size, report.cpu, report.samples, report.samples_per_s, report.waits)
         if report.end_s > 0 and report.epoch_s > 0:
             self.epoch_s += report.epoch_s
             self.end_s += report.end_s
@@ -71,24 +79,28 @@ class MeasuredCosts:
         part of the epoch it trained there counts as an epoch's would (a short run, a pilot,
         may end before any epoch does)."""
         if group_size >= 1:
-            self._add(report.model, group_size, report.cpu, report.cpu[2], report.compute_rate)
+            self._add(report.model, group_size, report.cpu, report.cpu[2], report.compute_rate, report.waits)
 
-    def _add(self, model: str, group_size: int, cpu: tuple[float, float, int], samples: int, rate: float) -> None:
+    def _add(self, model: str, group_size: int, cpu: tuple[float, float, int], samples: int, rate: float,
+             waits: tuple[float, float] = (0.0, 0.0)) -> None:
         step_cpu_s, cpu_s, cpu_samples = cpu
         group = self.groups.setdefault((model, group_size), _GroupTime())
         if cpu_samples > 0 and step_cpu_s > 0:
             group.samples += cpu_samples
             group.step_cpu_s += step_cpu_s
             group.cpu_s += max(cpu_s, step_cpu_s)
+            group.wait_s += max(0.0, waits[0])
+            group.wait_cpu_s += min(max(0.0, waits[1]), max(0.0, cpu_s - step_cpu_s))
         if rate > 0 and samples > 0:
             group.compute_samples += samples
             group.compute_s += samples / rate
 
     def stream_done(self, report: StreamDone) -> None:
         """A preprocessor's report of a stream it finished (its decoding loop's CPU seconds so far)."""
-        books = self.preprocessors.setdefault(report.rank, [0.0, 0.0])
+        books = self.preprocessors.setdefault(report.rank, [0.0, 0.0, 0.0, 0.0])
         books[0] = max(books[0], report.cpu_s)
         books[1] += report.decoded
+        books[2], books[3] = max(books[2], report.idle[0]), max(books[3], min(report.idle[1], report.cpu_s))
 
     def record(self, start_s: float | None, checkpoint_s: float | None, makespan: float = 0.0,
                core_share: float | None = None, fresh_start_s: float | None = None) -> dict:
@@ -108,9 +120,10 @@ class MeasuredCosts:
                 rates.setdefault(model, {})[str(size)] = entry
         record: dict = {"rates": rates}
         record.update(self._overheads())
-        decoded = sum(decoded for _, decoded in self.preprocessors.values())
+        decoded = sum(books[1] for books in self.preprocessors.values())
         if decoded:
-            record["decode_core_s"] = sum(cpu for cpu, _ in self.preprocessors.values()) / decoded
+            record["decode_core_s"] = sum(books[0] - books[3] for books in self.preprocessors.values()) / decoded
+        record.update(self._wait_cores())
         if self.end_s > 0:
             record["epoch_end_share"] = self.end_s / (self.epoch_s + self.end_s)
         if self.coordinator_cpu_s is not None and makespan > 0:
@@ -136,6 +149,19 @@ class MeasuredCosts:
             record["group_trainer_overhead_s"] = group
         return record
 
+    def _wait_cores(self) -> dict[str, float]:
+        """``trainer_wait_cores`` and ``preprocessor_wait_cores``, where the run waited long
+        enough (`MIN_WAIT_S`) to tell."""
+        record = {}
+        for key, seconds, cpu_s in (
+                ("trainer_wait_cores", sum(g.wait_s for g in self.groups.values()),
+                 sum(g.wait_cpu_s for g in self.groups.values())),
+                ("preprocessor_wait_cores", sum(b[2] for b in self.preprocessors.values()),
+                 sum(b[3] for b in self.preprocessors.values()))):
+            if seconds >= MIN_WAIT_S:
+                record[key] = min(1.0, cpu_s / seconds)
+        return record
+
     def accounted_core_s(self) -> float:
         """Core-seconds the run's measured costs account for: its trainers' (steps, the rest of
         their epochs and the ends of them), its preprocessors' decoding loops and its coordinator."""
@@ -145,8 +171,8 @@ class MeasuredCosts:
         """`accounted_core_s` per rank role (as `fleet.runtime.control.host_use` names them):
         the trainers', the preprocessors' other than rank 0, and rank 0's (its decoding loop and
         the coordinator)."""
-        rank0 = self.preprocessors.get(0, [0.0, 0.0])[0] + (self.coordinator_cpu_s or 0.0)
-        others = sum(cpu for rank, (cpu, _) in self.preprocessors.items() if rank != 0)
+        rank0 = self.preprocessors.get(0, [0.0])[0] + (self.coordinator_cpu_s or 0.0)
+        others = sum(books[0] for rank, books in self.preprocessors.items() if rank != 0)
         trainers = sum(g.cpu_s for g in self.groups.values()) + self.end_cpu_s
         return {"trainer": trainers, "preprocessor": others, RANK0_ROLE: rank0}
 
@@ -158,7 +184,7 @@ class MeasuredCosts:
         accounted = self.accounted_by_role()
         roles = {role: {"cpu_s": cpu, "accounted_s": accounted.get(role, 0.0)} for role, cpu in sorted(measured.items())}
         return {"roles": roles, "trained": sum(g.samples for g in self.groups.values()),
-                "decoded": sum(decoded for _, decoded in self.preprocessors.values())}
+                "decoded": sum(books[1] for books in self.preprocessors.values())}
 
     def core_share_over(self, cores: float, makespan: float) -> float | None:
         """The core-seconds accounted for over `cores` x `makespan`: the part of the cores the
@@ -167,8 +193,12 @@ class MeasuredCosts:
         return min(1.0, accounted / (cores * makespan)) if accounted > 0 and cores > 0 and makespan > 0 else None
 
 
+MIN_WAIT_S = 1.0  # seconds of waits under which their cores are not told
+
+
 def _outside_steps(groups: list[tuple[_GroupTime, int]]) -> float | None:
-    """`groups`' (each with its trainers) CPU seconds outside their steps per sample and
-    trainer (None without a sample)."""
+    """`groups`' (each with its trainers) CPU seconds outside their steps and their waits for
+    data, per sample and trainer (None without a sample)."""
     trainer_samples = sum(g.samples * size for g, size in groups)
-    return sum(g.cpu_s - g.step_cpu_s for g, _ in groups) / trainer_samples if trainer_samples else None
+    outside = sum(g.cpu_s - g.step_cpu_s - g.wait_cpu_s for g, _ in groups)
+    return max(0.0, outside) / trainer_samples if trainer_samples else None

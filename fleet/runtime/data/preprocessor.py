@@ -193,12 +193,14 @@ class PreprocessorLoop:
         self.slots = ctx.pool.slots_of(ctx.rank) if ctx.pool is not None and not own else None
         self.stopping = threading.Event()
         self.cpu_started = 0.0  # this loop's thread's CPU seconds when it began serving
+        self.idle = [0.0, 0.0]  # its rounds with streams and nothing to do: seconds, CPU seconds
 
     def run(self) -> None:
         self.cpu_started = time.thread_time()
         quiet_since = time.monotonic()
         sleeps = IDLE.sleeps()
         while True:
+            began, cpu_began, serving = time.monotonic(), time.thread_time(), bool(self.streams)
             handled = self._commands()
             if handled is None:
                 return
@@ -215,6 +217,9 @@ class PreprocessorLoop:
                 sleeps = waiting.HOT.sleeps()
             else:
                 time.sleep(next(sleeps))
+                if serving:  # waiting for room in its streams' windows: what its polling costs
+                    self.idle[0] += time.monotonic() - began
+                    self.idle[1] += time.thread_time() - cpu_began
 
     def _commands(self) -> bool | None:
         """Handle pending commands; None means shut down."""
@@ -275,7 +280,7 @@ class PreprocessorLoop:
                 self.decoded += producer.decoded
                 done = StreamDone(stream_id, self.ctx.rank, producer.decoded, producer.shared, producer.hollow,
                                   tuple(sorted(producer.read_from.items())),
-                                  cpu_s=time.thread_time() - self.cpu_started)
+                                  cpu_s=time.thread_time() - self.cpu_started, idle=(self.idle[0], self.idle[1]))
                 send_object(self.ctx.ctrl, done, 0, Tag.REPORT, "the coordinator to take a stream report", self.ctx.timeout_s)
                 moved = True
         return moved

@@ -72,7 +72,7 @@ class StreamThread(threading.Thread):
     def _poll(self, test, what: str, backoff=None):
         self.waiting_for = what
         try:
-            return poll(test, what, self.ctx.timeout_s, backoff)
+            return poll(test, what, self.ctx.timeout_s, backoff, books=waiting.DATA_WAITS)
         finally:
             self.waiting_for = None
 

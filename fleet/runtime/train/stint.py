@@ -13,7 +13,7 @@ from typing import Any
 
 from fleet.runtime.data.queues import Batch, Batcher
 from fleet.runtime.data.stream import StreamThread
-from fleet.runtime.waiting import WaitTimeout
+from fleet.runtime.waiting import DATA_WAITS, WaitTimeout
 
 
 _APART: dict[int, float] = {}  # CPU clocks of this process's threads that do other work -> their last reading
@@ -55,6 +55,7 @@ class EpochTotals:
     resumed: int = 0  # of `samples`, those trained before a checkpoint, by an earlier stint
     step_cpu_s: float = 0.0  # CPU seconds of this trainer's thread in its steps (this stint)
     cpu_started: float = field(default_factory=trainer_cpu_s)  # the process's CPU seconds then (`trainer_cpu_s`)
+    waits_started: tuple[float, float] = field(default_factory=DATA_WAITS.totals)  # its data waits' books then
 
     def consumed_per_s(self, epoch_s: float) -> float:
         """Samples per second the group took from its stream since `started`."""

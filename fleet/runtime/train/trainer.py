@@ -45,7 +45,7 @@ from fleet.runtime.train.coordinator_link import CoordinatorLink
 from fleet.runtime.train.member_checkpoints import MemberCheckpoints
 from fleet.runtime.train.stint import EpochTotals, MemberCosts, next_batch, resumed_totals, set_apart, trainer_cpu_s
 from fleet.runtime.train.stop import StopReason, StopTracker
-from fleet.runtime.waiting import IDLE, WaitTimeout, send_object
+from fleet.runtime.waiting import DATA_WAITS, IDLE, WaitTimeout, send_object
 
 
 def create_group_comm(parent: Any, ranks: tuple[int, ...], uid: int) -> Any:
@@ -187,9 +187,9 @@ class GroupTraining:
         """After the last step: a hop's news first, then the save that keeps the model's place
         (not for a model that converged, nor a visit cut short); the stream thread drains on."""
         self._tell_hop(converged)
-        cpu, compute_rate = (0.0, 0.0, 0), 0.0
+        cpu, waits, compute_rate = (0.0, 0.0, 0), (0.0, 0.0), 0.0
         if not converged and (self.visit is None or self.visit.saves_at_leave):
-            loss_sum, compute_s, cpu = self._group_epoch_sums()
+            loss_sum, compute_s, cpu, waits = self._group_epoch_sums()
             self.checkpoints.epoch_sums = (loss_sum, compute_s)
             compute_rate = self.totals.samples / compute_s if compute_s > 0 else 0.0
             self._save_checkpoint()
@@ -198,7 +198,7 @@ class GroupTraining:
             self.model.id, self.start.layout.stream, self.start.group_uid, converged, self.tracker.epochs,
             self.totals.samples, self.checkpoints.gpu_seconds, self.costs.take_checkpoint_s(),
             self.engine.num_parameters, self.ctx.take_val_decoded(), self.costs.take_start_s(),
-            self.visit.partition if self.visit and self.visit.ended else None, cpu, compute_rate,
+            self.visit.partition if self.visit and self.visit.ended else None, cpu, compute_rate, waits,
         )
 
     def _tell_hop(self, converged: bool) -> None:
@@ -276,7 +276,7 @@ class GroupTraining:
     def _end_epoch(self) -> EpochEnd:
         """Close the epoch on every trainer of the group: the model goes on, converged (its stop
         rule, or early stopping at a rung), or leaves (held at its rung: checkpointed)."""
-        loss_sum, compute_s, cpu = self._group_epoch_sums()
+        loss_sum, compute_s, cpu, waits = self._group_epoch_sums()
         if self.size > 1:
             self._average_buffers()
         samples = max(1, self.totals.samples)
@@ -287,7 +287,7 @@ class GroupTraining:
         lr = self.engine.lr
         decision = np.zeros(1)
         if self.is_master:
-            reason = self._evaluate_and_report(train_loss, (compute_rate, consumed), samples, epoch_s, lr, cpu)
+            reason = self._evaluate_and_report(train_loss, (compute_rate, consumed), samples, epoch_s, lr, cpu, waits)
             decision[0] = float(EpochEnd.CONVERGED if reason is not None else self._at_rung())
         else:
             self.engine.end_epoch()
@@ -308,15 +308,18 @@ class GroupTraining:
         self.next_stop = verdict.next_stop
         return EpochEnd.GO_ON if verdict.go_on else EpochEnd.CONVERGED
 
-    def _group_epoch_sums(self) -> tuple[float, float, tuple[float, float, int]]:
-        """The group's loss sum and mean compute seconds of the epoch so far, and its CPU
-        seconds in steps and in all with the samples they trained (this stint's part of the
-        epoch; every member calls it)."""
+    def _group_epoch_sums(self) -> tuple[float, float, tuple[float, float, int], tuple[float, float]]:
+        """The group's loss sum and mean compute seconds of the epoch so far, its CPU seconds in
+        steps and in all with the samples they trained, and its stream threads' waits for data
+        (seconds, CPU seconds) (this stint's part of the epoch; every member calls it)."""
         totals = self.totals
-        sums = np.array([totals.loss_sum, totals.compute_s, totals.step_cpu_s, trainer_cpu_s() - totals.cpu_started])
+        waits = DATA_WAITS.since(totals.waits_started)
+        sums = np.array([totals.loss_sum, totals.compute_s, totals.step_cpu_s, trainer_cpu_s() - totals.cpu_started,
+                         *waits])
         if self.size > 1:
             self.collective.allreduce_sum(sums)
-        return float(sums[0]), float(sums[1] / self.size), (float(sums[2]), float(sums[3]), totals.samples - totals.resumed)
+        return (float(sums[0]), float(sums[1] / self.size), (float(sums[2]), float(sums[3]), totals.samples - totals.resumed),
+                (float(sums[4]), float(sums[5])))
 
     def _average_buffers(self) -> None:
         buffers = self.engine.flat_buffers()
@@ -325,7 +328,7 @@ class GroupTraining:
             self.collective.allreduce_sum(buffers)
             self.engine.load_flat_buffers((buffers / self.size).astype(np.float32))
 
-    def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr, cpu) -> StopReason | None:
+    def _evaluate_and_report(self, train_loss, rates, samples, epoch_s, lr, cpu, waits) -> StopReason | None:
         compute_rate, consumed = rates  # samples/s computed, and taken from the stream
         ending, ending_cpu = time.monotonic(), trainer_cpu_s()
         val_x, val_y = self.ctx.validation_of(self.model.group)
@@ -348,7 +351,7 @@ class GroupTraining:
             self.model.id, self.start.layout.stream, self.tracker.epochs, train_loss, metrics["loss"],
             metrics["accuracy"], compute_rate, consumed, lr, epoch_s, self.costs.take_checkpoint_s(),
             reason.value if reason else None, samples, self.costs.take_start_s(), cpu, len(val_y),
-            end_s=time.monotonic() - ending, end_cpu_s=trainer_cpu_s() - ending_cpu,
+            end_s=time.monotonic() - ending, end_cpu_s=trainer_cpu_s() - ending_cpu, waits=waits,
         )
         self.link.report(report, "an epoch report")
         return reason
