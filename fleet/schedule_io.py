@@ -8,6 +8,7 @@ and the field.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -51,17 +52,18 @@ def profile_scenario(
     preprocessors_per_node: int | str | None = None, virtual_nodes: bool = False,
 ) -> Scenario:
     """The simulated run of a profile on `gpus` GPUs, decoding limited to what the profile
-    measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled), a
+    measured its preprocessors decode (`preprocessors_per_node` of them, or as profiled; each
+    stream from those the runtime would give it), a
     stream decoded in its own trainer process (Baseline's) to what one of them decodes, and
     on CPU nodes the cores they all share (as many as the profile's node had; `virtual_nodes`:
     one machine's, shared by all the nodes)."""
     cluster = Cluster(gpus, rates.gpus_per_node)
     limit = decode_limit(rates.extra, cluster.nodes, preprocessors_per_node)
-    per_node = preprocessor_count(preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes
+    per_node = math.ceil(preprocessor_count(preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
                     own_decode_rate=decode_limit(rates.extra, 1, 1),  # one process's
                     cores=shared_cores(rates.extra, nodes_per_host=cluster.nodes if virtual_nodes else 1,
-                                       preprocessors=per_node))
+                                       preprocessors=per_node), preprocessors_per_node=per_node)
 
 
 PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet profile --pilot`)

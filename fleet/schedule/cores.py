@@ -20,13 +20,12 @@ Each kind of work costs core-seconds per sample:
   while anything trains.
 
 A rank that waits uses little of a core, but some: the runtime's waits sleep where ranks
-outnumber cores, and poll between their sleeps. A trainer waiting for its stream's data keeps
-``trainer_wait_cores`` busy (its stream thread's polls), a preprocessor whose streams have no
-room ``preprocessor_wait_cores`` (its loop's rounds); on a node of many ranks that adds up. A
-member waits for the part of its time its stream moves slower than its own rate (on the
-emulated device, whose steps sleep whatever the load, also for the part the node's load slows
-the stream), a preprocessor for the part of the node's `preprocessors` that decoding leaves
-unused. Where a node's work wants more than its cores, it does not get all of them: hand-offs leave moments when every rank waits, and a process does what its costs per
+outnumber cores, and poll between their sleeps. A member's trainer has a stream thread that
+waits for the next chunk while the trainer steps through the last (runs measured it waiting
+0.85-0.95 of the time, whether its member was slow or fast): each trainer of a member keeps
+``trainer_wait_cores`` busy for as long as it is in its stream. A preprocessor whose streams
+have no room keeps ``preprocessor_wait_cores`` busy (its loop's rounds), for the part of the
+node's `preprocessors` that decoding leaves unused. On a node of many ranks that adds up. Where a node's work wants more than its cores, it does not get all of them: hand-offs leave moments when every rank waits, and a process does what its costs per
 sample leave out (its loops, its messages). ``share`` is the part of the cores the work gets
 then, as measured by an earlier run or a pilot on an oversubscribed node (1 where none was).
 The quantities are measured (the profile's rates and decoding, the node's cores) or
@@ -35,7 +34,6 @@ learned from an earlier run's measurements; they enter here as data.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 
@@ -58,7 +56,8 @@ class SharedCores:
             (measured; see the module).
         nodes_per_host: nodes that share one machine's `cores` (virtual nodes: 1 for real
             nodes); their work is slowed together, by their machine's load.
-        trainer_wait_cores: cores one trainer keeps busy while it waits for data.
+        trainer_wait_cores: cores one trainer's stream thread keeps busy polling for data while
+            its member is in its stream.
         preprocessor_wait_cores: cores one preprocessor keeps busy while its streams have no room.
         preprocessors: preprocessor processes on one node.
     """
@@ -105,36 +104,19 @@ class SharedCores:
             return self.trainer_overhead_s
         return trainers * (self.group_overhead_s if self.group_overhead_s is not None else self.trainer_overhead_s)
 
-    def slowdown(self, load: float, waits: float = 0.0, slowed_waits: float = 0.0) -> float:
+    def slowdown(self, load: float) -> float:
         """The factor (at most 1) a node's work moves at when it would use `load` cores (of
-        which it gets `share` when it wants more than the node has), beside `waits`: the cores
-        its waiting ranks' polling would use, of which `slowed_waits` only while the work moves
-        at full pace (ranks whose waits grow as it slows: at factor ``f`` they would use
-        ``waits + slowed_waits * (1 - f)``). A poll waits for a core as the work does: every
-        demand is slowed alike."""
+        which it gets `share` when it wants more than the node has)."""
         usable = self.cores * self.share
-        wanted = load + waits
-        if wanted <= usable:
-            return 1.0
-        if slowed_waits <= 0:
-            return usable / wanted
-        # f * (wanted + slowed_waits * (1 - f)) = usable: its root in (0, 1)
-        total = wanted + slowed_waits
-        return (total - math.sqrt(max(0.0, total * total - 4.0 * slowed_waits * usable))) / (2.0 * slowed_waits)
+        return 1.0 if load <= usable else usable / load
 
-    def node_slowdowns(self, loads: dict[int, float],
-                       waits: dict[int, tuple[float, float]] | None = None) -> dict[int, float]:
-        """Per node, the factor its work moves at, its `loads` (cores wanted, by node index) and
-        its `waits` (``(waits, slowed_waits)``, see `slowdown`) summed over the nodes of each
-        machine (`nodes_per_host` consecutive nodes)."""
-        hosts: dict[int, list[float]] = {}
+    def node_slowdowns(self, loads: dict[int, float]) -> dict[int, float]:
+        """Per node, the factor its work moves at, its `loads` (cores wanted, by node index)
+        summed over the nodes of each machine (`nodes_per_host` consecutive nodes)."""
+        hosts: dict[int, float] = {}
         for node, load in loads.items():
-            host = hosts.setdefault(node // self.nodes_per_host, [0.0, 0.0, 0.0])
-            steady, slowed = (waits or {}).get(node, (0.0, 0.0))
-            host[0] += load
-            host[1] += steady
-            host[2] += slowed
-        return {node: self.slowdown(*hosts[node // self.nodes_per_host]) for node in loads}
+            hosts[node // self.nodes_per_host] = hosts.get(node // self.nodes_per_host, 0.0) + load
+        return {node: self.slowdown(hosts[node // self.nodes_per_host]) for node in loads}
 
     def oversubscribed(self, trainers: int, preprocessors: int) -> bool:
         """Whether a node of `trainers` busy trainers and `preprocessors` decoding (each node of
@@ -151,10 +133,11 @@ ASSUMED_TRAINER_OVERHEAD_S = 1.5e-5
 it (a pilot of bench/predict.py's sweep, 24 px images: 1.45e-5; its runs 1.4-2.2e-5)."""
 
 
-ASSUMED_TRAINER_WAIT_CORES = 0.03
-"""Cores a trainer waiting for data keeps busy where nothing measured it: its stream thread
-polls for 50 us between sleeps of up to 2 ms (`fleet.runtime.waiting.SHARING`), and wakes;
-bench/predict.py's runs on a 2-core VM: 0.030-0.037 (fitted over their epochs' waits)."""
+ASSUMED_TRAINER_WAIT_CORES = 0.025
+"""Cores a member's trainer keeps busy polling for data where nothing measured it: its stream
+thread polls for 50 us between sleeps of up to 2 ms (`fleet.runtime.waiting.SHARING`), and
+wakes; bench/predict.py's runs on a 2-core VM: 0.028-0.033 of a core while waiting, waiting
+0.85-0.95 of their stay."""
 ASSUMED_PREPROCESSOR_WAIT_CORES = 0.02
 """The same of a preprocessor whose streams have no room (its loop's rounds between sleeps)."""
 

@@ -70,6 +70,10 @@ class Scenario:
         lead_samples: how far (samples) a member may run ahead of its stream's slowest member,
             as the runtime's queues let it (chunks decoded and received but not yet released by
             every member); 0: a stream's members move in lockstep at the slowest one's pace.
+        preprocessors_per_node: the preprocessor processes of each node, among which
+            `decode_rate` is divided: a stream of whole data takes its chunks from those the
+            runtime gives it (`fleet.schedule.decoders`); 0: every stream shares all of the
+            decoding (the paper's model).
     """
 
     rates: RateTable
@@ -86,6 +90,7 @@ class Scenario:
     cores: SharedCores | None = None
     partition_groups: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
     lead_samples: float = 0.0
+    preprocessors_per_node: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.rates.models)

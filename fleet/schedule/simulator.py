@@ -317,12 +317,13 @@ class _Run:
             self.round_start = self.now()
         self.planning.append(planning_s if self.costs.planning_s is None else self.costs.planning_s)
         delay = self.planning[-1]
+        new_streams = sum(not launch.join for launch in launches)
         for launch in launches:
             ready = [self._reserve(model, member.gpus, delay, member.models)
                      for member in launch.members for model in member.ids]
             if not launch.join:
                 stream = self.physics.new_stream(launch.stream, self.ledger.round, launch.partition,
-                                                 launch.own_decoding)
+                                                 launch.own_decoding, [m.gpus for m in launch.members], new_streams)
                 self.physics.wait(stream, ready, max(r for _, r in ready))
             else:
                 stream = self.physics.streams[launch.stream]

@@ -24,6 +24,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
+from fleet.schedule.decoders import assigned_shares, pick_decoders
 from fleet.schedule.grouping import GROUP_KEY, epoch_scale_of
 from fleet.schedule.partitions import Partitions
 from fleet.schedule.scenario import Scenario
@@ -102,13 +103,14 @@ class StreamMotion:
     __slots__ = (
         "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
         "boundaries", "version", "start", "end", "all_members", "partition", "own_decode_rate", "decode_scale",
-        "changes", "paced", "lead_cap", "ahead", "speeds", "front",
+        "changes", "paced", "lead_cap", "ahead", "speeds", "front", "decoders",
     )
 
     def __init__(self, stream_id: int, round_index: int, partition: int | None = None,
                  own_decode_rate: float | None = None):
         self.id, self.round, self.partition = stream_id, round_index, partition
         self.own_decode_rate = own_decode_rate  # decoded by its member between steps: at this rate
+        self.decoders: tuple[int, ...] = ()  # the preprocessors it takes its chunks from (); (): all of them
         # members ahead of the slowest (`Scenario.lead_samples`, set with the members: 0 is
         # lockstep): by index, their samples ahead of `pos` (at most `lead_cap`) and the speed
         # they move at while below it
@@ -311,11 +313,19 @@ class StreamPhysics:
     def now(self) -> float:
         return self.queue.now
 
-    def new_stream(self, stream_id: int, round_index: int, partition: int | None,
-                   own_decoding: bool = False) -> StreamMotion:
+    def new_stream(self, stream_id: int, round_index: int, partition: int | None, own_decoding: bool = False,
+                   member_gpus: Sequence[tuple[int, ...]] = (), launching: int = 1) -> StreamMotion:
+        """A new stream (`member_gpus`: its members' GPUs, a master on the first of each;
+        `launching`: the new streams of this decision, which share the free preprocessors)."""
         own_rate = (self.scenario.own_decode_rate or math.inf) if own_decoding else None
         stream = StreamMotion(stream_id, round_index, partition, own_rate)
         stream.synced_at = self.now
+        per_node = self.scenario.preprocessors_per_node
+        if per_node and not own_decoding and partition is None and self.scenario.decode_rate is not None:
+            nodes_of = {p: p // per_node for p in range(per_node * self.scenario.cluster.nodes)}
+            busy = [s.decoders for s in self.streams.values() if s.decoders and (s.active or s.waiting)]
+            masters = {gpus[0] // self.scenario.cluster.gpus_per_node for gpus in member_gpus if gpus}
+            stream.decoders = pick_decoders(nodes_of, busy, masters, launching)
         self.streams[stream.id] = stream
         return stream
 
@@ -398,20 +408,24 @@ class StreamPhysics:
             sharing = {s.id: s.decode_demand / s.decode_scale for s in active
                        if s.partition == partition and s.own_decode_rate is None}
             capacity = self.scenario.decode_rate / (1 if partition is None else self.partitions.count)
-            shares.update({i: share * self.streams[i].decode_scale
-                           for i, share in decode_shares(sharing, capacity).items()})
+            if all(self.streams[i].decoders for i in sharing):  # from the preprocessors each was given
+                each = capacity / (self.scenario.preprocessors_per_node * self.scenario.cluster.nodes)
+                divided = assigned_shares(sharing, {i: self.streams[i].decoders for i in sharing}, each)
+            else:
+                divided = decode_shares(sharing, capacity)
+            shares.update({i: share * self.streams[i].decode_scale for i, share in divided.items()})
         return shares
 
     def _node_slowdowns(self, active: list[StreamMotion], paces: dict[int, float],
                         shares: dict[int, float]) -> dict[int, float]:
         """Per node, the factor its work moves at: its machine's cores over the load of the streams
         moving at `paces` (their members below the lead cap at their own demand within the
-        stream's decoding `shares`; trainers where their members are, decoding -- at its fastest
-        member's pace -- spread over all nodes or on the member's node for a stream it decodes
-        itself, the coordinator on the first)."""
+        stream's decoding `shares`; trainers, and their stream threads' polling, where their
+        members are; decoding -- at its fastest member's pace -- on its preprocessors' nodes
+        (spread over all nodes where it may take any), or on the member's node for a stream it
+        decodes itself; the idle preprocessors' polling; the coordinator on the first)."""
         cores, cluster = self.scenario.cores, self.scenario.cluster
         load = dict.fromkeys(range(cluster.nodes), 0.0)
-        waits = {k: [0.0, 0.0] for k in range(cluster.nodes)}  # the polling of waiting ranks: steady, and growing as the work slows
         decoding_cores = dict.fromkeys(range(cluster.nodes), 0.0)
         load[0] = cores.coordinator_cores if active else 0.0
         for stream in active:
@@ -423,25 +437,19 @@ class StreamPhysics:
                 cost = cores.member_core_s(model.own_alone_rate, len(model.gpus))
                 if stream.own_decode_rate is not None:
                     cost += cores.decode_core_s / stream.decode_scale / len(stream.active)
-                # the part of its time it waits for its stream: at this speed, and on sleeping
-                # steps (the emulated device's) also the part by which the load slows the stream
-                moving = min(1.0, speed / model.own_rate) if model.own_rate > 0 else 1.0
-                polling = cores.trainer_wait_cores * model.trainer_share
+                polling = cores.trainer_wait_cores * model.trainer_share  # its stream thread's, all its stay
                 for g in model.gpus:
-                    node = g // cluster.gpus_per_node
-                    load[node] += speed * cost * model.trainer_share / len(model.gpus)
-                    waits[node][0] += polling * (1.0 - moving)
-                    if not cores.trainer_cores:
-                        waits[node][1] += polling * moving
+                    load[g // cluster.gpus_per_node] += speed * cost * model.trainer_share / len(model.gpus) + polling
             if stream.own_decode_rate is None:
-                decoding = max(speeds.values(), default=pace)
-                for k in load:
-                    decoding_cores[k] += decoding * cores.decode_core_s / stream.decode_scale / cluster.nodes
+                decoding = max(speeds.values(), default=pace) * cores.decode_core_s / stream.decode_scale
+                per_node = self.scenario.preprocessors_per_node
+                for k in ([p // per_node for p in stream.decoders] if stream.decoders else range(cluster.nodes)):
+                    decoding_cores[k] += decoding / (len(stream.decoders) or cluster.nodes)
         for k in load:
             load[k] += decoding_cores[k]
             if active:  # preprocessors wait for room where decoding leaves them idle
-                waits[k][0] += cores.preprocessor_wait_cores * max(0.0, cores.preprocessors - decoding_cores[k])
-        return cores.node_slowdowns(load, {k: (steady, slowed) for k, (steady, slowed) in waits.items()})
+                load[k] += cores.preprocessor_wait_cores * max(0.0, cores.preprocessors - decoding_cores[k])
+        return cores.node_slowdowns(load)
 
     def _repace_one(self, stream: StreamMotion, decode_share: float, speed_of=None) -> None:
         stream.sync(self.now)

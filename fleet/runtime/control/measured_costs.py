@@ -16,8 +16,9 @@ report its process's CPU seconds so far. From them the run keeps, in ``results.j
   decoded (their hand-offs included; not their rounds with nothing to do, their start-up, nor
   rank 0's coordinator);
 - ``trainer_wait_cores`` and ``preprocessor_wait_cores``: the cores a trainer's stream thread
-  kept busy polling while it waited for data, and a preprocessor's loop while its streams had
-  no room (where the run had a second of such waits);
+  kept busy polling for data over its member's stay in the stream (it waits for the next chunk
+  while the trainer steps through the last), and a preprocessor's loop while its streams had
+  no room (where the run had a second of such time);
 - ``coordinator_cores``: the cores rank 0's coordinator thread kept busy, over the makespan;
 - ``epoch_end_share``: the part of a member's time its epochs' ends took (its validation pass,
   its save and best predictions), in which it takes nothing from its stream;
@@ -47,8 +48,9 @@ class _GroupTime:
     cpu_s: float = 0.0
     compute_samples: int = 0
     compute_s: float = 0.0
-    wait_s: float = 0.0  # its stream threads' waits for data
-    wait_cpu_s: float = 0.0  # ... and the CPU seconds of their polling
+    wait_cpu_s: float = 0.0  # the CPU seconds of its stream threads' polling for data
+    stay_s: float = 0.0  # its trainers' seconds in their stream, in the epochs it reported whole ...
+    stay_wait_cpu_s: float = 0.0  # ... and their polling's CPU seconds in them
 
 
 class MeasuredCosts:
@@ -69,6 +71,10 @@ class MeasuredCosts:
         crossed it) says nothing of a group size."""
         if group_size >= 1:
             self._add(report.model, group_size, report.cpu, report.samples, report.samples_per_s, report.waits)
+            if report.epoch_s > 0 and report.cpu[2] > 0:
+                group = self.groups[(report.model, group_size)]
+                group.stay_s += report.epoch_s * group_size
+                group.stay_wait_cpu_s += max(0.0, report.waits[1])
         if report.end_s > 0 and report.epoch_s > 0:
             self.epoch_s += report.epoch_s
             self.end_s += report.end_s
@@ -89,7 +95,6 @@ class MeasuredCosts:
             group.samples += cpu_samples
             group.step_cpu_s += step_cpu_s
             group.cpu_s += max(cpu_s, step_cpu_s)
-            group.wait_s += max(0.0, waits[0])
             group.wait_cpu_s += min(max(0.0, waits[1]), max(0.0, cpu_s - step_cpu_s))
         if rate > 0 and samples > 0:
             group.compute_samples += samples
@@ -150,12 +155,13 @@ class MeasuredCosts:
         return record
 
     def _wait_cores(self) -> dict[str, float]:
-        """``trainer_wait_cores`` and ``preprocessor_wait_cores``, where the run waited long
-        enough (`MIN_WAIT_S`) to tell."""
+        """``trainer_wait_cores`` (per trainer over its stay in its stream) and
+        ``preprocessor_wait_cores`` (per preprocessor over its idle rounds), where the run
+        had enough of them (`MIN_WAIT_S`) to tell."""
         record = {}
         for key, seconds, cpu_s in (
-                ("trainer_wait_cores", sum(g.wait_s for g in self.groups.values()),
-                 sum(g.wait_cpu_s for g in self.groups.values())),
+                ("trainer_wait_cores", sum(g.stay_s for g in self.groups.values()),
+                 sum(g.stay_wait_cpu_s for g in self.groups.values())),
                 ("preprocessor_wait_cores", sum(b[2] for b in self.preprocessors.values()),
                  sum(b[3] for b in self.preprocessors.values()))):
             if seconds >= MIN_WAIT_S:
@@ -193,7 +199,7 @@ class MeasuredCosts:
         return min(1.0, accounted / (cores * makespan)) if accounted > 0 and cores > 0 and makespan > 0 else None
 
 
-MIN_WAIT_S = 1.0  # seconds of waits under which their cores are not told
+MIN_WAIT_S = 1.0  # seconds (of stays, of idle rounds) under which the cores of their polling are not told
 
 
 def _outside_steps(groups: list[tuple[_GroupTime, int]]) -> float | None:

@@ -7,12 +7,14 @@ from collections.abc import Iterable, Sequence
 from fleet.profiling.document import decode_rates
 from fleet.profiling.plan import needed_preprocessors
 from fleet.schedule.bundling import bundle_rate
+from fleet.schedule.decoders import pick_decoders
 from fleet.schedule.rates import RateTable
 
 
 def pick_preprocessors(topology, busy: Iterable[tuple[int, ...]], master_ranks: Sequence[int],
                        launching: int, nodes: Iterable[int] | None = None) -> tuple[int, ...]:
-    """Least-loaded preprocessors, node-local first; a fair share of all of them.
+    """Least-loaded preprocessors, node-local first; a fair share of all of them
+    (`fleet.schedule.decoders.pick_decoders`, which the simulator's predictions use too).
 
     Args:
         topology: the run's `Topology` (ranks and their nodes).
@@ -22,13 +24,10 @@ def pick_preprocessors(topology, busy: Iterable[tuple[int, ...]], master_ranks: 
         nodes: only preprocessors of these nodes (a partition's, for a visit of partitioned
             data); None: any.
     """
-    allowed = [r for r in topology.preprocessor_ranks() if nodes is None or topology.node_of(r) in set(nodes)]
-    busy = [used for used in busy if set(used) & set(allowed)]
-    load = {rank: sum(rank in used for used in busy) for rank in allowed}
-    share = max(1, len(load) // max(1, len(busy) + launching))
-    nodes = {topology.node_of(rank) for rank in master_ranks}
-    ranked = sorted(load, key=lambda r: (load[r], topology.node_of(r) not in nodes, r))
-    return tuple(sorted(ranked[:share]))
+    within = None if nodes is None else set(nodes)
+    allowed = {r: topology.node_of(r) for r in topology.preprocessor_ranks()
+               if within is None or topology.node_of(r) in within}
+    return pick_decoders(allowed, busy, [topology.node_of(rank) for rank in master_ranks], launching)
 
 
 def preprocessors_needed(rates: RateTable, members: Iterable[tuple[tuple[str, ...], int]]) -> int | None:

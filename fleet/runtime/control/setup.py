@@ -333,8 +333,9 @@ def chosen_policy(spec: Spec, todo: RateTable, estimates: list[float], decode_ra
 def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rate: float | None,
                  epochs_done: dict[str, int], ledger: Ledger, basis: PredictionBasis = PredictionBasis()) -> Scenario:
     """What the run predicts itself on: the models still to train at the rates it plans with,
-    from where the checkpointed ones stand, decoding as measured, on partitioned data where it
-    is, and on CPU nodes the cores they share (`basis`)."""
+    from where the checkpointed ones stand, decoding as measured (each stream from the
+    preprocessors the runtime gives it), on partitioned data where it is, and on CPU nodes the
+    cores they share (`basis`)."""
     parts = ledger.partitions
     cluster = spec.cluster
     return Scenario(todo, whole_epochs(estimates), tuple(estimates), Cluster(cluster.gpus, todo.gpus_per_node),
@@ -342,7 +343,7 @@ def run_scenario(spec: Spec, todo: RateTable, estimates: list[float], decode_rat
                     partition_sizes=parts.sizes if parts else (), partition_groups=parts.groups if parts else (),
                     visited=tuple(ledger.model(p.id).visited for p in todo.models) if parts else (),
                     resumed=tuple(_resumed_epochs(ledger, p.id, epochs_done) for p in todo.models),
-                    lead_samples=lead_samples(spec))
+                    lead_samples=lead_samples(spec), preprocessors_per_node=node_preprocessors(spec, todo))
 
 
 def run_forecast(spec: Spec, plan: "RunPlan", estimates: list[float], decode_rate: float | None,
