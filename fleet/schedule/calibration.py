@@ -12,8 +12,8 @@ and plans with those instead of what it would otherwise assume:
   not train, the table's rates times the median correction of those it did;
 - on CPU nodes, the trainers' core-seconds per sample outside their steps, the
   preprocessors' per sample decoded (their hand-offs included), in place of the profile's bare
-  decoding, the cores the coordinator kept busy and those a waiting trainer's or preprocessor's
-  polling kept busy;
+  decoding, the cores the coordinator kept busy and those a trainer's or an idle
+  preprocessor's polling kept busy;
 - the decoding limit: the preprocessors' cores over what a sample cost them;
 - a member's start and a checkpoint's seconds, as measured; where the earlier run told fresh
   starts from joins into running streams, the fresh ones, and a join waits for its stream's
@@ -60,8 +60,9 @@ class Calibration:
         fresh_start_s: the same of the members that did not join a running stream; None where
             the earlier run did not tell them apart (then `start_s` holds the joins' waits).
         checkpoint_s: a save's mean seconds.
-        trainer_wait_cores, preprocessor_wait_cores: the cores a trainer's polling kept busy
-            while it waited for data, and a preprocessor's while its streams had no room.
+        trainer_wait_cores, preprocessor_wait_cores: the cores a trainer's stream thread kept
+            busy polling for data over its member's stay in the stream, and a preprocessor's
+            loop while its streams had no room.
         core_share: the part of an oversubscribed CPU node's cores the work got.
         launch_s, tail_s: the earlier job's wall time before its ranks' start-up (its launch)
             and after its first step was due (the first batch's wait, the report, the ranks'
