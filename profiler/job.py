@@ -15,7 +15,7 @@ from typing import Any
 
 from fleet.engines import get_framework
 from fleet.inspect import search_costs
-from fleet.profiling import timed_steps
+from fleet.profiling import contention, timed_steps
 from fleet.profiling.document import build_document, fingerprint
 from fleet.profiling.plan import DECODE_SECONDS, Measurement, preprocessor_counts, threshold_gpus, timed_as, waves
 from fleet.runtime.rank import job_cores_per_node
@@ -104,6 +104,7 @@ class _Driver:
         self.say(f"profile: M_t = {m_t} (rates beyond it follow Eq. 5)")
         self._measure([(model, m) for m in range(2, m_t + 1) for model in single], sched.profile_batches,
                       sched.profile_timed)
+        probed = self._probe_contention(single, sched.profile_batches, sched.profile_timed)
         preprocessing = self._measure_decoding(preprocessor_counts(len(self.topology.preprocessor_ranks())),
                                                DECODE_SECONDS)
         self._step(("done",))
@@ -114,7 +115,7 @@ class _Driver:
             "timed": sched.profile_timed, "m_t": m_t,
         }
         document = build_document(self.spec, self.ctx.epoch_samples, self.measured, preprocessing,
-                                  self._hardware(), timing, self.timed_as)
+                                  self._hardware(probed), timing, self.timed_as)
         searches = search_costs(self.spec, self.ctx.num_classes)  # what plans say of adaptive searches
         return {**document, "searches": searches} if searches else document
 
@@ -130,12 +131,13 @@ class _Driver:
         self._measure([(model, 1) for model in models], timed_steps.BATCHES, timed_steps.TIMED)
         timed = [model for model in groups if "step_s" in self.measured.get(model, {}).get(1, {})]
         self._measure([(model, m) for m in counts for model in timed], timed_steps.BATCHES, timed_steps.TIMED)
+        probed = self._probe_contention(self._on_one_trainer("rate"), timed_steps.PROBE_BATCHES, timed_steps.PROBE_TIMED)
         preprocessing = self._measure_decoding((1,), timed_steps.DECODE_SECONDS)
         self._step(("done",))
         return {"schema": 1, "fingerprint": fingerprint(self.spec), "rates": self._on_one_trainer("rate"),
                 "checkpoint_s": self._on_one_trainer("checkpoint_s"), "eval_rate": self._on_one_trainer("eval_rate"),
                 "failed": self._on_one_trainer("failed"), "group_steps": self._group_steps(timed),
-                "preprocessing": preprocessing, "hardware": self._hardware(),
+                "preprocessing": preprocessing, "hardware": self._hardware(probed),
                 "seconds": round(time.monotonic() - began, 3)}
 
     def _group_steps(self, models: list[str]) -> dict:
@@ -182,6 +184,32 @@ class _Driver:
                                                          else f"FAILED ({result['failed']})"))
             self.say(f"profile: wave {k}/{len(planned)} ({time.monotonic() - began:.1f} s): " + ", ".join(lines))
 
+    def _probe_contention(self, rates: dict[str, float], batches: int, timed: int) -> dict | None:
+        """On a CPU device whose trainers oversubscribe their machine's cores: the median
+        model of `rates` timed on every trainer of the busiest machine at once, then alone
+        (`fleet.profiling.contention`); None elsewhere."""
+        model = contention.probe_model(rates)
+        processes = self.ctx.processes
+        hosts = [processes[r].rpartition(" ")[0] if r < len(processes) else "" for r in map(self.topology.trainer_rank,
+                                                                                           range(self.gpus))]
+        trainers = contention.busiest_host(hosts)
+        load = contention.probe_load(len(trainers), self.spec.cluster.threads_per_trainer, job_cores_per_node(self.ctx))
+        if self.spec.cluster.device is not Device.CPU or model is None or load < contention.MIN_LOAD:
+            return None
+        beside = self._step(("train", [(model, (self.topology.trainer_rank(g),), self._next_uid()) for g in trainers],
+                             batches, timed))
+        alone = self._step(("train", [(model, (self.topology.trainer_rank(trainers[0]),), self._next_uid())],
+                            batches, timed))
+        rates_beside = [r["rate"] for r in beside if r and "rate" in r]
+        rate_alone = (alone[self.topology.trainer_rank(trainers[0])] or {}).get("rate")
+        if rate_alone is None or not rates_beside:
+            return None
+        block = contention.record(model, rate_alone, rates_beside, load)
+        self.say(f"profile: contention probe: {model} {rate_alone:,.0f}/s alone, "
+                 f"{sorted(rates_beside)[len(rates_beside) // 2]:,.0f}/s beside {len(trainers) - 1} other(s) "
+                 f"(load {load:.2f} per core): slope {block.get('slope', 'not measured')}")
+        return block
+
     def _measure_decoding(self, counts, seconds: float) -> dict:
         ranks = list(self.topology.preprocessor_ranks())
         rates: dict[str, float] = {}
@@ -202,7 +230,7 @@ class _Driver:
         self.uid += 1
         return 30_000 + self.uid
 
-    def _hardware(self) -> dict:
+    def _hardware(self, probed: dict | None = None) -> dict:
         from mpi4py import MPI
 
         names = [e["device_name"] for by_m in self.measured.values() for e in by_m.values() if "device_name" in e]
@@ -215,6 +243,7 @@ class _Driver:
             "cpu": platform.processor() or platform.machine(),
             "python": platform.python_version(), "frameworks": self._framework_versions(),
             "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
+            **({"contention": probed} if probed else {}),
         }
 
     def _framework_versions(self) -> dict[str, str]:

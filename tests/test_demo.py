@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_fleet
+from fleet.profiling.contention import MIN_LOAD
 from fleet.schedule.calibration import ASSUMED_TAIL_PER_MODEL_S, ASSUMED_TAIL_S
 from headless import open_page
 
@@ -54,6 +55,14 @@ def test_quickstart_ensemble_beats_chance(small_quickstart):
     # fewest and the most parameter bytes on groups of 2 and 3 trainers too
     steps = json.loads((run_dir / "steps.json").read_text())
     assert len(steps["group_steps"]) == 2 and all(set(s) == {"1", "2", "3"} for s in steps["group_steps"].values())
+    # where its 3 trainers oversubscribe the cores, one model was timed beside the others and alone
+    hardware = steps["hardware"]
+    load = 3 * min(hardware["threads_per_trainer"], hardware["cores_per_node"]) / hardware["cores_per_node"]
+    assert ("contention" in hardware) == (load >= MIN_LOAD), hardware
+    if load >= MIN_LOAD:
+        probe = hardware["contention"]
+        assert probe["load"] == pytest.approx(load, abs=1e-3) and len(probe["beside_rates"]) == 3
+        assert probe["alone_rate"] > 0 and 0 <= probe["slope"] <= 2
     # no earlier job measured what lies outside its makespan: the wall time is predicted from its
     # launch and start-up (the timed steps in it), known before the first step, and an assumed tail
     prediction, overhead = results["prediction"], results["overhead_s"]

@@ -11,6 +11,8 @@ import yaml
 
 import switch_case
 from conftest import run_fleet, run_mpi
+from fleet.profiling.contention import MIN_LOAD
+from fleet.profiling.document import shared_cores
 from fleet.runtime.control.setup import plan_run
 from fleet.schedule_io import load_profile
 from fleet.spec import load_spec
@@ -69,6 +71,14 @@ def test_dry_run_on_four_ranks_writes_profile_and_plan_and_trains_nothing(tmp_pa
     # and its validation pass timed, as an epoch's end runs it: the predictions' epochs end in it
     assert all(m["eval_rate"] > 0 for m in document["models"])
     assert document["hardware"]["cores_per_node"] > 0 and not list(run_dir.glob(".timing-*"))
+    # 3 one-thread trainers on fewer than 2.4 cores switch threads: the contention probe timed one
+    # model on all three at once, then alone (none on a machine with cores to spare)
+    load = 3 / document["hardware"]["cores_per_node"]
+    assert ("contention" in document["hardware"]) == (load >= MIN_LOAD)
+    if load >= MIN_LOAD:
+        probe = document["hardware"]["contention"]
+        assert probe["model"] in rates.ids and len(probe["beside_rates"]) == 3 and probe["alone_rate"] > 0
+        assert "contention probe" in done.stdout and shared_cores(document).rates_load == pytest.approx(load, abs=1e-3)
     assert "checkpoints as the profile measured them" in done.stdout
     plan = json.loads((run_dir / "plan.json").read_text())
     planned = {m["model"] for r in plan["rounds"] for m in r["members"]}

@@ -121,6 +121,25 @@ def test_virtual_nodes_on_one_machine_are_slowed_by_its_load_together():
         SharedCores(cores=2, nodes_per_host=0)
 
 
+def test_a_node_switching_between_fewer_threads_than_its_rates_were_measured_at_moves_faster():
+    # Rates measured at 2 trainers per core, where a sample cost 1 + 0.2 x (2 - 1) = 1.2 times
+    # its CPU time on a core of its own. Together X and Y want 2 cores of 1 (as measured): Y's 60
+    # samples at 15/s take 4 s, X moves 12. Then X alone wants 1 core: its 48 samples at
+    # 6 x 1.2 = 7.2/s take 6.67 s more.
+    measured_at_two = SharedCores(cores=1, contention=0.2, rates_load=2.0)
+    result = simulate(create_policy("baseline"), on_cores(measured_at_two), FREE)
+    assert spans(result) == pytest.approx({"X": 4 + 48 / 7.2, "Y": 4})
+    # measured at 1.5 per core: nothing known above it (sharing slows it there); alone 1.1 x
+    measured_lower = replace(measured_at_two, rates_load=1.5)
+    assert spans(simulate(create_policy("baseline"), on_cores(measured_lower), FREE)) == pytest.approx(
+        {"X": 4 + 48 / 6.6, "Y": 4})
+    cores = SharedCores(cores=4, contention=0.5, rates_load=2.0)
+    assert [cores.uncontended(load) for load in (10.0, 8.0, 6.0, 4.0, 1.0)] == pytest.approx([1, 1, 1.2, 1.5, 1.5])
+    assert SharedCores(cores=4).uncontended(1.0) == 1.0  # no contention measured: nothing changes
+    with pytest.raises(ValueError):
+        SharedCores(cores=4, contention=-0.1)
+
+
 def test_shared_cores_need_positive_cores():
     with pytest.raises(ValueError, match="cores"):
         SharedCores(cores=0)
@@ -146,6 +165,10 @@ def test_a_cpu_profile_gives_the_cores_its_node_had():
     timed = {**extra, "preprocessing": {**extra["preprocessing"], "core_s": 0.0015}}
     assert shared_cores(timed).decode_core_s == 0.0015
     assert shared_cores({**extra, "preprocessing": {**extra["preprocessing"], "core_s": "x"}}).decode_core_s == 1 / 500
+    # the profile's contention probe: how much faster its cores work switching between fewer threads
+    probed = {**extra, "hardware": {**extra["hardware"], "contention": {"slope": 0.13, "load": 2.0}}}
+    assert (shared_cores(probed).contention, shared_cores(probed).rates_load) == (0.13, 2.0)
+    assert shared_cores(probed, device="emulated", cores=0.5).contention == 0.0  # its steps sleep
     # GPUs and the emulated device: the steps use no core of the node
     assert shared_cores({**extra, "hardware": {**extra["hardware"], "device": "cuda"}}) is None
     # the emulated device's steps sleep: only the decoding uses the cores

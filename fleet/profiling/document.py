@@ -14,8 +14,10 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from fleet.profiling import contention
 from fleet.profiling.plan import decode_capacity, speed_key
 from fleet.schedule.cores import SharedCores, assumed_costs
 from fleet.schedule.costs import Overheads
@@ -173,7 +175,9 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
     profile's extra fields: `cores` (a running job's node's), else the node's cores it recorded,
     shared by `nodes_per_host` nodes (virtual nodes on one machine), its
     threads per trainer (else `threads`), one preprocessor's measured decoding (else
-    decoding costs no core) and its `preprocessors` per node. On the emulated device the steps sleep and use no core, but the
+    decoding costs no core) and its `preprocessors` per node, and how much faster the cores
+    work switching between fewer threads than in its waves, where its contention probe measured
+    it (`fleet.profiling.contention`). On the emulated device the steps sleep and use no core, but the
     decoding does. None on GPUs (whose steps use no core of the node, and whose nodes have
     cores to spare), or where the cores are unknown: a profile measured before profiles
     recorded them timed its trainers on the wall clock, beside each other, and is taken as it is."""
@@ -191,7 +195,12 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
     sharing = SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
                           nodes_per_host=max(1, nodes_per_host), preprocessors=float(preprocessors),
                           decode_core_s=_decode_core_s(extra.get("preprocessing", {})))
-    return assumed_costs(sharing) if device == "cpu" else sharing
+    if device != "cpu":
+        return sharing
+    probed = contention.read(hardware)
+    if probed:
+        sharing = replace(sharing, contention=probed[0], rates_load=probed[1])
+    return assumed_costs(sharing)
 
 
 def _decode_core_s(block: Any) -> float:

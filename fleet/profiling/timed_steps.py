@@ -33,6 +33,8 @@ PER_FAMILY = 3
 BATCHES = 4  # steps per timed model, the first ones a warm-up
 TIMED = 2  # of them, the last ones timed
 DECODE_SECONDS = 0.5  # one preprocessor's decoding, timed
+PROBE_BATCHES = 30  # steps of the contention probe's model, beside the others and alone
+PROBE_TIMED = 20  # (`fleet.profiling.contention`): a CPU switches threads every few ms
 
 
 def representatives(flops: Mapping[str, float], families: Mapping[str, str], candidates: Sequence[str],

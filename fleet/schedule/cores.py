@@ -28,6 +28,17 @@ have no room keeps ``preprocessor_wait_cores`` busy (its loop's rounds), for the
 node's `preprocessors` that decoding leaves unused. On a node of many ranks that adds up. Where a node's work wants more than its cores, it does not get all of them: hand-offs leave moments when every rank waits, and a process does what its costs per
 sample leave out (its loops, its messages). ``share`` is the part of the cores the work gets
 then, as measured by an earlier run or a pilot on an oversubscribed node (1 where none was).
+
+A core also does less per second the more threads take turns on it: each switch leaves the
+next thread cold caches. So a model's CPU time per sample grows with the node's load per core
+above one (`contention`: the part it grows by per unit of load per core), and rates measured
+on an oversubscribed node (a profile's waves of every trainer at once, a run) are slower than
+the same model's steps on a node with cores to spare: runs on a 2-core VM measured a model
+alone 1.25-1.35 times as fast in CPU time as beside three others. ``rates_load`` is the load
+per core the rates were measured at; where a node's load is lower, its work moves faster by
+the ratio (never slower than measured: above ``rates_load`` nothing was measured, and sharing
+the cores already slows it).
+
 The quantities are measured (the profile's rates and decoding, the node's cores) or
 learned from an earlier run's measurements; they enter here as data.
 """
@@ -60,6 +71,10 @@ class SharedCores:
             its member is in its stream.
         preprocessor_wait_cores: cores one preprocessor keeps busy while its streams have no room.
         preprocessors: preprocessor processes on one node.
+        contention: the part a core's work per sample grows by per unit of the load per core
+            above one (measured by the profile: `fleet.profiling.document.contention`; 0: none).
+        rates_load: the load per core the rates were measured at (its cores wanted over its
+            cores: a profile's waves, or a run's threads ready to run).
     """
 
     cores: float
@@ -73,6 +88,8 @@ class SharedCores:
     trainer_wait_cores: float = 0.0
     preprocessor_wait_cores: float = 0.0
     preprocessors: float = 0.0
+    contention: float = 0.0
+    rates_load: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.trainer_cores >= 0:
@@ -82,9 +99,10 @@ class SharedCores:
         if self.nodes_per_host < 1:
             raise ValueError("nodes_per_host must be at least 1")
         if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores, self.group_overhead_s or 0.0,
-               self.trainer_wait_cores, self.preprocessor_wait_cores, self.preprocessors) < 0:
-            raise ValueError("decode_core_s, trainer_overhead_s, group_overhead_s, coordinator_cores, the wait cores "
-                             "and preprocessors must not be negative")
+               self.trainer_wait_cores, self.preprocessor_wait_cores, self.preprocessors, self.contention,
+               self.rates_load) < 0:
+            raise ValueError("decode_core_s, trainer_overhead_s, group_overhead_s, coordinator_cores, the wait cores, "
+                             "preprocessors, contention and rates_load must not be negative")
 
     def member_rate(self, rate: float, trainers: int) -> float:
         """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead
@@ -110,13 +128,24 @@ class SharedCores:
         usable = self.cores * self.share
         return 1.0 if load <= usable else usable / load
 
+    def uncontended(self, load: float) -> float:
+        """The factor (at least 1) a node's work moves faster at `load` cores wanted than at
+        the `rates_load` its rates were measured at, its cores switching between fewer threads
+        (see the module)."""
+        def growth(per_core: float) -> float:
+            return 1.0 + self.contention * max(0.0, min(per_core, self.rates_load) - 1.0)
+        return growth(self.rates_load) / growth(load / self.cores)
+
     def node_slowdowns(self, loads: dict[int, float]) -> dict[int, float]:
         """Per node, the factor its work moves at, its `loads` (cores wanted, by node index)
-        summed over the nodes of each machine (`nodes_per_host` consecutive nodes)."""
+        summed over the nodes of each machine (`nodes_per_host` consecutive nodes): slowed
+        where the machine's cores are short, sped where they switch between fewer threads
+        than when the rates were measured."""
         hosts: dict[int, float] = {}
         for node, load in loads.items():
             hosts[node // self.nodes_per_host] = hosts.get(node // self.nodes_per_host, 0.0) + load
-        return {node: self.slowdown(hosts[node // self.nodes_per_host]) for node in loads}
+        host_load = {node: hosts[node // self.nodes_per_host] for node in loads}
+        return {node: self.slowdown(load) * self.uncontended(load) for node, load in host_load.items()}
 
     def oversubscribed(self, trainers: int, preprocessors: int) -> bool:
         """Whether a node of `trainers` busy trainers and `preprocessors` decoding (each node of

@@ -171,22 +171,23 @@ class StreamMotion:
         """What its decoding must keep up with: its fastest member below the lead cap, else its pace."""
         return max(self.leading().values(), default=self.demand)
 
-    def repace(self, decode_share: float = math.inf, speed_of=None) -> None:
-        """The pace: the slowest member's demand within `decode_share`; members below the lead
-        cap move at ``speed_of(their demand)`` (default: their demand within `decode_share`)."""
+    def repace(self, decode_share: float = math.inf, speed_of=None, boost: float = 1.0) -> None:
+        """The pace: the slowest member's demand (times `boost`, where its cores work faster
+        than its rates were measured at) within `decode_share`; members below the lead cap move
+        at ``speed_of(their demand)`` (default: their demand within `decode_share`)."""
         if not self.active:
             self.pace = self.slack_rate = 0.0
             self.speeds = {}
             return
         leading = self.leading()
-        key = (self.changes, decode_share, frozenset(leading))
+        key = (self.changes, decode_share, boost, frozenset(leading))
         if self.paced == key:  # the same members, share and leads: the same pace
             return
         self.paced = key
-        self.pace = min(self.demand, decode_share)
+        self.pace = min(self.demand * boost, decode_share)
         limit = speed_of or (lambda demand: min(demand, decode_share))
         self.speeds = {i: max(self.pace, limit(d)) for i, d in leading.items()}
-        self.slack_rate = sum(len(m.gpus) * (1 - self.speeds.get(i, self.pace) / m.own_rate)
+        self.slack_rate = sum(len(m.gpus) * max(0.0, 1 - self.speeds.get(i, self.pace) / m.own_rate)
                               for i, m in self.active.items())
 
     def progress(self, model: ModelMotion) -> float:
@@ -394,7 +395,7 @@ class StreamPhysics:
             nodes = {g // gpn for m in stream.active.values() for g in m.gpus}
             factor, share = min(factors[k] for k in nodes), shares.get(stream.id, math.inf)
             self._repace_one(stream, alone[stream.id] * factor,
-                             lambda demand, share=share, factor=factor: min(demand, share) * factor)
+                             lambda demand, share=share, factor=factor: min(demand, share) * factor, max(1.0, factor))
         if not changed.active:
             self._repace_one(changed, math.inf)
 
@@ -451,9 +452,9 @@ class StreamPhysics:
                 load[k] += cores.preprocessor_wait_cores * max(0.0, cores.preprocessors - decoding_cores[k])
         return cores.node_slowdowns(load)
 
-    def _repace_one(self, stream: StreamMotion, decode_share: float, speed_of=None) -> None:
+    def _repace_one(self, stream: StreamMotion, decode_share: float, speed_of=None, boost: float = 1.0) -> None:
         stream.sync(self.now)
-        stream.repace(decode_share, speed_of)
+        stream.repace(decode_share, speed_of, boost)
         stream.version += 1
         stream.drop_stale(self.models)
         if stream.lead_cap and stream.active:  # members ahead: the nearest boundary or full lead
