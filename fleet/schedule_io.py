@@ -62,8 +62,8 @@ def profile_scenario(
     per_node = math.ceil(preprocessor_count(preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes)
     return Scenario(rates, tuple(truth), tuple(estimates), cluster, decode_rate=limit,
                     own_decode_rate=decode_limit(rates.extra, 1, 1),  # one process's
-                    cores=shared_cores(rates.extra, nodes_per_host=cluster.nodes if virtual_nodes else 1,
-                                       preprocessors=per_node), preprocessors_per_node=per_node)
+                    cores=shared_cores(rates.extra, nodes_per_host=cluster.nodes if virtual_nodes else 1),
+                    preprocessors_per_node=per_node)
 
 
 PILOT = "pilot"  # profile.json's block of what a pilot run measured (`fleet profile --pilot`)

@@ -14,9 +14,10 @@ from fleet.schedule.costs import FREE
 TINY = RateTable((ModelProfile("X", (6.0, 10.0), param_bytes=0), ModelProfile("Y", (30.0, 48.0))), 2, 60)
 
 
-def on_cores(cores: SharedCores | None, decode_rate: float | None = None, epochs=(1, 1)) -> Scenario:
+def on_cores(cores: SharedCores | None, decode_rate: float | None = None, epochs=(1, 1),
+             preprocessors_per_node: int = 0) -> Scenario:
     return Scenario(TINY, tuple(epochs), tuple(map(float, epochs)), Cluster(2, 2), decode_rate=decode_rate,
-                    cores=cores)
+                    cores=cores, preprocessors_per_node=preprocessors_per_node)
 
 
 def spans(result) -> dict[str, float]:
@@ -210,5 +211,6 @@ def test_members_stream_threads_and_idle_preprocessors_poll_on_the_cores():
     assert simulate(create_policy("homogeneous"), on_cores(replace(cores, trainer_wait_cores=0.0)),
                     FREE).makespan == pytest.approx(12.0)
     # two preprocessors on the node, decoding 1.2 of their 2 cores: 0.8 of them poll for room
-    both = replace(cores, trainer_wait_cores=0.0, preprocessors=2, preprocessor_wait_cores=0.1)
-    assert simulate(create_policy("homogeneous"), on_cores(both), FREE).makespan == pytest.approx(60 / (6 / 1.28))
+    both = replace(cores, trainer_wait_cores=0.0, preprocessor_wait_cores=0.1)
+    assert simulate(create_policy("homogeneous"), on_cores(both, preprocessors_per_node=2),
+                    FREE).makespan == pytest.approx(60 / (6 / 1.28))

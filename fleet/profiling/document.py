@@ -170,12 +170,12 @@ def decode_limit(extra: Mapping[str, Any], nodes: int, per_node: int | str | Non
 
 
 def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: int | None = None,
-                 cores: int | None = None, nodes_per_host: int = 1, preprocessors: float = 0.0) -> SharedCores | None:
+                 cores: int | None = None, nodes_per_host: int = 1) -> SharedCores | None:
     """The cores a CPU run's trainers and preprocessors share (`fleet.schedule.cores`), from a
     profile's extra fields: `cores` (a running job's node's), else the node's cores it recorded,
     shared by `nodes_per_host` nodes (virtual nodes on one machine), its
     threads per trainer (else `threads`), one preprocessor's measured decoding (else
-    decoding costs no core) and its `preprocessors` per node, and how much faster the cores
+    decoding costs no core), and how much faster the cores
     work switching between fewer threads than in its waves, where its contention probe measured
     it (`fleet.profiling.contention`). On the emulated device the steps sleep and use no core, but the
     decoding does. None on GPUs (whose steps use no core of the node, and whose nodes have
@@ -193,7 +193,7 @@ def shared_cores(extra: Mapping[str, Any], device: str | None = None, threads: i
         return None
     threads = threads or _positive(hardware.get("threads_per_trainer")) or 1
     sharing = SharedCores(cores=float(cores), trainer_cores=float(min(threads, cores)) if device == "cpu" else 0.0,
-                          nodes_per_host=max(1, nodes_per_host), preprocessors=float(preprocessors),
+                          nodes_per_host=max(1, nodes_per_host),
                           decode_core_s=_decode_core_s(extra.get("preprocessing", {})))
     if device != "cpu":
         return sharing

@@ -25,7 +25,10 @@ waits for the next chunk while the trainer steps through the last (runs measured
 0.85-0.95 of the time, whether its member was slow or fast): each trainer of a member keeps
 ``trainer_wait_cores`` busy for as long as it is in its stream. A preprocessor whose streams
 have no room keeps ``preprocessor_wait_cores`` busy (its loop's rounds), for the part of the
-node's `preprocessors` that decoding leaves unused. On a node of many ranks that adds up. Where a node's work wants more than its cores, it does not get all of them: hand-offs leave moments when every rank waits, and a process does what its costs per
+node's preprocessors (`fleet.schedule.scenario.Scenario.preprocessors_per_node`) that decoding
+leaves unused. On a node of many ranks that adds up. Where a node's work wants more than its
+cores, it does not get all of them: hand-offs leave moments when every rank waits, and a
+process does what its costs per
 sample leave out (its loops, its messages). ``share`` is the part of the cores the work gets
 then, as measured by an earlier run or a pilot on an oversubscribed node (1 where none was).
 
@@ -70,7 +73,6 @@ class SharedCores:
         trainer_wait_cores: cores one trainer's stream thread keeps busy polling for data while
             its member is in its stream.
         preprocessor_wait_cores: cores one preprocessor keeps busy while its streams have no room.
-        preprocessors: preprocessor processes on one node.
         contention: the part a core's work per sample grows by per unit of the load per core
             above one (measured by the profile: `fleet.profiling.document.contention`; 0: none).
         rates_load: the load per core the rates were measured at (its cores wanted over its
@@ -87,7 +89,6 @@ class SharedCores:
     nodes_per_host: int = 1
     trainer_wait_cores: float = 0.0
     preprocessor_wait_cores: float = 0.0
-    preprocessors: float = 0.0
     contention: float = 0.0
     rates_load: float = 1.0
 
@@ -99,10 +100,9 @@ class SharedCores:
         if self.nodes_per_host < 1:
             raise ValueError("nodes_per_host must be at least 1")
         if min(self.decode_core_s, self.trainer_overhead_s, self.coordinator_cores, self.group_overhead_s or 0.0,
-               self.trainer_wait_cores, self.preprocessor_wait_cores, self.preprocessors, self.contention,
-               self.rates_load) < 0:
+               self.trainer_wait_cores, self.preprocessor_wait_cores, self.contention, self.rates_load) < 0:
             raise ValueError("decode_core_s, trainer_overhead_s, group_overhead_s, coordinator_cores, the wait cores, "
-                             "preprocessors, contention and rates_load must not be negative")
+                             "contention and rates_load must not be negative")
 
     def member_rate(self, rate: float, trainers: int) -> float:
         """Samples/s a member of `rate` (alone on its `trainers`) reaches with its overhead

@@ -449,7 +449,7 @@ class StreamPhysics:
         for k in load:
             load[k] += decoding_cores[k]
             if active:  # preprocessors wait for room where decoding leaves them idle
-                load[k] += cores.preprocessor_wait_cores * max(0.0, cores.preprocessors - decoding_cores[k])
+                load[k] += cores.preprocessor_wait_cores * max(0.0, self.scenario.preprocessors_per_node - decoding_cores[k])
         return cores.node_slowdowns(load)
 
     def _repace_one(self, stream: StreamMotion, decode_share: float, speed_of=None, boost: float = 1.0) -> None:

@@ -439,8 +439,7 @@ def run_cores(spec: Spec, rates: RateTable, calibration: Calibration | None, cor
     run measured where there is one."""
     cluster = spec.cluster
     sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores(),
-                           cluster.nodes if cluster.virtual_nodes else 1,
-                           preprocessor_count(cluster.preprocessors_per_node, rates.extra, cluster.nodes) / cluster.nodes)
+                           cluster.nodes if cluster.virtual_nodes else 1)
     return calibration.cores(sharing) if calibration else sharing
 
 
