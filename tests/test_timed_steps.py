@@ -46,8 +46,14 @@ def test_steps_json_is_reused_for_its_ensemble_only_and_checked(tmp_path):
     assert load_timed_steps(tmp_path, spec)["rates"] == {"mlp-000": 900.0}
     path.write_text(json.dumps({**good, "fingerprint": "another ensemble"}))
     assert load_timed_steps(tmp_path, spec) is None  # timed again
+    path.write_text(json.dumps({**good, "group_steps": {"mlp-000": {"1": 0.01, "2": 0.012}}}))
+    assert load_timed_steps(tmp_path, spec)["group_steps"] == {"mlp-000": {"1": 0.01, "2": 0.012}}
     for bad, field in [({**good, "rates": {"mlp-000": -1}}, "rates"), ({**good, "rates": {"other": 5.0}}, "rates"),
-                       ({**good, "hardware": []}, "hardware")]:
+                       ({**good, "hardware": []}, "hardware"), ({**good, "group_steps": [1]}, "group_steps"),
+                       ({**good, "group_steps": {"other": {"1": 0.01}}}, "group_steps.other"),
+                       ({**good, "group_steps": {"mlp-000": {"two": 0.01}}}, "group_steps.mlp-000"),
+                       ({**good, "group_steps": {"mlp-000": {"0": 0.01}}}, "group_steps.mlp-000"),
+                       ({**good, "group_steps": {"mlp-000": {"2": -0.5}}}, "group_steps.mlp-000")]:
         path.write_text(json.dumps(bad))
         with pytest.raises(UserError, match=f"steps.json: {field}"):
             load_timed_steps(tmp_path, spec)
@@ -114,7 +120,7 @@ def test_timed_groups_replace_the_assumed_scaling_up_to_a_node_and_eq5_goes_on_b
     batch = spec.model(small).train.batch_size
     timed = {**steps, "group_steps": {small: {"1": batch / 2000.0, "2": batch / 2000.0 + 0.01,
                                               "3": batch / 2000.0 + 0.02},
-                                      large: {"1": batch / 500.0, "2": batch / 500.0 + 0.01, "3": "bad"}}}
+                                      large: {"1": batch / 500.0, "2": batch / 500.0 + 0.01}}}
     table = corrected_rates(spec, 1000, timed)
     assert table.rate(small, 2) == pytest.approx(2 * batch / (batch / 2000.0 + 0.01))
     assert table.rate(large, 2) == pytest.approx(2 * batch / (batch / 500.0 + 0.01))

@@ -68,7 +68,22 @@ def load_timed_steps(run_dir: str | Path, spec: Spec) -> dict | None:
     for key in ("preprocessing", "hardware"):
         if not isinstance(document.get(key), dict):
             raise UserError(f"{path}: {key}: expected an object")
+    _check_group_steps(path, document.get("group_steps"), ids)
     return document
+
+
+def _check_group_steps(path: Path, block, ids: set[str]) -> None:
+    """steps.json's `group_steps`, where there is one (an older steps.json has none): {model id
+    of the spec: {trainers >= 1: seconds per step > 0}}."""
+    if block is None:
+        return
+    expected = "expected {model id: {trainers: seconds per step > 0}} for models of the spec"
+    if not isinstance(block, dict):
+        raise UserError(f"{path}: group_steps: {expected}")
+    for model, by_m in block.items():
+        if model not in ids or not isinstance(by_m, dict) or not all(
+                str(m).isdigit() and int(m) >= 1 and is_positive_number(v) for m, v in by_m.items()):
+            raise UserError(f"{path}: group_steps.{str(model)[:60]}: {expected}")
 
 
 def load_run_profile(run_dir: str | Path, spec: Spec):

@@ -277,15 +277,14 @@ def corrected_rates(spec: Spec, samples_per_epoch: int, steps: dict) -> RateTabl
 
 
 def _group_steps(steps: dict) -> dict[str, dict[int, float]]:
-    """steps.json's `group_steps` (model: {trainers: seconds per step}) with integer counts;
-    the well-formed entries only (an older steps.json has none)."""
-    block = steps.get("group_steps")
+    """steps.json's `group_steps` (model: {trainers: seconds per step}, checked by
+    `load_timed_steps`; an older steps.json has none) with integer counts, for the models
+    timed on one trainer and on a group."""
     out: dict[str, dict[int, float]] = {}
-    for model, by_m in (block.items() if isinstance(block, dict) else ()):
-        if isinstance(by_m, dict):
-            kept = {int(m): s for m, s in by_m.items() if str(m).isdigit() and int(m) >= 1 and is_positive_number(s)}
-            if 1 in kept and len(kept) > 1:
-                out[model] = kept
+    for model, by_m in (steps.get("group_steps") or {}).items():
+        kept = {int(m): s for m, s in by_m.items()}
+        if 1 in kept and len(kept) > 1:
+            out[model] = kept
     return out
 
 
