@@ -196,10 +196,12 @@ class _Driver:
         load = contention.probe_load(len(trainers), self.spec.cluster.threads_per_trainer, job_cores_per_node(self.ctx))
         if self.spec.cluster.device is not Device.CPU or model is None or load < contention.MIN_LOAD:
             return None
+        steps = contention.probe_steps(rates[model], self.spec.model(model).train.batch_size, timed)
+        batches = steps + max(0, batches - timed)  # as many warm-up steps as the measurements take
         beside = self._step(("train", [(model, (self.topology.trainer_rank(g),), self._next_uid()) for g in trainers],
-                             batches, timed))
+                             batches, steps))
         alone = self._step(("train", [(model, (self.topology.trainer_rank(trainers[0]),), self._next_uid())],
-                            batches, timed))
+                            batches, steps))
         rates_beside = [r["rate"] for r in beside if r and "rate" in r]
         rate_alone = (alone[self.topology.trainer_rank(trainers[0])] or {}).get("rate")
         if rate_alone is None or not rates_beside:

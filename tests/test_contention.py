@@ -40,3 +40,9 @@ def test_the_probe_times_the_median_model_on_the_machine_with_the_most_trainers(
     assert contention.busiest_host([]) == []
     assert contention.probe_load(4, 1, 2.0) == 2.0
     assert contention.probe_load(2, 8, 4.0) == 2.0  # a trainer uses at most the machine's cores
+
+
+def test_the_probe_times_a_fast_model_for_long_enough_to_see_its_turns_on_the_cores():
+    assert contention.probe_steps(1000.0, 32, 20) == 20  # 20 steps of 32 take 0.64 s
+    assert contention.probe_steps(9600.0, 32, 20) == 150  # 0.5 s at 9,600/s
+    assert contention.probe_steps(float("nan"), 32, 20) == 20

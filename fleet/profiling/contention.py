@@ -15,6 +15,7 @@ machine's. It is written to the profile's ``hardware.contention``.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,9 @@ MIN_LOAD = 1.25
 """Load per core below which the probe measures nothing (the cores hardly switch)."""
 MAX_SLOPE = 2.0
 """A slope above this is taken as noise of the probe's few steps, and capped."""
+PROBE_SECONDS = 0.5
+"""CPU seconds of steps the probe times at least, alone (a fast model's 20 steps take a few ms,
+shorter than the turns its threads take on a core)."""
 
 
 def probe_model(rates: Mapping[str, float]) -> str | None:
@@ -32,6 +36,12 @@ def probe_model(rates: Mapping[str, float]) -> str | None:
     the probe takes neither long nor too few CPU seconds to time; None without rates."""
     timed = sorted((rate, model) for model, rate in rates.items() if is_positive_number(rate))
     return timed[len(timed) // 2][1] if timed else None
+
+
+def probe_steps(rate: float, batch_size: int, timed: int) -> int:
+    """Steps the probe times of a model of `rate` samples/s at `batch_size`: `timed`, or more
+    where they take less than `PROBE_SECONDS`."""
+    return max(timed, math.ceil(PROBE_SECONDS * rate / max(1, batch_size))) if is_positive_number(rate) else timed
 
 
 def busiest_host(trainer_hosts: Sequence[str]) -> list[int]:
