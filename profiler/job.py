@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import platform
+import statistics
 import time
 from typing import Any
 
@@ -189,12 +190,14 @@ class _Driver:
         model of `rates` timed on every trainer of the busiest machine at once, then alone
         (`fleet.profiling.contention`); None elsewhere."""
         model = contention.probe_model(rates)
+        if self.spec.cluster.device is not Device.CPU or model is None:
+            return None
         processes = self.ctx.processes
         hosts = [processes[r].rpartition(" ")[0] if r < len(processes) else "" for r in map(self.topology.trainer_rank,
                                                                                            range(self.gpus))]
         trainers = contention.busiest_host(hosts)
         load = contention.probe_load(len(trainers), self.spec.cluster.threads_per_trainer, job_cores_per_node(self.ctx))
-        if self.spec.cluster.device is not Device.CPU or model is None or load < contention.MIN_LOAD:
+        if load < contention.MIN_LOAD:
             return None
         steps = contention.probe_steps(rates[model], self.spec.model(model).train.batch_size, timed)
         batches = steps + max(0, batches - timed)  # as many warm-up steps as the measurements take
@@ -208,7 +211,7 @@ class _Driver:
             return None
         block = contention.record(model, rate_alone, rates_beside, load)
         self.say(f"profile: contention probe: {model} {rate_alone:,.0f}/s alone, "
-                 f"{sorted(rates_beside)[len(rates_beside) // 2]:,.0f}/s beside {len(trainers) - 1} other(s) "
+                 f"{statistics.median(rates_beside):,.0f}/s beside {len(trainers) - 1} other(s) "
                  f"(load {load:.2f} per core): slope {block.get('slope', 'not measured')}")
         return block
 

@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fleet.schedule.rates import is_positive_number
+from fleet.schedule.rates import is_number, is_positive_number
 
 MIN_LOAD = 1.25
 """Load per core below which the probe measures nothing (the cores hardly switch)."""
@@ -87,7 +87,7 @@ def read(hardware: Any) -> tuple[float, float] | None:
     if not isinstance(block, Mapping):
         return None
     found, load = block.get("slope"), block.get("load")
-    if not (isinstance(found, (int, float)) and not isinstance(found, bool) and 0 <= found <= MAX_SLOPE):
+    if not (is_number(found) and 0 <= found <= MAX_SLOPE):
         return None
     if not (is_positive_number(load) and load >= MIN_LOAD):
         return None

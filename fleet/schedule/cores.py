@@ -74,7 +74,7 @@ class SharedCores:
             its member is in its stream.
         preprocessor_wait_cores: cores one preprocessor keeps busy while its streams have no room.
         contention: the part a core's work per sample grows by per unit of the load per core
-            above one (measured by the profile: `fleet.profiling.document.contention`; 0: none).
+            above one (measured by the profile's probe: `fleet.profiling.contention`; 0: none).
         rates_load: the load per core the rates were measured at (its cores wanted over its
             cores: a profile's waves, or a run's threads ready to run).
     """
