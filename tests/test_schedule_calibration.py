@@ -43,6 +43,36 @@ def test_measured_rates_replace_the_tables_and_correct_the_rest():
     assert on_gpu.models[0].rates[:2] == pytest.approx((40.0, 60.0))
 
 
+def test_models_timed_as_one_take_the_geometric_mean_of_their_measured_rates():
+    # a2 and a3 have a's steps (the profile timed them as a): what a run measured of them
+    # differs only by noise, so all three take one rate, and a3, not measured, the same
+    twins = RateTable((ModelProfile("a", (100.0, 180.0)), ModelProfile("a2", (100.0, 180.0), extra={"timed_as": "a"}),
+                       ModelProfile("a3", (100.0, 180.0), extra={"timed_as": "a"}), ModelProfile("c", (10.0, 18.0))),
+                      4, 1000)
+    record = {"rates": {"a": {"1": {"cpu_rate": 80.0}}, "a2": {"1": {"cpu_rate": 125.0}},
+                        "c": {"1": {"cpu_rate": 5.0}}}}
+    rates = Calibration.from_record(record, "cpu", "earlier").rates_for(twins)
+    assert [m.rates[0] for m in rates.models] == pytest.approx([100.0, 100.0, 100.0, 5.0])
+    assert [m.rates[1] for m in rates.models] == pytest.approx([180.0, 180.0, 180.0, 9.0])
+
+
+@pytest.mark.parametrize("factor, probed, contention", [
+    (0.8, 0.1, (1.1 / 0.8 - 1) / 1.0),  # measured slower than the table at the probe's load: the run's
+    (1.25, 0.1, 0.1),  # measured faster: never below the probe's
+])
+def test_measured_rates_below_the_profiles_tell_the_contention_in_a_run(factor, probed, contention):
+    table = RateTable((ModelProfile("a", (100.0,)), ModelProfile("b", (50.0,))), 4, 1000)
+    record = {"rates": {"a": {"1": {"cpu_rate": 100.0 * factor}}, "b": {"1": {"cpu_rate": 50.0 * factor}}}}
+    calibration = Calibration.from_record(record, "cpu", "earlier")
+    probe = SharedCores(cores=2, contention=probed, rates_load=2.0)
+    assert calibration.cores(probe, table).contention == pytest.approx(contention)
+    assert calibration.cores(probe).contention == probed  # without the table it corrects: the probe's
+    # where the profile measured on cores it did not oversubscribe, nothing to scale from
+    assert calibration.cores(SharedCores(cores=2), table).contention == 0.0
+    if factor < 1:  # alone on the cores (a load per core of one or less): as fast as the probe's alone
+        assert 100.0 * factor * calibration.cores(probe, table).uncontended(1.0) == pytest.approx(100.0 * (1 + probed))
+
+
 def test_measured_costs_enter_the_cores_the_decoding_and_the_overheads():
     calibration = Calibration.from_record(RECORD, "cpu", "earlier")
     cores = calibration.cores(SharedCores(cores=8, decode_core_s=1e-3))

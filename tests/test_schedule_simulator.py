@@ -304,6 +304,22 @@ def test_a_joining_member_waits_for_its_stream_to_pass_the_chunks_ahead_of_its_s
     assert Calibration("a run", start_s=0.0).overheads(replace(FREE, join_samples=12)).join_samples == 0.0
 
 
+@pytest.mark.parametrize("decode_rate, y_end, decoded", [
+    # everything X reads (120 samples) was made by the join at 10 s: Y reads past it, at its own
+    # 30/s (60 samples ahead of X, under the lead), ends at 12 s; nothing is decoded for both
+    (None, 12.0, 180.0),
+    # at 8 samples/s the preprocessors had made 80 by then: Y reads from there, shared with X,
+    # at most at the stream's decoding (8/s): 60 samples in 7.5 s; the stream decodes 140
+    (8.0, 17.5, 140.0),
+])
+def test_a_late_joiner_reads_past_what_the_preprocessors_made_by_hand(decode_rate, y_end, decoded):
+    ahead = replace(scenario([2, 1]), lead_samples=1000.0, decode_rate=decode_rate)
+    result = simulate(JoinLater(), ahead, FREE)
+    ends = {m.model: m.end for m in result.timeline.members}
+    assert ends == pytest.approx({"X": 20.0, "Y": y_end})
+    assert result.samples_decoded == pytest.approx(decoded)
+
+
 class LeaveAndJoin(JoinLater):
     """Fake policy: after X's first epoch, checkpoints X and launches Y into X's stream in the
     same decision (the checkpoint comes first, so the stream has ended)."""

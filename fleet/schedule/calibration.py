@@ -9,7 +9,12 @@ and plans with those instead of what it would otherwise assume:
   their CPU time on a CPU node: the rate with the cores to itself; by the wall clock on GPUs;
   none on the emulated device, whose steps take the profile's times by construction);
   on other group sizes the table's rate times the same correction; a model the earlier run did
-  not train, the table's rates times the median correction of those it did;
+  not train, the table's rates times the median correction of those it did; models the profile
+  timed as one (``timed_as``: the same steps) take the geometric mean of what was measured of
+  them, since they differ only by the noise of their measurement;
+- on CPU nodes the profile's probe oversubscribed, how much a step slows with the load per core
+  in a run (`Calibration.in_run_contention`): the measured rates, below the table's at the
+  probe's load, tell how much more the run's threads slowed the steps than the probe's did;
 - on CPU nodes, the trainers' core-seconds per sample outside their steps, the
   preprocessors' per sample decoded (their hand-offs included), in place of the profile's bare
   decoding, the cores the coordinator kept busy and those a trainer's or an idle
@@ -118,28 +123,55 @@ class Calibration:
     def rates_for(self, table: RateTable) -> RateTable:
         """`table` with each model's rates corrected by what was measured, its epochs' ends
         included (see the module)."""
-        factors = {p.id: self._factor(p) for p in table.models}
-        known = [f for f in factors.values() if f is not None]
-        default = statistics.median(known) if known else 1.0
+        pooled = self._pooled(table)
+        factors = {p.id: self._factor(p, pooled.get(p.id, {})) for p in table.models}
+        default = self.median_factor(table, factors)
         on_stream = 1.0 - self.epoch_end_share
         models = []
         for profile in table.models:
             factor = factors[profile.id] or default
-            measured = self.rates.get(profile.id, {})
+            measured = pooled.get(profile.id, {})
             rates = tuple(measured.get(m, r * factor) * on_stream for m, r in enumerate(profile.rates, start=1))
             models.append(ModelProfile(profile.id, rates, profile.epochs, profile.param_bytes, profile.extra))
         return RateTable(tuple(models), table.gpus_per_node, table.samples_per_epoch, table.extra)
 
-    def _factor(self, profile: ModelProfile) -> float | None:
-        """The measured over the table's rate, in the mean over the group sizes measured."""
-        ratios = [rate / profile.rates[m - 1] for m, rate in self.rates.get(profile.id, {}).items()
-                  if m <= len(profile.rates) and profile.rates[m - 1] > 0]
-        return math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
+    def median_factor(self, table: RateTable, factors: Mapping[str, float | None] | None = None) -> float:
+        """The median over `table`'s measured models of their measured over their table rates
+        (1 where none was measured)."""
+        if factors is None:
+            pooled = self._pooled(table)
+            factors = {p.id: self._factor(p, pooled.get(p.id, {})) for p in table.models}
+        known = [f for f in factors.values() if f is not None]
+        return statistics.median(known) if known else 1.0
 
-    def cores(self, cores: SharedCores | None) -> SharedCores | None:
-        """`cores` with the measured costs per sample and share of the cores (unchanged off CPU nodes)."""
+    def _pooled(self, table: RateTable) -> dict[str, dict[int, float]]:
+        """The measured rates of `table`'s models, each model's the geometric mean, per group
+        size, over the models timed as one (``timed_as``: the same architecture, batch size and
+        optimizer, so the same steps): they differ only by the noise of their measurement, and
+        a simulation that took them apart would have one end its stream before its twins."""
+        timed_as = {p.id: p.extra.get("timed_as") or p.id for p in table.models}
+        by_group: dict[str, dict[int, list[float]]] = {}
+        for model, rates in self.rates.items():
+            for m, rate in rates.items():
+                by_group.setdefault(timed_as.get(model, model), {}).setdefault(m, []).append(rate)
+        means = {group: {m: _geometric_mean(rates) for m, rates in sizes.items()} for group, sizes in by_group.items()}
+        return {p.id: means[timed_as[p.id]] for p in table.models if timed_as[p.id] in means}
+
+    @staticmethod
+    def _factor(profile: ModelProfile, measured: Mapping[int, float]) -> float | None:
+        """The `measured` over the table's rate, in the mean over the group sizes measured."""
+        ratios = [rate / profile.rates[m - 1] for m, rate in measured.items()
+                  if m <= len(profile.rates) and profile.rates[m - 1] > 0]
+        return _geometric_mean(ratios) if ratios else None
+
+    def cores(self, cores: SharedCores | None, table: RateTable | None = None) -> SharedCores | None:
+        """`cores` with the measured costs per sample and share of the cores (unchanged off CPU
+        nodes); with the `table` the measured rates correct, the contention they were measured
+        under (`in_run_contention`)."""
         if cores is None:
             return None
+        if table is not None:
+            cores = replace(cores, contention=self.in_run_contention(cores, table))
         changes = {name: value for name, value in (("trainer_overhead_s", self.trainer_overhead_s),
                                                    ("group_overhead_s", self.group_overhead_s),
                                                    ("decode_core_s", self.decode_core_s),
@@ -150,6 +182,22 @@ class Calibration:
                    if value is not None}
         return replace(cores, **changes)
 
+    def in_run_contention(self, cores: SharedCores, table: RateTable) -> float:
+        """How much a core's work per sample grows per unit of load per core above one in a
+        run, where the profile's probe measured `cores.contention` at `cores.rates_load`
+        beside plain steps: a run's steps share the cores with its stream threads,
+        preprocessors and coordinator too, and the measured rates came out slower than the
+        table's at that load by `median_factor`. The runs' own steps alone on the cores go
+        as fast as the probe's alone (runs on a 2-core VM: a member alone 1.25-1.35 times as
+        fast as beside three others, the probe 1.12-1.15), so the contention that takes the
+        probe's alone rate down to the measured ones at that load is the run's; never below
+        the probe's."""
+        load = cores.rates_load
+        if load <= 1.0 or not self.rates:
+            return cores.contention
+        grown = (1.0 + cores.contention * (load - 1.0)) / self.median_factor(table)
+        return max(cores.contention, (grown - 1.0) / (load - 1.0))
+
     def decode_rate(self, preprocessors: int, rate: float | None) -> float | None:
         """Samples/s `preprocessors` decode at the measured cost per sample (else `rate`)."""
         if not self.decode_core_s or preprocessors < 1:
@@ -159,7 +207,7 @@ class Calibration:
     def scenario(self, scenario: Scenario, preprocessors: int) -> Scenario:
         """`scenario` as the measures predict it: its rates corrected, its cores' costs per
         sample and its `preprocessors`' decoding limit as measured."""
-        return replace(scenario, rates=self.rates_for(scenario.rates), cores=self.cores(scenario.cores),
+        return replace(scenario, rates=self.rates_for(scenario.rates), cores=self.cores(scenario.cores, scenario.rates),
                        decode_rate=self.decode_rate(preprocessors, scenario.decode_rate))
 
     def overheads(self, base: Overheads) -> Overheads:
@@ -234,3 +282,8 @@ def _rates(block: Any, key: str) -> dict[str, dict[int, float]]:
                 raise CalibrationError(f"{where}.{size}.{key}: expected a positive number, got {rate!r:.60}")
             rates.setdefault(str(model), {})[int(size)] = float(rate)
     return rates
+
+
+def _geometric_mean(values: list[float]) -> float:
+    """The geometric mean of positive `values` (one value: itself, exactly)."""
+    return values[0] if len(values) == 1 else math.exp(statistics.fmean(math.log(v) for v in values))

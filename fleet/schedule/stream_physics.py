@@ -7,7 +7,10 @@ converges, is checkpointed or ends its visit of a partition. With `Scenario.lead
 runs ahead of the slowest, at its own pace within the decoding, until it leads by that many
 samples, then at the stream's pace; its trainers load their node's cores at its own pace while
 it does, and decoding keeps up with the member furthest ahead. Without it (0) every member
-advances by the same samples. The simulator's run (`fleet.schedule.simulator`) owns the event loop and the
+advances by the same samples. A member joining a running stream reads from where its
+preprocessors have got to (`StreamMotion.join_point`), past the chunks made for the members
+before it; where those were all their stream held, it shares no decoding with them, and the
+stream decodes for both (`StreamMotion.cohorts`). The simulator's run (`fleet.schedule.simulator`) owns the event loop and the
 `Driver`; it keeps the books of state, epochs and visits (the driver's `Ledger`) and asks this
 module only where things are in time: each model's samples, GPUs and stream, each stream's
 position and pace, and the records of who trained where.
@@ -103,7 +106,8 @@ class StreamMotion:
     __slots__ = (
         "id", "round", "active", "waiting", "pos", "pace", "slack_rate", "slack", "synced_at",
         "boundaries", "version", "start", "end", "all_members", "partition", "own_decode_rate", "decode_scale",
-        "changes", "paced", "lead_cap", "ahead", "speeds", "front", "decoders",
+        "changes", "paced", "lead_cap", "ahead", "speeds", "front", "decoders", "cohorts",
+        "made_from",
     )
 
     def __init__(self, stream_id: int, round_index: int, partition: int | None = None,
@@ -118,6 +122,10 @@ class StreamMotion:
         self.ahead: dict[int, float] = {}
         self.speeds: dict[int, float] = {}
         self.front = 0.0  # the furthest position a member reached: what was decoded
+        # members (by index) that joined past every chunk of those before them, by where their
+        # reading began: they share no decoding with the members before them (`join_point`)
+        self.cohorts: dict[int, float] = {}
+        self.made_from: tuple[float, float] | None = None  # (position, time) its decoding last began at
         self.active: dict[int, ModelMotion] = {}
         self.waiting: dict[int, ModelMotion] = {}
         self.pos = 0.0
@@ -168,8 +176,42 @@ class StreamMotion:
 
     @property
     def decode_demand(self) -> float:
-        """What its decoding must keep up with: its fastest member below the lead cap, else its pace."""
-        return max(self.leading().values(), default=self.demand)
+        """What its decoding must keep up with: its fastest member below the lead cap, else its
+        pace, for each cohort of members reading chunks of their own (`cohorts`)."""
+        return self.decoding_speed(self.leading(), self.demand)
+
+    def decoding_speed(self, speeds: dict[int, float], pace: float) -> float:
+        """Samples/s decoded for its members moving at `speeds` (by index; the others at `pace`):
+        its fastest member's, summed over the cohorts that read chunks of their own. (Each
+        member is still held only to its stream's whole share of decoding, not its cohort's.)"""
+        fastest: dict[float, float] = {}
+        for index in self.active:
+            cohort = self.cohorts.get(index, -1.0)
+            fastest[cohort] = max(fastest.get(cohort, 0.0), speeds.get(index, pace))
+        return sum(fastest.values())
+
+    def join_point(self, now: float, epoch_samples: float, decode_rate: float | None) -> tuple[float, float | None]:
+        """Where a member joining now reads its first chunk, in samples past the slowest
+        member's position, and the cohort it reads with (`cohorts`).
+
+        The runtime switches a joiner past the chunks the stream's preprocessors already made
+        (`fleet.runtime.control.membership`): they decode from the stream's start, or from the
+        last cohort's first chunk, at the run's `decode_rate` (None: at once), up to the lead
+        ahead of the slowest member and no further than the members need. Past all the members
+        need, the joiner starts a cohort of its own (it shares no decoding with them); short of
+        it, it reads what the member that needs the most will read too. (0, None) for a new
+        stream, in lockstep, or on a partition."""
+        if not self.active or not self.lead_cap or self.partition is not None or self.start is None:
+            return 0.0, None
+        ends = {i: m.join_pos + m.true_epochs * epoch_samples - m.samples for i, m in self.active.items()}
+        furthest = max(ends, key=ends.__getitem__)
+        since_pos, since = self.made_from if self.made_from is not None else (0.0, self.start)
+        made = since_pos + (now - since) * (decode_rate or math.inf) * self.decode_scale
+        frontier = min(ends[furthest], made, self.pos + self.lead_cap)
+        skip = max(0.0, frontier - self.pos)
+        if frontier >= ends[furthest]:
+            return skip, self.pos + skip
+        return skip, self.cohorts.get(furthest)
 
     def repace(self, decode_share: float = math.inf, speed_of=None, boost: float = 1.0) -> None:
         """The pace: the slowest member's demand (times `boost`, where its cores work faster
@@ -346,6 +388,7 @@ class StreamPhysics:
         if stream is None:
             return
         stream.sync(self.now)
+        skip, cohort = stream.join_point(self.now, self.n, self.scenario.decode_rate)
         for index, generation in members:
             model = self.models[index]
             if model.generation != generation or model.stream is not stream:
@@ -354,7 +397,13 @@ class StreamPhysics:
             stream.active[index] = model
             stream.changes += 1
             stream.all_members.append(model.id)
-            model.join_pos = stream.pos
+            model.join_pos = stream.pos + skip
+            if skip:
+                stream.ahead[index] = skip
+            if cohort is not None:
+                stream.cohorts[index] = cohort
+            if cohort is not None and cohort == model.join_pos:  # a cohort of its own: decoded from here on
+                stream.made_from = (cohort, self.now)
             model.start = self.now
             model.epochs_start = model.samples / self.n
             if stream.partition is None:
@@ -442,7 +491,7 @@ class StreamPhysics:
                 for g in model.gpus:
                     load[g // cluster.gpus_per_node] += speed * cost * model.trainer_share / len(model.gpus) + polling
             if stream.own_decode_rate is None:
-                decoding = max(speeds.values(), default=pace) * cores.decode_core_s / stream.decode_scale
+                decoding = stream.decoding_speed(speeds, pace) * cores.decode_core_s / stream.decode_scale
                 per_node = self.scenario.preprocessors_per_node
                 for k in ([p // per_node for p in stream.decoders] if stream.decoders else range(cluster.nodes)):
                     decoding_cores[k] += decoding / (len(stream.decoders) or cluster.nodes)
@@ -490,6 +539,7 @@ class StreamPhysics:
         model.samples = progress
         model.join_pos = None
         del stream.active[model.index]
+        stream.cohorts.pop(model.index, None)
         stream.ahead.pop(model.index, None)
         stream.speeds.pop(model.index, None)
         stream.level()

@@ -393,6 +393,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     rates become epoch-equivalent (`group_rates`)."""
     rates, source = rate_table(spec, run_dir, samples_per_epoch)
     calibration = run_calibration(spec, run_dir, calibrate_from, rates)
+    table = rates  # the rates the calibration corrects
     if calibration is not None:
         rates, source = calibration.rates_for(rates), f"{source}, calibrated by {calibration.source}"
     rates = planned_rates(rates, spec, calibration, epoch_scales or {})
@@ -415,7 +416,7 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
     if calibration is not None:
         decode_rate = calibration.decode_rate(
             preprocessor_count(spec.cluster.preprocessors_per_node, rates.extra, spec.cluster.nodes), decode_rate)
-    basis = PredictionBasis(run_cores(spec, rates, calibration, cores), calibration, costs_of(rates))
+    basis = PredictionBasis(run_cores(spec, table, calibration, cores), calibration, costs_of(rates))
     estimates = epochs_estimate(todo, spec)
     ledger = Ledger(todo, estimates, spec.cluster.gpus, spec.cluster.gpus_per_node, epochs_done, paused=resumed,
                     decode_rate=decode_rate, partitions=partitions, visited=visited,
@@ -435,11 +436,11 @@ def plan_run(spec: Spec, run_dir: Path, samples_per_epoch: int, partitions: Part
 def run_cores(spec: Spec, rates: RateTable, calibration: Calibration | None, cores: float | None) -> SharedCores | None:
     """The cores a CPU run's trainers and preprocessors share: the profile's node's (else
     `cores`, else this process's; virtual nodes share one machine's), at the costs an earlier
-    run measured where there is one."""
+    run measured where there is one (`rates`: the table its measured rates correct)."""
     cluster = spec.cluster
     sharing = shared_cores(rates.extra, cluster.device.value, cluster.threads_per_trainer, cores or node_cores(),
                            cluster.nodes if cluster.virtual_nodes else 1)
-    return calibration.cores(sharing) if calibration else sharing
+    return calibration.cores(sharing, rates) if calibration else sharing
 
 
 def run_calibration(spec: Spec, run_dir: Path, calibrate_from: str | None, rates: RateTable) -> Calibration | None:
