@@ -10,6 +10,7 @@ import yaml
 
 from fleet.errors import UserError
 from fleet.prediction import costs_of, dry_run
+from fleet.runtime.control.coordinator import planned_rate
 from fleet.runtime.control.measured_costs import MeasuredCosts
 from fleet.profiling.document import JOIN_CHUNKS
 from fleet.runtime.protocol import INBOX_DEPTH, EpochReport, MemberLeft, StreamDone
@@ -134,6 +135,19 @@ def test_a_run_directory_is_read_for_its_measures(tmp_path):
 
 def epoch(model: str, cpu: tuple[float, float, int], samples: int = 1000, rate: float = 500.0) -> EpochReport:
     return EpochReport(model, 0, 1, 1.0, 1.0, 0.5, rate, rate, 0.1, 2.0, 0.0, None, samples, cpu=cpu)
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_a_cpu_run_tells_its_policies_the_rate_its_calibration_books(group_size):
+    # the predictions share a CPU node's cores out themselves: what the policies and the adapter
+    # hear of an epoch is its steps' CPU-time rate, as the profile and a later calibration take it
+    report = epoch("a", (2.0, 3.0, 1000), rate=180.0)  # its wall-clock rate: shared cores
+    costs = MeasuredCosts()
+    costs.epoch(report, group_size)
+    booked = costs.record(start_s=None, checkpoint_s=None)["rates"]["a"][str(group_size)]["cpu_rate"]
+    assert planned_rate(report, group_size, cpu_node=True) == pytest.approx(booked) == 500.0 * group_size
+    assert planned_rate(report, group_size, cpu_node=False) == 180.0  # GPUs, the emulated device: as measured
+    assert planned_rate(epoch("a", (0.0, 0.0, 0), rate=180.0), group_size, cpu_node=True) == 180.0  # not timed
 
 
 def test_a_run_books_its_steps_trainers_and_preprocessors():

@@ -52,6 +52,7 @@ from fleet.schedule.costs import Overheads
 from fleet.schedule.driver import Driver, Launch
 from fleet.schedule.early_stop import EarlyStopping, RungDecision, Verdict
 from fleet.schedule.ledger import Ledger, describe_books
+from fleet.spec import Device
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,17 @@ def epoch_fields(report: EpochReport) -> dict:
 
 def epochs_text(count: int) -> str:
     return f"{count} epoch" if count == 1 else f"{count} epochs"
+
+
+def planned_rate(report: EpochReport, group_size: int, cpu_node: bool) -> float:
+    """The rate an epoch report gives the policies and the adapter: on a CPU node its steps'
+    CPU-time rate (the rate with the cores to itself, as the profile and the calibrations
+    measure it: the predictions share a node's cores out themselves, so a wall-clock rate would
+    count the sharing twice), elsewhere, or where its CPU time was not measured, its samples/s."""
+    step_cpu_s, _, samples = report.cpu
+    if cpu_node and group_size >= 1 and step_cpu_s > 0 and samples > 0:
+        return samples * group_size / step_cpu_s  # each trainer's steps: 1/size of the group's sum
+    return report.samples_per_s
 
 
 def stop_metric(spec, report: EpochReport) -> float | None:
@@ -220,20 +232,21 @@ class Coordinator:
                            report.samples_per_s, report.stream_samples_per_s)
         self.log.write("epoch", **epoch_fields(report))
         self._board_epoch(report)
-        planned_rate = report.samples_per_s * self.ctx.epoch_scale(report.model)  # grouped: epoch-equivalent
+        cpu_node = self.ctx.spec.cluster.device is Device.CPU
+        rate = planned_rate(report, group_size, cpu_node) * self.ctx.epoch_scale(report.model)  # grouped: epoch-equivalent
         if not report.bundle:  # a bundle's rate is not its models' own
-            self.driver.rate_measured(report.model, planned_rate)
+            self.driver.rate_measured(report.model, rate)
         if report.stop_reason is None and self.visits is not None:
             self.epoch_metrics[report.model] = stop_metric(self.ctx.spec, report)  # the epoch ends with the hop
             return
         if report.stop_reason is None:
-            self.driver.epoch_completed(report.model, report.epoch, planned_rate, stop_metric(self.ctx.spec, report))
+            self.driver.epoch_completed(report.model, report.epoch, rate, stop_metric(self.ctx.spec, report))
             return
         self.membership.leave(self.ledger.model(report.model).stream, report.model)
         self.log.write("converged", model=report.model, epochs=report.epoch, reason=report.stop_reason)
         self.console.left(report.model, f"converged after {report.epoch} epochs ({report.stop_reason})")
         self.search.ended(report.model)
-        self.driver.converged(report.model, report.epoch, planned_rate)
+        self.driver.converged(report.model, report.epoch, rate)
 
     def _board_epoch(self, report: EpochReport) -> None:
         """The epoch's TensorBoard scalars; a disk that refuses them stops them, not the run."""
