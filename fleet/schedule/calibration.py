@@ -123,9 +123,8 @@ class Calibration:
     def rates_for(self, table: RateTable) -> RateTable:
         """`table` with each model's rates corrected by what was measured, its epochs' ends
         included (see the module)."""
-        pooled = self._pooled(table)
-        factors = {p.id: self._factor(p, pooled.get(p.id, {})) for p in table.models}
-        default = self.median_factor(table, factors)
+        pooled, factors = self._corrections(table)
+        default = _median(factors)
         on_stream = 1.0 - self.epoch_end_share
         models = []
         for profile in table.models:
@@ -135,14 +134,16 @@ class Calibration:
             models.append(ModelProfile(profile.id, rates, profile.epochs, profile.param_bytes, profile.extra))
         return RateTable(tuple(models), table.gpus_per_node, table.samples_per_epoch, table.extra)
 
-    def median_factor(self, table: RateTable, factors: Mapping[str, float | None] | None = None) -> float:
+    def median_factor(self, table: RateTable) -> float:
         """The median over `table`'s measured models of their measured over their table rates
         (1 where none was measured)."""
-        if factors is None:
-            pooled = self._pooled(table)
-            factors = {p.id: self._factor(p, pooled.get(p.id, {})) for p in table.models}
-        known = [f for f in factors.values() if f is not None]
-        return statistics.median(known) if known else 1.0
+        return _median(self._corrections(table)[1])
+
+    def _corrections(self, table: RateTable) -> tuple[dict[str, dict[int, float]], dict[str, float | None]]:
+        """Each model's measured rates (`_pooled`) and their correction of its table rates
+        (`_factor`; None: not measured)."""
+        pooled = self._pooled(table)
+        return pooled, {p.id: self._factor(p, pooled.get(p.id, {})) for p in table.models}
 
     def _pooled(self, table: RateTable) -> dict[str, dict[int, float]]:
         """The measured rates of `table`'s models, each model's the geometric mean, per group
@@ -287,3 +288,9 @@ def _rates(block: Any, key: str) -> dict[str, dict[int, float]]:
 def _geometric_mean(values: list[float]) -> float:
     """The geometric mean of positive `values` (one value: itself, exactly)."""
     return values[0] if len(values) == 1 else math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def _median(factors: Mapping[str, float | None]) -> float:
+    """The median of the known `factors` (1 where none is)."""
+    known = [f for f in factors.values() if f is not None]
+    return statistics.median(known) if known else 1.0

@@ -190,19 +190,21 @@ class StreamMotion:
             fastest[cohort] = max(fastest.get(cohort, 0.0), speeds.get(index, pace))
         return sum(fastest.values())
 
-    def join_point(self, now: float, epoch_samples: float, decode_rate: float | None) -> tuple[float, float | None]:
+    def join_point(self, now: float, epoch_samples: float,
+                   decode_rate: float | None) -> tuple[float, float | None, bool]:
         """Where a member joining now reads its first chunk, in samples past the slowest
-        member's position, and the cohort it reads with (`cohorts`).
+        member's position, the cohort it reads with (`cohorts`), and whether that cohort is
+        new (begins with it).
 
         The runtime switches a joiner past the chunks the stream's preprocessors already made
         (`fleet.runtime.control.membership`): they decode from the stream's start, or from the
         last cohort's first chunk, at the run's `decode_rate` (None: at once), up to the lead
         ahead of the slowest member and no further than the members need. Past all the members
         need, the joiner starts a cohort of its own (it shares no decoding with them); short of
-        it, it reads what the member that needs the most will read too. (0, None) for a new
-        stream, in lockstep, or on a partition."""
+        it, it reads what the member that needs the most will read too. (0, None, False) for a
+        new stream, in lockstep, or on a partition."""
         if not self.active or not self.lead_cap or self.partition is not None or self.start is None:
-            return 0.0, None
+            return 0.0, None, False
         ends = {i: m.join_pos + m.true_epochs * epoch_samples - m.samples for i, m in self.active.items()}
         furthest = max(ends, key=ends.__getitem__)
         since_pos, since = self.made_from if self.made_from is not None else (0.0, self.start)
@@ -210,8 +212,8 @@ class StreamMotion:
         frontier = min(ends[furthest], made, self.pos + self.lead_cap)
         skip = max(0.0, frontier - self.pos)
         if frontier >= ends[furthest]:
-            return skip, self.pos + skip
-        return skip, self.cohorts.get(furthest)
+            return skip, self.pos + skip, True
+        return skip, self.cohorts.get(furthest), False
 
     def repace(self, decode_share: float = math.inf, speed_of=None, boost: float = 1.0) -> None:
         """The pace: the slowest member's demand (times `boost`, where its cores work faster
@@ -388,7 +390,7 @@ class StreamPhysics:
         if stream is None:
             return
         stream.sync(self.now)
-        skip, cohort = stream.join_point(self.now, self.n, self.scenario.decode_rate)
+        skip, cohort, fresh = stream.join_point(self.now, self.n, self.scenario.decode_rate)
         for index, generation in members:
             model = self.models[index]
             if model.generation != generation or model.stream is not stream:
@@ -402,8 +404,8 @@ class StreamPhysics:
                 stream.ahead[index] = skip
             if cohort is not None:
                 stream.cohorts[index] = cohort
-            if cohort is not None and cohort == model.join_pos:  # a cohort of its own: decoded from here on
-                stream.made_from = (cohort, self.now)
+            if fresh:  # a cohort of its own: decoded from here on
+                stream.made_from = (model.join_pos, self.now)
             model.start = self.now
             model.epochs_start = model.samples / self.n
             if stream.partition is None:
